@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Idempotent setup: Debian's ffmpeg (torchcodec links against it), nginx (the
+# HTTP tests serve datasets from a real server) and a pinned .venv at the repo
+# root. Safe to run again: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v ffmpeg >/dev/null 2>&1 || need_apt+=(ffmpeg)
+if [ "${RNB_WITH_NGINX:-0}" = 1 ] && ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  need_apt+=(nginx)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $PYTHON"
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.requirements.sha256
+want=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing pinned Python packages (first time: a few minutes)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements.txt
+  echo "$want" > "$stamp"
+fi
