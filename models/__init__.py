@@ -1,0 +1,8 @@
+"""Runner models: one class per pipeline step kind, loaded by dotted path from a config.
+
+Every model follows one contract so the generic runner can drive it:
+`__init__(self, device, **kwargs)`, a static `output_shape(**kwargs)` giving
+the maximum shape of each output tensor (None when it has no tensor output),
+and `__call__(tensors, non_tensors, time_card) -> (tensors, non_tensors,
+time_card)`, where a None time card means "no output yet".
+"""

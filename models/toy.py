@@ -1,0 +1,129 @@
+"""Tiny CPU models for tests and smoke runs, with switches to fail on purpose.
+
+They exercise every path of the harness (tensor outputs, segments, merging,
+failures) in seconds and without weights, data or a GPU.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rnb.timecard import TimeCard, as_cards
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """The fail-on-purpose keywords every toy model accepts."""
+
+    fail_at_init: bool = False
+    fail_at_item: int | None = None     # raise on the item with this id
+    exit_at_item: int | None = None     # os._exit(3) on the item with this id
+
+    def at_init(self, model: str) -> None:
+        if self.fail_at_init:
+            raise RuntimeError(f"{model} failed at init on purpose (fail_at_init)")
+
+    def at_items(self, model: str, time_card: Any) -> None:
+        ids = {card.item_id for card in as_cards(time_card)}
+        if self.exit_at_item in ids:
+            os._exit(3)
+        if self.fail_at_item in ids:
+            raise RuntimeError(f"{model} failed on item {self.fail_at_item} on purpose (fail_at_item)")
+
+
+class SyntheticFrames:
+    """Step 0: a deterministic (clips, 3, frames, height, width) float tensor per request.
+
+    The values depend only on the item id, so tests can predict any output.
+    """
+
+    def __init__(self, device: torch.device, clips: int = 2, frames: int = 4, height: int = 16,
+                 width: int = 16, fail_at_init: bool = False, fail_at_item: int | None = None,
+                 exit_at_item: int | None = None) -> None:
+        self.faults = FaultInjection(fail_at_init, fail_at_item, exit_at_item)
+        self.faults.at_init(type(self).__name__)
+        self.device = device
+        self.shape = SyntheticFrames.output_shape(clips=clips, frames=frames, height=height, width=width)[0]
+
+    @staticmethod
+    def output_shape(clips: int = 2, frames: int = 4, height: int = 16, width: int = 16,
+                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        return ((clips, 3, frames, height, width),)
+
+    @staticmethod
+    def frames_for(item_id: int, shape: tuple[int, ...]) -> torch.Tensor:
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        return ((torch.arange(numel, dtype=torch.float32) + item_id * 7919) % 251 / 251).reshape(shape)
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
+                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
+        self.faults.at_items(type(self).__name__, time_card)
+        frames = self.frames_for(time_card.item_id, self.shape).to(self.device)
+        time_card.set_field("frames_decoded", self.shape[0] * self.shape[2])
+        return (frames,), {"request": non_tensors["request"]}, time_card
+
+
+class TinyConvNet:
+    """Any later step: a one-layer Conv3d classifier with seeded random weights."""
+
+    def __init__(self, device: torch.device, clips: int = 2, classes: int = 10, channels: int = 8,
+                 seed: int = 0, fail_at_init: bool = False, fail_at_item: int | None = None,
+                 exit_at_item: int | None = None) -> None:
+        self.faults = FaultInjection(fail_at_init, fail_at_item, exit_at_item)
+        self.faults.at_init(type(self).__name__)
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        self.net = nn.Sequential(
+            nn.Conv3d(3, channels, kernel_size=3, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(channels, classes),
+        ).to(device).eval()
+        torch.random.set_rng_state(generator_state)
+
+    @staticmethod
+    def output_shape(clips: int = 2, classes: int = 10, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        return ((clips, classes),)
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
+                 time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
+        self.faults.at_items(type(self).__name__, time_card)
+        with torch.inference_mode():
+            logits = self.net(tensors[0])
+        return (logits,), non_tensors, time_card
+
+
+class SegmentMerger:
+    """A final-step aggregator: holds segments until all of an item's arrive, then merges them.
+
+    It answers "no output yet" (a None time card) until an item is complete,
+    which is how a real aggregator behaves.
+    """
+
+    def __init__(self, device: torch.device, fail_at_init: bool = False,
+                 fail_at_item: int | None = None, exit_at_item: int | None = None) -> None:
+        self.faults = FaultInjection(fail_at_init, fail_at_item, exit_at_item)
+        self.faults.at_init(type(self).__name__)
+        self.pending: dict[tuple, list[tuple[TimeCard, tuple[torch.Tensor, ...]]]] = {}
+
+    @staticmethod
+    def output_shape(**kwargs: Any) -> None:
+        return None
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
+                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard | None]:
+        self.faults.at_items(type(self).__name__, time_card)
+        if not time_card.segments:
+            return tensors, non_tensors, time_card
+        parts = self.pending.setdefault(time_card.segment_key, [])
+        parts.append((time_card, tensors))
+        if len(parts) < time_card.segments[-1][1]:
+            return (), non_tensors, None
+        del self.pending[time_card.segment_key]
+        parts.sort(key=lambda part: part[0].segments[-1][0])
+        merged = tuple(torch.cat(pieces) for pieces in zip(*(part[1] for part in parts)))
+        return merged, non_tensors, TimeCard.merge(card for card, _ in parts)

@@ -1,0 +1,25 @@
+"""Output-queue selection policies: which of a group's out_queues gets an item.
+
+A config names a policy by dotted class path (`queue_selector`); the class is
+built once per runner as `cls(num_queues)` and asked once per output.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class RoundRobinSelector:
+    """Spread outputs evenly, in turn; the default when a group names none."""
+
+    def __init__(self, num_queues: int, **kwargs: Any) -> None:
+        if num_queues < 1:
+            raise ValueError(f"RoundRobinSelector needs at least one output queue, got {num_queues}")
+        self.num_queues = num_queues
+        self._next = 0
+
+    def select(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> int:
+        chosen = self._next
+        self._next = (self._next + 1) % self.num_queues
+        return chosen
