@@ -58,6 +58,13 @@ def _is_transient(exc: BaseException) -> bool:
     return aiohttp is not None and isinstance(exc, aiohttp.ClientError)
 
 
+def _describe(exc: BaseException) -> str:
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return f"HTTP {status} {getattr(exc, 'message', '')}".rstrip()
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 class Storage:
     """One dataset root on any fsspec filesystem.
 
@@ -122,10 +129,10 @@ class Storage:
                 raise FetchError(f"{url}: file not found") from exc
             except Exception as exc:
                 if not _is_transient(exc):
-                    raise FetchError(f"{url}: {what} failed: {exc!r}") from exc
+                    raise FetchError(f"{url}: {what} failed ({_describe(exc)})") from exc
                 if attempt == self.retries:
                     raise FetchError(
-                        f"{url}: {what} failed after {attempt + 1} attempts: {exc!r}"
+                        f"{url}: {what} failed after {attempt + 1} attempts ({_describe(exc)})"
                     ) from exc
                 time.sleep(self.backoff_s * 2**attempt)
         raise AssertionError("unreachable")  # the loop always returns or raises

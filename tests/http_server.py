@@ -1,0 +1,97 @@
+"""A real HTTP server for tests: Debian's nginx serving one directory on loopback.
+
+Byte ranges are nginx's default for static files. Two extra locations inject
+faults: `/fault503/...` always answers 503, and `/slow/...` serves the same
+files at one byte per second, so a client timeout fires.
+"""
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+NGINX = "/usr/sbin/nginx"
+
+_CONFIG = """\
+daemon off;
+master_process off;
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log {tmp}/access.log;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    types {{ application/json json; video/mp4 mp4; }}
+    default_type application/octet-stream;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ root {root}; autoindex on; }}
+        location /fault503/ {{ return 503; }}
+        location /slow/ {{ alias {root}/; limit_rate 1; }}
+    }}
+}}
+"""
+
+
+@dataclass(frozen=True)
+class NginxServer:
+    """A running server: `url` ends without a slash; `access_log` lists every request."""
+
+    url: str
+    access_log: Path
+
+    def requests(self, path_part: str) -> int:
+        """How many requests so far had `path_part` in their request line."""
+        if not self.access_log.exists():
+            return 0
+        return sum(path_part in line for line in self.access_log.read_text().splitlines())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_directory(root: Path, tmp: Path, timeout_s: float = 10.0) -> Iterator[NginxServer]:
+    """Run nginx on a free loopback port serving `root` until the block exits."""
+    if not Path(NGINX).exists() and shutil.which("nginx") is None:
+        pytest.skip("Debian's nginx is not installed")
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    config = tmp / "nginx.conf"
+    config.write_text(_CONFIG.format(tmp=tmp, port=port, root=Path(root).resolve()))
+    proc = subprocess.Popen([NGINX, "-c", str(config), "-p", str(tmp), "-e", str(tmp / "error.log")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"nginx exited at start-up: {proc.stderr.read().decode(errors='replace')}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nginx did not listen on port {port} within {timeout_s} s")
+            time.sleep(0.05)
+        yield NginxServer(url=f"http://127.0.0.1:{port}", access_log=tmp / "access.log")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()

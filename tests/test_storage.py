@@ -1,0 +1,149 @@
+"""Storage: exact byte ranges, retries on transient errors only, one FetchError naming the URL."""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from episodes.errors import DatasetFormatError, FetchError
+from episodes.storage import FileInfo, Storage, relative_path
+from tests.http_server import serve_directory
+
+PAYLOAD = bytes(range(256)) * 40  # 10240 bytes, every offset identifiable
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    (tmp_path / "data" / "sub" / "blob.bin").write_bytes(PAYLOAD)
+    return tmp_path / "data"
+
+
+def counting(storage: Storage, monkeypatch: pytest.MonkeyPatch, failures: list[BaseException]) -> list[tuple]:
+    """Make the next cat_file calls raise `failures` in turn, then succeed; return the call log."""
+    calls: list[tuple] = []
+    real = storage.fs.cat_file
+
+    def cat_file(path, start=None, end=None, **kw):
+        calls.append((path, start, end))
+        if failures:
+            raise failures.pop(0)
+        return real(path, start=start, end=end, **kw)
+
+    monkeypatch.setattr(storage.fs, "cat_file", cat_file)
+    return calls
+
+
+def test_read_range_returns_exactly_the_bytes(root: Path) -> None:
+    st = Storage(str(root))
+    assert st.read_range("sub/blob.bin", 0, 10) == PAYLOAD[:10]
+    assert st.read_range("sub/blob.bin", 1000, 3333) == PAYLOAD[1000:3333]
+    assert st.read_range("sub/blob.bin", 5, 5) == b""
+    assert st.read_bytes("sub/blob.bin") == PAYLOAD
+
+
+def test_short_read_is_a_fetch_error(root: Path) -> None:
+    st = Storage(str(root))
+    with pytest.raises(FetchError, match=r"blob\.bin: read of bytes \[10000, 10300\) returned 240 bytes, expected 300"):
+        st.read_range("sub/blob.bin", 10000, 10300)
+
+
+def test_read_ranges_coalesces_close_ranges(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = Storage(str(root))
+    calls = counting(st, monkeypatch, [])
+    ranges = [(5000, 5100), (0, 10), (20, 40), (9000, 9100)]
+    got = st.read_ranges("sub/blob.bin", ranges, coalesce_gap=100)
+    assert got == [PAYLOAD[s:e] for s, e in ranges]
+    assert [(c[1], c[2]) for c in calls] == [(0, 40), (5000, 5100), (9000, 9100)]
+
+
+def test_missing_file_fails_at_once_naming_it(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = Storage(str(root), backoff_s=0)
+    calls = counting(st, monkeypatch, [])
+    with pytest.raises(FetchError, match=r"sub/none\.bin: file not found$"):
+        st.read_range("sub/none.bin", 0, 4)
+    assert len(calls) == 1
+
+
+def test_transient_errors_are_retried_then_succeed(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = Storage(str(root), retries=3, backoff_s=0)
+    calls = counting(st, monkeypatch, [ConnectionResetError("reset"), TimeoutError()])
+    assert st.read_range("sub/blob.bin", 3, 9) == PAYLOAD[3:9]
+    assert len(calls) == 3
+
+
+def test_transient_errors_give_up_after_the_retries(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = Storage(str(root), retries=2, backoff_s=0)
+    calls = counting(st, monkeypatch, [TimeoutError()] * 5)
+    with pytest.raises(FetchError, match=r"blob\.bin: read of bytes \[0, 4\) failed after 3 attempts \(TimeoutError\)"):
+        st.read_range("sub/blob.bin", 0, 4)
+    assert len(calls) == 3
+
+
+def test_permanent_errors_are_not_retried(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = Storage(str(root), retries=3, backoff_s=0)
+    calls = counting(st, monkeypatch, [PermissionError("denied")])
+    with pytest.raises(FetchError, match=r"blob\.bin: read of bytes \[0, 4\) failed \(PermissionError: denied\)"):
+        st.read_range("sub/blob.bin", 0, 4)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("bad", ["../secret", "sub/../../x", "/etc/passwd", "http://evil/x", "", "."])
+def test_paths_outside_the_root_are_refused(root: Path, bad: str) -> None:
+    with pytest.raises(DatasetFormatError, match="path"):
+        Storage(str(root)).read_bytes(bad)
+    with pytest.raises(DatasetFormatError):
+        relative_path(bad)
+
+
+def test_relative_path_normalises_inside_paths() -> None:
+    assert relative_path("a/./b/../c.mp4") == "a/c.mp4"
+
+
+def test_info_gives_size_and_mtime_locally(root: Path) -> None:
+    info = Storage(str(root)).info("sub/blob.bin")
+    mtime = (root / "sub" / "blob.bin").stat().st_mtime
+    assert info == FileInfo(size=len(PAYLOAD), version=str(mtime))
+
+
+def test_glob_lists_paths_relative_to_the_root(root: Path) -> None:
+    (root / "sub" / "other.bin").write_bytes(b"x")
+    assert Storage(str(root)).glob("sub/*.bin") == ["sub/blob.bin", "sub/other.bin"]
+
+
+def test_storage_survives_pickling(root: Path) -> None:
+    st = pickle.loads(pickle.dumps(Storage(str(root), retries=1)))
+    assert st.retries == 1
+    assert st.read_range("sub/blob.bin", 7, 17) == PAYLOAD[7:17]
+
+
+@pytest.mark.nginx
+def test_http_range_info_missing(root: Path, tmp_path: Path) -> None:
+    with serve_directory(root, tmp_path / "nginx") as server:
+        st = Storage(server.url, backoff_s=0)
+        assert st.read_range("sub/blob.bin", 4000, 4096) == PAYLOAD[4000:4096]
+        info = st.info("sub/blob.bin")
+        assert info.size == len(PAYLOAD) and info.version and info.version.startswith('"')
+        with pytest.raises(FetchError, match=rf"^{server.url}/sub/none\.bin: file not found$"):
+            st.read_range("sub/none.bin", 0, 4)
+        assert server.requests("/sub/none.bin") == 1
+
+
+@pytest.mark.nginx
+def test_http_503_is_retried_then_named(root: Path, tmp_path: Path) -> None:
+    with serve_directory(root, tmp_path / "nginx") as server:
+        st = Storage(server.url + "/fault503", retries=2, backoff_s=0.01)
+        url = f"{server.url}/fault503/sub/blob.bin"
+        with pytest.raises(FetchError, match=rf"^{url}: read of bytes \[0, 8\) failed after 3 attempts \(HTTP 503"):
+            st.read_range("sub/blob.bin", 0, 8)
+        assert server.requests("GET /fault503/sub/blob.bin") == 3
+
+
+@pytest.mark.nginx
+def test_http_timeout_is_a_fetch_error(root: Path, tmp_path: Path) -> None:
+    with serve_directory(root, tmp_path / "nginx") as server:
+        st = Storage(server.url + "/slow", retries=1, backoff_s=0, timeout_s=0.5)
+        url = f"{server.url}/slow/sub/blob.bin"
+        with pytest.raises(FetchError, match=rf"^{url}: read of bytes \[0, 5000\) failed after 2 attempts \(FSTimeoutError"):
+            st.read_range("sub/blob.bin", 0, 5000)
