@@ -1,0 +1,305 @@
+"""Load job logs (`<log-dir>/<job_id>/`) into tables a script or a person can use.
+
+A job directory holds `config.json`, `meta.json` and `timings.parquet` (one row
+per finished item). This module turns a set of them into two pyarrow tables:
+one row per job (arguments, throughput, LoadGen-style validity, latency
+percentiles end to end and per stage, data rates, memory peaks) and one row
+per item (the raw timings plus the derived latencies in milliseconds), so that
+every question about a run is a filter or a group-by away.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, NamedTuple, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+TARGET_REACHED = "target reached"
+PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
+STAT_NAMES: tuple[str, ...] = ("min", "mean", *(f"p{q:g}".replace(".", "_") for q in PERCENTILES), "max")
+STAGE_PARTS: tuple[str, ...] = ("queue", "copy", "inside")
+ARG_KEYS: tuple[str, ...] = (
+    "mean_interval_ms", "videos", "batch_size", "queue_size",
+    "concurrency", "warmup", "seed", "cpu", "log_dir",
+)
+JOB_FILES: tuple[str, ...] = ("meta.json", "config.json", "timings.parquet")
+JSON_COLUMNS: tuple[str, ...] = ("items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes")  # JSON text cells
+
+
+class JobLogError(ValueError):
+    """A log directory or job that cannot be analysed; `str()` is one sentence naming the file."""
+
+
+@dataclass(frozen=True)
+class ValidityRules:
+    """LoadGen's run rules: a result counts only if the run was long and full enough."""
+
+    min_duration_s: float = 1.0
+    min_items: int = 100
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job directory as read from disk, before any statistics."""
+
+    job_id: str
+    path: Path
+    meta: dict[str, Any]
+    config: dict[str, Any]
+    timings: pa.Table
+    num_steps: int
+
+
+class JobTables(NamedTuple):
+    jobs: pa.Table    # one row per job
+    items: pa.Table   # one row per finished item, all jobs
+
+
+def stat_column(prefix: str, stat: str) -> str:
+    """The name of a latency statistic column, e.g. `e2e_p99_ms`, `queue1_p50_ms`."""
+    return f"{prefix}_{stat}_ms"
+
+
+def find_job_dirs(paths: Sequence[str | Path], names: Sequence[str] | None = None) -> list[Path]:
+    """Resolve each path as a job directory (it holds a job file) or a log directory of jobs.
+
+    Subdirectories of a log directory that hold none of the job files are
+    not jobs (e.g. a stray folder) and are skipped; `names` keeps only the job
+    ids listed, and each listed id must exist.
+    """
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_dir():
+            raise JobLogError(f"{path}: no such log or job directory.")
+        if _is_job_dir(path):
+            found.append(path)
+            continue
+        found.extend(sorted(child for child in path.iterdir() if child.is_dir() and _is_job_dir(child)))
+    if names is not None:
+        by_name = {job.name: job for job in found}
+        missing = [name for name in names if name not in by_name]
+        if missing:
+            raise JobLogError(f"{', '.join(str(p) for p in paths)}: no job named {missing[0]!r}.")
+        found = [by_name[name] for name in names]
+    if not found:
+        raise JobLogError(f"{', '.join(str(p) for p in paths)}: holds no job directories (none has a meta.json).")
+    return found
+
+
+def _is_job_dir(path: Path) -> bool:
+    return any((path / name).is_file() for name in JOB_FILES)
+
+
+def read_job(path: str | Path) -> Job:
+    """Read one job directory; any missing or unreadable file raises JobLogError naming it."""
+    path = Path(path)
+    meta = _read_json(path / "meta.json")
+    config = _read_json(path / "config.json")
+    timings_path = path / "timings.parquet"
+    try:
+        timings = pq.read_table(timings_path)
+    except (OSError, pa.ArrowException) as exc:
+        raise JobLogError(f"{timings_path}: cannot be read as Parquet ({exc}).") from exc
+    try:
+        num_steps = int(meta["num_steps"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise JobLogError(f"{path / 'meta.json'}: needs an integer 'num_steps'.") from exc
+    for column in ("item_id", "is_warmup", "enqueue", *_step_columns(num_steps)):
+        if column not in timings.column_names:
+            raise JobLogError(f"{timings_path}: lacks the column {column!r}.")
+    return Job(str(meta.get("job_id", path.name)), path, meta, config, timings, num_steps)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise JobLogError(f"{path}: missing.") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise JobLogError(f"{path}: cannot be read as JSON ({exc}).") from exc
+    if not isinstance(data, dict):
+        raise JobLogError(f"{path}: should hold a JSON object.")
+    return data
+
+
+def _step_columns(num_steps: int) -> list[str]:
+    return [
+        f"{event}{k}_{edge}"
+        for k in range(num_steps)
+        for event, edge in (("runner", "start"), ("inference", "start"), ("inference", "finish"), ("runner", "finish"))
+    ]
+
+
+def _column(table: pa.Table, name: str) -> np.ndarray:
+    return table.column(name).to_numpy(zero_copy_only=False)
+
+
+def derived_latencies(timings: pa.Table, num_steps: int) -> dict[str, np.ndarray]:
+    """End-to-end and per-stage latencies of each item, in seconds.
+
+    The stages partition the end-to-end time exactly: for every step k,
+    queue wait + copy + inside, summed over k, equals the end-to-end latency.
+    """
+    enqueue = _column(timings, "enqueue")
+    out: dict[str, np.ndarray] = {}
+    previous_finish = enqueue
+    for k in range(num_steps):
+        runner_start = _column(timings, f"runner{k}_start")
+        inference_start = _column(timings, f"inference{k}_start")
+        inference_finish = _column(timings, f"inference{k}_finish")
+        runner_finish = _column(timings, f"runner{k}_finish")
+        out[f"queue{k}"] = runner_start - previous_finish
+        out[f"copy{k}"] = (inference_start - runner_start) + (runner_finish - inference_finish)
+        out[f"inside{k}"] = inference_finish - inference_start
+        previous_finish = runner_finish
+    out["e2e"] = previous_finish - enqueue
+    return out
+
+
+def latency_stats(seconds: np.ndarray) -> dict[str, float | None]:
+    """min, mean, the PERCENTILES (numpy's linear interpolation) and max, in milliseconds."""
+    if seconds.size == 0:
+        return dict.fromkeys(STAT_NAMES)
+    ms = seconds * 1000.0
+    values = [float(ms.min()), float(ms.mean()), *(float(v) for v in np.percentile(ms, PERCENTILES)), float(ms.max())]
+    return dict(zip(STAT_NAMES, values))
+
+
+def check_validity(termination_reason: str, measured_items: int, duration_s: float, rules: ValidityRules) -> str | None:
+    """None when the run is VALID, else the failed rules as one sentence."""
+    failed = []
+    if termination_reason != TARGET_REACHED:
+        failed.append(f"the run ended with {termination_reason!r}, not {TARGET_REACHED!r}")
+    if measured_items < rules.min_items:
+        failed.append(f"{measured_items} items after warm-up, fewer than --min-items {rules.min_items}")
+    if duration_s < rules.min_duration_s:
+        failed.append(f"the measured window lasted {duration_s:.3f} s, less than --min-duration {rules.min_duration_s:g} s")
+    return "; ".join(failed) + "." if failed else None
+
+
+def measured_rows(job: Job) -> pa.Table:
+    """The items after warm-up: the only ones LoadGen-style statistics may use."""
+    return job.timings.filter(pc.invert(job.timings.column("is_warmup").fill_null(False)))
+
+
+def e2e_percentile_ms(job: Job, percentile: float) -> float:
+    """The job's end-to-end latency percentile after warm-up; infinite when no item counts.
+
+    A run that did not reach its target has no meaningful tail, so it counts
+    as infinitely slow for anyone comparing it against a latency bound.
+    """
+    measured = measured_rows(job)
+    if job.meta.get("termination_reason") != TARGET_REACHED or measured.num_rows == 0:
+        return math.inf
+    return float(np.percentile(derived_latencies(measured, job.num_steps)["e2e"] * 1000.0, percentile))
+
+
+def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
+    """One row of the jobs table.
+
+    The measured window runs from the first enqueue to the last finish of the
+    items after warm-up; throughput, data rates and latencies use only those.
+    """
+    meta = job.meta
+    args = meta.get("args") or {}
+    measured = measured_rows(job)
+    latencies = derived_latencies(measured, job.num_steps)
+    count = measured.num_rows
+    duration = 0.0
+    if count:
+        last_finish = np.max(_column(measured, f"runner{job.num_steps - 1}_finish"))
+        duration = float(last_finish - np.min(_column(measured, "enqueue")))
+    reason = str(meta.get("termination_reason"))
+    invalid = check_validity(reason, count, duration, rules)
+    row: dict[str, Any] = {
+        "job_id": job.job_id,
+        "job_dir": str(job.path),
+        "config_path": meta.get("config_path"),
+        **{key: args.get(key) for key in ARG_KEYS},
+        "start_time": meta.get("start_time"),
+        "end_time": meta.get("end_time"),
+        "elapsed_s": meta.get("elapsed_s"),
+        "finished_items": meta.get("finished_items"),
+        "throughput_items_per_s": meta.get("throughput_items_per_s"),
+        "termination_reason": reason,
+        "failed_process": meta.get("failed_process"),
+        "error": meta.get("error"),
+        "validity": "INVALID" if invalid else "VALID",
+        "invalid_because": invalid,
+        "num_steps": job.num_steps,
+        "measured_items": count,
+        "measured_duration_s": duration,
+        "measured_throughput_items_per_s": count / duration if duration > 0 else None,
+    }
+    for prefix in ("e2e", *(f"{part}{k}" for k in range(job.num_steps) for part in STAGE_PARTS)):
+        for stat, value in latency_stats(latencies[prefix]).items():
+            row[stat_column(prefix, stat)] = value
+    for field in ("bytes_fetched", "frames_decoded"):
+        row[f"{field}_per_s"] = _rate(measured, field, duration)
+    row["items_per_device"] = json.dumps(_items_per_device(job))
+    processes = meta.get("processes") or []
+    rss = {p["name"]: p.get("peak_rss_bytes") for p in processes if p.get("peak_rss_bytes") is not None}
+    device_bytes = {p["name"]: p["peak_device_bytes"] for p in processes if p.get("peak_device_bytes") is not None}
+    row["peak_rss_bytes"] = json.dumps(rss)
+    row["max_peak_rss_bytes"] = max(rss.values(), default=None)
+    row["peak_device_bytes"] = json.dumps(device_bytes)
+    row["max_peak_device_bytes"] = max(device_bytes.values(), default=None)
+    row["notes"] = json.dumps(meta.get("notes") or [])
+    return row
+
+
+def _rate(measured: pa.Table, field: str, duration: float) -> float | None:
+    if field not in measured.column_names or duration <= 0:
+        return None
+    values = measured.column(field).drop_null()
+    if len(values) == 0:
+        return None
+    return float(np.sum(values.to_numpy(zero_copy_only=False))) / duration
+
+
+def _items_per_device(job: Job) -> dict[str, dict[str, int]]:
+    """Finished items (warm-up included) per device for each step: how the load was spread."""
+    spread: dict[str, dict[str, int]] = {}
+    for k in range(job.num_steps):
+        column = f"device{k}"
+        if column not in job.timings.column_names:
+            continue
+        counts = job.timings.column(column).value_counts()
+        spread[str(k)] = {str(entry["values"]): int(entry["counts"]) for entry in counts.to_pylist()}
+    return spread
+
+
+def item_rows(job: Job) -> pa.Table:
+    """The job's timings with its id in front and the derived latencies (ms) appended."""
+    table = job.timings.add_column(0, "job_id", pa.array([job.job_id] * job.timings.num_rows, pa.string()))
+    for name, seconds in derived_latencies(job.timings, job.num_steps).items():
+        table = table.append_column(f"{name}_ms", pa.array(seconds * 1000.0, pa.float64()))
+    return table
+
+
+def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
+    """A table over the union of the rows' keys (jobs with more steps have more columns), nulls elsewhere."""
+    rows = list(rows)
+    keys: dict[str, None] = {}
+    for row in rows:
+        keys.update(dict.fromkeys(row))
+    return pa.Table.from_pydict({key: [row.get(key) for row in rows] for key in keys})
+
+
+def load_jobs(
+    log_dir: str | Path | Sequence[str | Path],
+    names: Sequence[str] | None = None,
+    rules: ValidityRules = ValidityRules(),
+) -> JobTables:
+    """All jobs of a log directory (or the job/log directories given), summarized and itemized."""
+    paths = [log_dir] if isinstance(log_dir, (str, Path)) else list(log_dir)
+    jobs = [read_job(path) for path in find_job_dirs(paths, names)]
+    items = pa.concat_tables([item_rows(job) for job in jobs], promote_options="default")
+    return JobTables(rows_to_table(summarize_job(job, rules) for job in jobs), items)

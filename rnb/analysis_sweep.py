@@ -1,0 +1,155 @@
+"""Load sweeps: run the benchmark at several request rates, and search for the peak rate under a latency bound.
+
+The search is perf_analyzer's latency threshold / LoadGen's peak-performance
+mode: bisection over the Poisson request rate (1000 / -mi requests per
+second). A measurement is one whole benchmark job, so the number of steps is
+bounded and every reported rate is one that was actually measured.
+"""
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from rnb.analysis import e2e_percentile_ms, read_job
+
+BENCHMARK = Path(__file__).resolve().parents[1] / "benchmark.py"
+INTERRUPT_GRACE_S = 30.0
+
+
+class SweepError(RuntimeError):
+    """A benchmark run the sweep cannot use (bad config, no job log, interrupted); one sentence."""
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    job_dir: Path
+    returncode: int
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured load: its rate, and its latency percentile (inf when the job missed its target)."""
+
+    rate_per_s: float
+    latency_ms: float
+    job_dir: Path | None = None
+
+    @property
+    def mean_interval_ms(self) -> float:
+        return 1000.0 / self.rate_per_s
+
+
+@dataclass(frozen=True)
+class BisectionResult:
+    bound_ms: float
+    best: Trial | None      # highest measured rate under the bound; None if even the lowest failed
+    above: Trial | None     # lowest measured rate above `best` that broke the bound; None if the highest passed
+    trials: tuple[Trial, ...]
+
+
+def format_interval(mean_interval_ms: float) -> str:
+    """-mi as the benchmark receives it: short, but exact enough that rates do not collide."""
+    return f"{mean_interval_ms:.6g}"
+
+
+def run_benchmark(
+    config: str,
+    mean_interval_ms: float,
+    log_dir: Path,
+    extra_args: Sequence[str] = (),
+    benchmark: Path = BENCHMARK,
+    timeout_s: float | None = None,
+) -> RunOutcome:
+    """Run one benchmark job in a child interpreter and return the job directory it created.
+
+    The job is found as the one new directory under `log_dir`, so two sweeps
+    must not share a log directory at the same time. A failed job (exit 1)
+    still has a log and is returned; anything else non-zero stops the sweep.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    before = {path.name for path in log_dir.iterdir()}
+    command = [sys.executable, str(benchmark), "-c", config, "-mi", format_interval(mean_interval_ms),
+               "--log-dir", str(log_dir), *extra_args]
+    child = subprocess.Popen(command)
+    try:
+        returncode = child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGINT)  # lets the benchmark stop its own processes and write its log
+        try:
+            child.wait(timeout=INTERRUPT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        raise SweepError(f"{benchmark} -mi {format_interval(mean_interval_ms)} ran past {timeout_s:g} s and was stopped.")
+    if returncode not in (0, 1):
+        raise SweepError(f"{benchmark} -c {config} -mi {format_interval(mean_interval_ms)} exited with {returncode}.")
+    new = sorted(path for path in log_dir.iterdir() if path.name not in before and path.is_dir())
+    if len(new) != 1:
+        raise SweepError(f"{log_dir}: expected one new job directory after the run at -mi "
+                         f"{format_interval(mean_interval_ms)}, found {len(new)}.")
+    return RunOutcome(new[0], returncode)
+
+
+def measure_trial(outcome: RunOutcome, rate_per_s: float, percentile: float) -> Trial:
+    return Trial(rate_per_s, e2e_percentile_ms(read_job(outcome.job_dir), percentile), outcome.job_dir)
+
+
+def bisect_rate(
+    measure: Callable[[float], Trial],
+    low_rate: float,
+    high_rate: float,
+    bound_ms: float,
+    max_steps: int,
+    rel_tol: float = 0.05,
+) -> BisectionResult:
+    """The highest rate in [low_rate, high_rate] whose latency stays under `bound_ms`.
+
+    Measures both ends first; between a passing and a failing rate it halves
+    the interval at most `max_steps` times, stopping early once the two are
+    within `rel_tol` of each other. Latency need not be monotonic in rate, so
+    the answer is a bracket of two measured loads, not a guarantee.
+    """
+    if not 0 < low_rate < high_rate:
+        raise ValueError(f"the rates must satisfy 0 < low < high; got low {low_rate:g}, high {high_rate:g}.")
+    if max_steps < 0:
+        raise ValueError(f"max_steps must not be negative; got {max_steps}.")
+    trials = [measure(low_rate)]
+    low = trials[0]
+    if not low.latency_ms < bound_ms:
+        return BisectionResult(bound_ms, None, low, tuple(trials))
+    trials.append(measure(high_rate))
+    high = trials[-1]
+    if high.latency_ms < bound_ms:
+        return BisectionResult(bound_ms, high, None, tuple(trials))
+    for _ in range(max_steps):
+        if high.rate_per_s - low.rate_per_s <= rel_tol * high.rate_per_s:
+            break
+        trials.append(measure((low.rate_per_s + high.rate_per_s) / 2.0))
+        if trials[-1].latency_ms < bound_ms:
+            low = trials[-1]
+        else:
+            high = trials[-1]
+    return BisectionResult(bound_ms, low, high, tuple(trials))
+
+
+def format_bisection(result: BisectionResult, percentile: float) -> str:
+    """The trials in order, then the answer with its bracketing measured loads."""
+    def describe(trial: Trial) -> str:
+        latency = "target not reached" if math.isinf(trial.latency_ms) else f"p{percentile:g} {trial.latency_ms:.2f} ms"
+        return f"{trial.rate_per_s:.4g} req/s (-mi {format_interval(trial.mean_interval_ms)}): {latency}"
+
+    lines = [f"trial {i}: {describe(trial)}" for i, trial in enumerate(result.trials, start=1)]
+    bound = f"p{percentile:g} < {result.bound_ms:g} ms"
+    if result.best is None:
+        lines.append(f"no rate meets {bound}: even the lowest, {describe(result.above)}.")
+    elif result.above is None:
+        lines.append(f"the highest rate searched meets {bound}: {describe(result.best)}; search higher.")
+    else:
+        lines.append(f"peak rate meeting {bound}: {describe(result.best)}")
+        lines.append(f"  bracketed by the lowest failing load: {describe(result.above)}")
+    return "\n".join(lines)

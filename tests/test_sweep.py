@@ -1,0 +1,118 @@
+"""The sweep: bisection logic exactly (pure and through a stub benchmark), and real toy-config sweeps."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rnb.analysis import ValidityRules, load_jobs, stat_column
+from rnb.analysis_sweep import Trial, bisect_rate, format_interval
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEP = REPO / "scripts" / "sweep.py"
+
+# A stand-in for benchmark.py that writes a job log whose every item takes
+# exactly `rate` ms end to end (rate = 1000 / -mi), so the bisection's path is
+# known in advance. It reads only the flags the sweep passes.
+STUB_BENCHMARK = textwrap.dedent('''
+    import argparse, json, pathlib, sys
+    import pyarrow as pa, pyarrow.parquet as pq
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-c"); parser.add_argument("-mi", type=float); parser.add_argument("--log-dir")
+    parser.add_argument("-v", type=int, default=20)
+    args = parser.parse_args()
+    rate = 1000.0 / args.mi
+    job = pathlib.Path(args.log_dir) / f"stub-mi{args.mi:g}"
+    job.mkdir()
+    n = args.v
+    enqueue = [100.0 + i for i in range(n)]
+    start = [e + rate / 4000.0 for e in enqueue]
+    finish = [e + rate / 1000.0 for e in enqueue]
+    columns = {"item_id": list(range(n)), "payload": [repr(i) for i in range(n)], "is_warmup": [False] * n,
+               "enqueue": enqueue, "runner0_start": start, "inference0_start": start,
+               "inference0_finish": finish, "runner0_finish": finish, "device0": ["cpu"] * n}
+    pq.write_table(pa.table(columns), job / "timings.parquet")
+    (job / "config.json").write_text("{}")
+    meta = {"job_id": job.name, "config_path": args.c, "num_steps": 1, "termination_reason": "target reached",
+            "args": {"mean_interval_ms": args.mi, "videos": n}, "processes": []}
+    (job / "meta.json").write_text(json.dumps(meta))
+''')
+
+
+def linear_latency(rate: float) -> Trial:
+    return Trial(rate, latency_ms=rate)
+
+
+def test_bisection_follows_the_halving_path_and_brackets_the_bound() -> None:
+    result = bisect_rate(linear_latency, 10.0, 200.0, bound_ms=50.0, max_steps=10, rel_tol=0.05)
+    rates = [trial.rate_per_s for trial in result.trials]
+    assert rates == [10.0, 200.0, 105.0, 57.5, 33.75, 45.625, 51.5625, 48.59375, 50.078125]
+    assert result.best.rate_per_s == 48.59375
+    assert result.above.rate_per_s == 50.078125
+
+
+def test_bisection_stops_after_max_steps() -> None:
+    result = bisect_rate(linear_latency, 10.0, 200.0, bound_ms=50.0, max_steps=2)
+    assert [t.rate_per_s for t in result.trials] == [10.0, 200.0, 105.0, 57.5]
+    assert (result.best.rate_per_s, result.above.rate_per_s) == (10.0, 57.5)
+
+
+def test_bisection_reports_when_no_rate_or_every_rate_meets_the_bound() -> None:
+    none_pass = bisect_rate(linear_latency, 10.0, 200.0, bound_ms=5.0, max_steps=5)
+    assert none_pass.best is None and none_pass.above.rate_per_s == 10.0 and len(none_pass.trials) == 1
+    all_pass = bisect_rate(linear_latency, 10.0, 200.0, bound_ms=500.0, max_steps=5)
+    assert all_pass.above is None and all_pass.best.rate_per_s == 200.0 and len(all_pass.trials) == 2
+
+
+def test_bisection_counts_a_missed_target_as_over_the_bound() -> None:
+    result = bisect_rate(lambda rate: Trial(rate, math.inf if rate > 20 else 1.0), 10.0, 40.0, 100.0, max_steps=1)
+    assert (result.best.rate_per_s, result.above.rate_per_s) == (10.0, 25.0)
+
+
+def test_bisection_rejects_inverted_rates() -> None:
+    with pytest.raises(ValueError, match=r"^the rates must satisfy 0 < low < high; got low 5, high 5\.$"):
+        bisect_rate(linear_latency, 5.0, 5.0, 10.0, 3)
+
+
+def test_sweep_script_bisects_over_stub_benchmark_runs(tmp_path: Path) -> None:
+    stub = tmp_path / "stub_benchmark.py"
+    stub.write_text(STUB_BENCHMARK)
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--benchmark", str(stub), "--log-dir", str(logs),
+         "--latency-bound-ms", "50", "--low-mi", "100", "--high-mi", "5", "--max-steps", "3",
+         "--min-items", "20", "--min-duration", "0"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    # rates 10 (pass), 200 (fail), 105 (fail), 57.5 (fail), 33.75 (pass): three steps after the ends
+    expected = sorted(f"stub-mi{float(format_interval(1000 / r)):g}" for r in (10, 200, 105, 57.5, 33.75))
+    assert sorted(path.name for path in logs.iterdir()) == expected
+    assert "peak rate meeting p99 < 50 ms: 33.75 req/s (-mi 29.6296): p99 33.75 ms" in done.stdout
+    assert "bracketed by the lowest failing load: 57.5 req/s (-mi 17.3913): p99 57.50 ms" in done.stdout
+    jobs = load_jobs(logs, rules=ValidityRules(min_duration_s=0.0, min_items=20)).jobs
+    assert jobs.column("validity").to_pylist() == ["VALID"] * 5
+    assert sorted(jobs.column(stat_column("e2e", "p99")).to_pylist()) == pytest.approx([10, 33.75, 57.5, 105, 200], rel=1e-5)
+    assert done.stdout.count(" VALID ") == 5
+
+
+def test_sweep_script_rejects_a_single_mi_flag() -> None:
+    done = subprocess.run([sys.executable, str(SWEEP), "-c", "config/toy.json", "--mi", "1", "-mi", "3"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "give loads with --mi (a list) or search with --latency-bound-ms, not -mi" in done.stderr
+
+
+def test_sweep_script_stops_on_a_run_that_leaves_no_job(tmp_path: Path) -> None:
+    stub = tmp_path / "bad_benchmark.py"
+    stub.write_text("import sys\nsys.exit(2)\n")
+    done = subprocess.run([sys.executable, str(SWEEP), "-c", "config/toy.json", "--mi", "1,2",
+                           "--benchmark", str(stub), "--log-dir", str(tmp_path / "logs")],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == f"sweep: {stub} -c config/toy.json -mi 1 exited with 2.\n"
