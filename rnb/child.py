@@ -1,0 +1,39 @@
+"""What every child process (client or runner) does around its own work.
+
+Centralised so that failure reporting behaves identically everywhere: the
+main process learns the error as one line, the job stops at once, and the
+child's peak memory reaches the job log even when it failed.
+"""
+from __future__ import annotations
+
+import resource
+import signal
+import sys
+from typing import Callable
+
+import torch
+
+from control import Plumbing, Termination
+
+
+def child_main(name: str, plumbing: Plumbing, work: Callable[[], None], device: torch.device | None = None) -> None:
+    """Run `work`, report how it ended on the status queue, and exit 0 (ok) or 1 (failed)."""
+    # Ctrl-C is the main process's business: it stops the children in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    code = 0
+    try:
+        work()
+    except BaseException as error:  # the job must learn of any failure, whatever its type
+        code = 1
+        plumbing.status.put(("error", name, f"{type(error).__name__}: {error}"))
+        plumbing.flag.raise_(Termination.PROCESS_FAILED)
+    if plumbing.flag.is_set:
+        # Nobody will read what is still buffered for the pipeline; do not wait to flush it.
+        for queue in (plumbing.requests, *(q for step in plumbing.step_queues for q in step.values())):
+            queue.cancel_join_thread()
+    peak_device = None
+    if device is not None and device.type == "cuda":
+        peak_device = torch.cuda.max_memory_allocated(device)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    plumbing.status.put(("exit", name, {"peak_rss_bytes": peak_rss, "peak_device_bytes": peak_device}))
+    sys.exit(code)

@@ -1,0 +1,122 @@
+"""The job log: `<log-dir>/<job_id>/` with config.json, meta.json and timings.parquet.
+
+Its format is what analysis scripts parse, so everything about it lives here:
+the job id, the directory, the meta record and the timings table.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rnb.timecard import TimeCard
+
+STEP_EVENTS = ("runner{k}_start", "inference{k}_start", "inference{k}_finish", "runner{k}_finish")
+
+
+def job_id(start: float, mean_interval_ms: float, batch_size: int, videos: int, queue_size: int,
+           concurrency: int | None) -> str:
+    """Start time plus the CLI values, so a directory listing reads as a table of runs."""
+    stamp = time.strftime("%y%m%d_%H%M%S", time.localtime(start))
+    name = f"{stamp}-mi{mean_interval_ms:g}-b{batch_size}-v{videos}-qs{queue_size}"
+    return f"{name}-c{concurrency}" if concurrency else name
+
+
+def create_job_dir(log_dir: str, name: str) -> Path:
+    """Make the job directory, suffixing -2, -3, ... rather than mix two jobs in one."""
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    suffix = 1
+    while True:
+        path = Path(log_dir) / (name if suffix == 1 else f"{name}-{suffix}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            suffix += 1
+
+
+def write_json(path: Path, document: Any) -> None:
+    path.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def versions() -> dict[str, str | None]:
+    """Versions read from package metadata, so recording them imports nothing heavy."""
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for package in ("torch", "torchvision", "torchcodec"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def host() -> str:
+    return socket.gethostname() or os.uname().nodename
+
+
+def timings_table(cards: Iterable[TimeCard], num_steps: int, warmup: int) -> pa.Table:
+    """One row per finished item, in item order; model-set fields become nullable columns."""
+    cards = sorted(cards, key=lambda card: card.item_id)
+    columns: dict[str, pa.Array] = {
+        "item_id": pa.array([c.item_id for c in cards], pa.int64()),
+        "payload": pa.array([c.payload for c in cards], pa.string()),
+        "is_warmup": pa.array([c.item_id < warmup for c in cards], pa.bool_()),
+        "enqueue": pa.array([c.events.get("enqueue") for c in cards], pa.float64()),
+    }
+    for k in range(num_steps):
+        for template in STEP_EVENTS:
+            name = template.format(k=k)
+            columns[name] = pa.array([c.events.get(name) for c in cards], pa.float64())
+        columns[f"device{k}"] = pa.array([c.devices.get(k) for c in cards], pa.string())
+    defaults = {"bytes_fetched": pa.int64(), "frames_decoded": pa.int64()}
+    extra_names = list(defaults) + sorted({name for c in cards for name in c.fields} - set(defaults))
+    for name in extra_names:
+        values = [c.fields.get(name) for c in cards]
+        columns[name] = pa.array(values, defaults.get(name))
+    return pa.table(columns)
+
+
+def write_timings(job_dir: Path, table: pa.Table) -> None:
+    pq.write_table(table, job_dir / "timings.parquet")
+
+
+def process_record(name: str, role: str, step: int | None, group: int | None, instance: int | None,
+                   device: str | None, pid: int | None) -> dict[str, Any]:
+    """A meta.json `processes` entry as it is known at spawn time; the rest is filled in at exit."""
+    return {"name": name, "role": role, "step": step, "group": group, "instance": instance, "device": device,
+            "pid": pid, "exitcode": None, "status": None, "error": None,
+            "peak_rss_bytes": None, "peak_device_bytes": None}
+
+
+def meta_document(*, job: str, config_path: str, args: Mapping[str, Any], start: float | None, end: float,
+                  finished: int, reason: str, failed_process: str | None, error: str | None,
+                  processes: list[dict[str, Any]], gpus: list[dict[str, Any]], num_steps: int,
+                  notes: list[str]) -> dict[str, Any]:
+    elapsed = None if start is None else end - start
+    return {
+        "job_id": job,
+        "config_path": config_path,
+        "args": dict(args),
+        "start_time": start,
+        "end_time": end,
+        "elapsed_s": elapsed,
+        "finished_items": finished,
+        "throughput_items_per_s": finished / elapsed if elapsed else 0.0,
+        "termination_reason": reason,
+        "failed_process": failed_process,
+        "error": error,
+        "processes": processes,
+        "versions": versions(),
+        "host": host(),
+        "gpus": gpus,
+        "num_steps": num_steps,
+        "notes": notes,
+    }

@@ -1,0 +1,72 @@
+"""Where every runner goes and what it gets, decided before anything is spawned.
+
+Resolving models and their output shapes here means a model that cannot say
+what it outputs is a config error (exit 2), not a failed job.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from rnb.config import ConfigError, PipelineConfig
+from rnb.dotted import load_object
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One runner: its step, group, replica index, device, and what its model needs."""
+
+    name: str
+    step: int
+    group: int
+    instance: int
+    device: str
+    model: str
+    model_kwargs: Mapping[str, Any]
+    selector: str | None
+    in_queue: int | None
+    out_queues: tuple[int, ...]
+    num_segments: int
+    num_slots: int
+    output_shapes: tuple[tuple[int, ...], ...]  # empty for the final step
+
+
+def runner_name(step: int, group: int, instance: int) -> str:
+    return f"step{step}-g{group}-r{instance}"
+
+
+def plan_runners(config: PipelineConfig, batch_size: int, cpu_only: bool) -> list[Placement]:
+    """One placement per gpus entry of every queue group, in step order."""
+    placements = []
+    last = len(config.steps) - 1
+    for k, step in enumerate(config.steps):
+        model = load_object(step.model)
+        for g, group in enumerate(step.queue_groups):
+            kwargs = dict(group.model_kwargs)
+            # -b is the default `batch` of batching steps: models that take one get it unless the config sets it.
+            if "batch" in inspect.signature(model.__init__).parameters and "batch" not in kwargs:
+                kwargs["batch"] = batch_size
+            shapes = () if k == last else _output_shapes(config, k, model, kwargs)
+            for i, gpu in enumerate(group.gpus):
+                placements.append(Placement(
+                    name=runner_name(k, g, i), step=k, group=g, instance=i,
+                    device="cpu" if cpu_only or gpu < 0 else f"cuda:{gpu}",
+                    model=step.model, model_kwargs=kwargs, selector=group.queue_selector,
+                    in_queue=group.in_queue, out_queues=tuple(group.out_queues),
+                    num_segments=step.num_segments, num_slots=step.num_shared_tensors, output_shapes=shapes,
+                ))
+    return placements
+
+
+def _output_shapes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+    where = f"pipeline[{k}].model"
+    try:
+        shapes = model.output_shape(**kwargs)
+    except Exception as error:  # the model's own complaint about its keywords is the config error
+        raise ConfigError(config.path, where, f"expected output_shape() to accept the step's keywords, found {type(error).__name__}: {error}") from None
+    valid = isinstance(shapes, tuple) and len(shapes) > 0 and all(
+        isinstance(shape, tuple) and shape and all(isinstance(d, int) and d > 0 for d in shape) for shape in shapes)
+    if not valid:
+        raise ConfigError(config.path, where, f"expected output_shape() to give a non-empty tuple of shapes (tuples of positive ints) because the step feeds another, found {shapes!r}")
+    return shapes

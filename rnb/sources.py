@@ -1,0 +1,48 @@
+"""Request sources: what the client sends, built from the config's "source" object.
+
+A source is any iterable of request payloads.  Which kind a config means is
+decided by the first key of its "source" object; `SOURCE_FACTORIES` maps that
+key to the dotted path of a factory, so a new kind (e.g. a dataset) is one
+entry here and the client never changes.  Factories are imported lazily,
+inside the client process, so a kind's heavy imports cost nothing elsewhere.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterable, Iterator, Mapping
+
+from rnb.config import ConfigError
+from rnb.dotted import load_object
+
+# first key of config.source -> dotted path of `factory(source, config_path) -> Iterable`
+SOURCE_FACTORIES: dict[str, str] = {
+    "synthetic": "rnb.sources.synthetic_source",
+    "video_path_iterator": "rnb.sources.path_iterator_source",
+}
+
+
+def source_factory_path(source: Mapping[str, Any], config_path: str) -> str:
+    """The factory a source object names; raises ConfigError for an unknown kind."""
+    kind = next(iter(source), "synthetic")
+    if kind not in SOURCE_FACTORIES:
+        raise ConfigError(config_path, f"source.{kind}",
+                          f"expected a source whose first key is one of {', '.join(sorted(SOURCE_FACTORIES))}")
+    return SOURCE_FACTORIES[kind]
+
+
+def open_source(source: Mapping[str, Any], config_path: str) -> Iterator[Any]:
+    """An iterator over the request payloads of a config's source."""
+    return iter(load_object(source_factory_path(source, config_path))(source, config_path))
+
+
+def synthetic_source(source: Mapping[str, Any], config_path: str) -> Iterable[int]:
+    """Numbered requests 0, 1, 2, ...: for models that make their own input."""
+    if source.get("synthetic", True) is not True:
+        raise ConfigError(config_path, "source.synthetic", "expected true (or no source at all)")
+    return itertools.count()
+
+
+def path_iterator_source(source: Mapping[str, Any], config_path: str) -> Iterable[Any]:
+    """RnB's form: an instance of the named class, built with the source's other keys."""
+    options = {key: value for key, value in source.items() if key != "video_path_iterator"}
+    return load_object(source["video_path_iterator"])(**options)
