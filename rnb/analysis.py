@@ -20,6 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rnb.summary import stage_latencies
+
 TARGET_REACHED = "target reached"
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 STAT_NAMES: tuple[str, ...] = ("min", "mean", *(f"p{q:g}".replace(".", "_") for q in PERCENTILES), "max")
@@ -142,32 +144,25 @@ def _column(table: pa.Table, name: str) -> np.ndarray:
 
 
 def derived_latencies(timings: pa.Table, num_steps: int) -> dict[str, np.ndarray]:
-    """End-to-end and per-stage latencies of each item, in seconds.
+    """End-to-end and per-stage latencies of each item in seconds, under this module's column prefixes.
 
-    The stages partition the end-to-end time exactly: for every step k,
-    queue wait + copy + inside, summed over k, equals the end-to-end latency.
+    The stages partition the end-to-end time exactly: queue wait + copy +
+    inside, summed over the steps, equals the end-to-end latency.
     """
-    enqueue = _column(timings, "enqueue")
-    out: dict[str, np.ndarray] = {}
-    previous_finish = enqueue
+    stages = stage_latencies(timings, num_steps)
+    out = {"e2e": stages["end to end"]}
     for k in range(num_steps):
-        runner_start = _column(timings, f"runner{k}_start")
-        inference_start = _column(timings, f"inference{k}_start")
-        inference_finish = _column(timings, f"inference{k}_finish")
-        runner_finish = _column(timings, f"runner{k}_finish")
-        out[f"queue{k}"] = runner_start - previous_finish
-        out[f"copy{k}"] = (inference_start - runner_start) + (runner_finish - inference_finish)
-        out[f"inside{k}"] = inference_finish - inference_start
-        previous_finish = runner_finish
-    out["e2e"] = previous_finish - enqueue
+        out[f"queue{k}"] = stages[f"step {k} queue wait"]
+        out[f"copy{k}"] = stages[f"step {k} copy"]
+        out[f"inside{k}"] = stages[f"step {k} inference"]
     return out
 
 
 def latency_stats(seconds: np.ndarray) -> dict[str, float | None]:
     """min, mean, the PERCENTILES (numpy's linear interpolation) and max, in milliseconds."""
-    if seconds.size == 0:
+    ms = seconds[~np.isnan(seconds)] * 1000.0
+    if ms.size == 0:
         return dict.fromkeys(STAT_NAMES)
-    ms = seconds * 1000.0
     values = [float(ms.min()), float(ms.mean()), *(float(v) for v in np.percentile(ms, PERCENTILES)), float(ms.max())]
     return dict(zip(STAT_NAMES, values))
 
@@ -198,7 +193,7 @@ def e2e_percentile_ms(job: Job, percentile: float) -> float:
     measured = measured_rows(job)
     if job.meta.get("termination_reason") != TARGET_REACHED or measured.num_rows == 0:
         return math.inf
-    return float(np.percentile(derived_latencies(measured, job.num_steps)["e2e"] * 1000.0, percentile))
+    return float(np.nanpercentile(derived_latencies(measured, job.num_steps)["e2e"] * 1000.0, percentile))
 
 
 def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
@@ -214,8 +209,8 @@ def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
     count = measured.num_rows
     duration = 0.0
     if count:
-        last_finish = np.max(_column(measured, f"runner{job.num_steps - 1}_finish"))
-        duration = float(last_finish - np.min(_column(measured, "enqueue")))
+        last_finish = np.nanmax(_column(measured, f"runner{job.num_steps - 1}_finish"))
+        duration = float(last_finish - np.nanmin(_column(measured, "enqueue")))
     reason = str(meta.get("termination_reason"))
     invalid = check_validity(reason, count, duration, rules)
     row: dict[str, Any] = {

@@ -1,0 +1,213 @@
+"""Job-log analysis on a real toy-config job (made once per module), plus edited copies of it for the other cases."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+
+from rnb.analysis import (
+    PERCENTILES, JobLogError, ValidityRules, load_jobs, read_job, stat_column, summarize_job,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+ANALYZE = REPO / "scripts" / "analyze.py"
+VIDEOS = 30
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+LENIENT = ValidityRules(min_duration_s=0.0, min_items=1)
+
+
+@pytest.fixture(scope="module")
+def real_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    log_dir = tmp_path_factory.mktemp("logs")
+    done = subprocess.run(
+        [sys.executable, "benchmark.py", "-c", "config/toy.json", "-mi", "0", "-v", str(VIDEOS),
+         "--log-dir", str(log_dir)],
+        cwd=REPO, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    (job,) = log_dir.iterdir()
+    return job
+
+
+@pytest.fixture()
+def log_copy(real_job: Path, tmp_path: Path) -> Path:
+    """A private log directory holding a copy of the real job, free to edit."""
+    shutil.copytree(real_job, tmp_path / "logs" / real_job.name)
+    return tmp_path / "logs"
+
+
+def edit_meta(job_dir: Path, **changes: object) -> None:
+    meta = json.loads((job_dir / "meta.json").read_text())
+    meta.update(changes)
+    (job_dir / "meta.json").write_text(json.dumps(meta))
+
+
+def clone_job(log_dir: Path, source: str, name: str, **meta_changes: object) -> Path:
+    target = log_dir / name
+    shutil.copytree(log_dir / source, target)
+    edit_meta(target, job_id=name, **meta_changes)
+    return target
+
+
+def measured_timings(job_dir: Path) -> pa.Table:
+    table = pq.read_table(job_dir / "timings.parquet")
+    return table.filter(pc.invert(table.column("is_warmup")))
+
+
+def seconds(table: pa.Table, name: str) -> np.ndarray:
+    return table.column(name).to_numpy()
+
+
+def numpy_stats(values_s: np.ndarray) -> list[float]:
+    ms = values_s * 1000.0
+    return [ms.min(), ms.mean(), *np.percentile(ms, PERCENTILES), ms.max()]
+
+
+def stats_of(row: dict, prefix: str) -> list[float]:
+    return [row[stat_column(prefix, s)] for s in ("min", "mean", "p50", "p90", "p95", "p99", "p99_9", "max")]
+
+
+def run_analyze(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ANALYZE), *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_latency_statistics_equal_numpy_on_the_same_timings(real_job: Path) -> None:
+    row = load_jobs(real_job.parent, rules=LENIENT).jobs.to_pylist()[0]
+    t = measured_timings(real_job)
+    assert row["num_steps"] == 2
+    assert row["measured_items"] == t.num_rows > 0
+    enqueue = seconds(t, "enqueue")
+    assert stats_of(row, "e2e") == pytest.approx(numpy_stats(seconds(t, "runner1_finish") - enqueue), rel=1e-12)
+    previous = enqueue
+    for k in range(2):
+        start, finish = seconds(t, f"runner{k}_start"), seconds(t, f"runner{k}_finish")
+        inside = seconds(t, f"inference{k}_finish") - seconds(t, f"inference{k}_start")
+        assert stats_of(row, f"queue{k}") == pytest.approx(numpy_stats(start - previous), rel=1e-12, abs=1e-9)
+        assert stats_of(row, f"inside{k}") == pytest.approx(numpy_stats(inside), rel=1e-12, abs=1e-9)
+        assert stats_of(row, f"copy{k}") == pytest.approx(numpy_stats(finish - start - inside), rel=1e-9, abs=1e-9)
+        previous = finish
+    stage_means = sum(row[stat_column(f"{part}{k}", "mean")] for k in range(2) for part in ("queue", "copy", "inside"))
+    assert stage_means == pytest.approx(row[stat_column("e2e", "mean")], rel=1e-9)
+
+
+def test_job_row_carries_meta_args_window_and_devices(real_job: Path) -> None:
+    row = load_jobs(real_job, rules=LENIENT).jobs.to_pylist()[0]
+    meta = json.loads((real_job / "meta.json").read_text())
+    t = measured_timings(real_job)
+    assert row["job_id"] == meta["job_id"] == real_job.name
+    assert (row["config_path"], row["termination_reason"]) == (meta["config_path"], "target reached")
+    assert (row["mean_interval_ms"], row["videos"]) == (0, VIDEOS)
+    assert row["finished_items"] == VIDEOS
+    window = seconds(t, "runner1_finish").max() - seconds(t, "enqueue").min()
+    assert row["measured_duration_s"] == pytest.approx(window, rel=1e-12)
+    assert row["measured_throughput_items_per_s"] == pytest.approx(t.num_rows / window, rel=1e-12)
+    assert json.loads(row["items_per_device"]) == {"0": {"cpu": VIDEOS}, "1": {"cpu": VIDEOS}}
+    rss = {p["name"]: p["peak_rss_bytes"] for p in meta["processes"] if p["peak_rss_bytes"] is not None}
+    assert json.loads(row["peak_rss_bytes"]) == rss
+    assert row["max_peak_rss_bytes"] == max(rss.values(), default=None)
+
+
+def test_items_table_has_one_row_per_finished_item_with_derived_latencies(real_job: Path) -> None:
+    items = load_jobs(real_job).items
+    timings = pq.read_table(real_job / "timings.parquet")
+    assert items.num_rows == VIDEOS
+    assert set(items.column("job_id").to_pylist()) == {real_job.name}
+    assert items.column("item_id").to_pylist() == timings.column("item_id").to_pylist()
+    e2e = (seconds(timings, "runner1_finish") - seconds(timings, "enqueue")) * 1000.0
+    assert seconds(items, "e2e_ms") == pytest.approx(e2e, rel=1e-12)
+
+
+def test_validity_flips_with_each_rule(real_job: Path, log_copy: Path) -> None:
+    job = read_job(real_job)
+    count = measured_timings(real_job).num_rows
+    assert summarize_job(job, ValidityRules(0.0, count))["validity"] == "VALID"
+    few = summarize_job(job, ValidityRules(0.0, count + 1))
+    assert (few["validity"], few["invalid_because"]) == (
+        "INVALID", f"{count} items after warm-up, fewer than --min-items {count + 1}.")
+    short = summarize_job(job, ValidityRules(3600.0, 1))
+    duration = short["measured_duration_s"]
+    assert (short["validity"], short["invalid_because"]) == (
+        "INVALID", f"the measured window lasted {duration:.3f} s, less than --min-duration 3600 s.")
+    edit_meta(log_copy / real_job.name, termination_reason="request queue full")
+    full = load_jobs(log_copy, rules=ValidityRules(0.0, count)).jobs.to_pylist()[0]
+    assert (full["validity"], full["invalid_because"]) == (
+        "INVALID", "the run ended with 'request queue full', not 'target reached'.")
+
+
+def test_a_job_without_items_has_null_latencies_and_is_invalid(real_job: Path, log_copy: Path) -> None:
+    job_dir = log_copy / real_job.name
+    pq.write_table(pq.read_table(job_dir / "timings.parquet").slice(0, 0), job_dir / "timings.parquet")
+    edit_meta(job_dir, termination_reason="process failed", failed_process="runner-1-0-0", error="boom.")
+    row = load_jobs(log_copy, rules=ValidityRules(0.0, 1)).jobs.to_pylist()[0]
+    assert row["measured_items"] == 0 and row[stat_column("e2e", "p99")] is None
+    assert row["invalid_because"] == ("the run ended with 'process failed', not 'target reached'; "
+                                      "0 items after warm-up, fewer than --min-items 1.")
+
+
+def test_analyze_prints_the_table_and_writes_every_export(real_job: Path, tmp_path: Path) -> None:
+    out = {kind: tmp_path / f"jobs.{kind}" for kind in ("csv", "json", "parquet")}
+    done = run_analyze(str(real_job.parent), "--min-items", "1", "--min-duration", "0",
+                       *(arg for kind, path in out.items() for arg in (f"--{kind}", str(path))))
+    assert done.returncode == 0, done.stderr
+    assert real_job.name in done.stdout and "VALID" in done.stdout and "end to end" in done.stdout
+    expected = load_jobs(real_job.parent, rules=LENIENT).jobs
+    assert pq.read_table(out["parquet"]).equals(expected)
+    csv = pcsv.read_csv(out["csv"])
+    assert csv.num_rows == 1 and csv.column("job_id").to_pylist() == [real_job.name]
+    (document,) = json.loads(out["json"].read_text())
+    assert document[stat_column("e2e", "p99")] == expected.column(stat_column("e2e", "p99"))[0].as_py()
+    assert document["items_per_device"] == {"0": {"cpu": VIDEOS}, "1": {"cpu": VIDEOS}}
+
+
+def test_plot_is_a_png_with_a_load_panel_only_when_a_config_ran_at_several_loads(
+        real_job: Path, log_copy: Path, tmp_path: Path) -> None:
+    single, several = tmp_path / "single.png", tmp_path / "several.png"
+    assert run_analyze(str(log_copy), "--plot", str(single)).returncode == 0
+    clone_job(log_copy, real_job.name, "at-mi-5", args={**json.loads((real_job / "meta.json").read_text())["args"],
+                                                        "mean_interval_ms": 5})
+    assert run_analyze(str(log_copy), "--plot", str(several)).returncode == 0
+    for path in (single, several):
+        data = path.read_bytes()
+        assert data[:8] == PNG_SIGNATURE and len(data) > 1000
+    one_panel, two_panels = matplotlib.image.imread(single), matplotlib.image.imread(several)
+    assert one_panel.shape[1] == 800 and two_panels.shape[1] == 1300
+
+
+def test_compare_shows_both_jobs_with_ratios(real_job: Path, log_copy: Path) -> None:
+    clone_job(log_copy, real_job.name, "copy-job")
+    done = run_analyze(str(log_copy), "--compare", real_job.name, "copy-job")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert f"A {real_job.name}" in lines[0] and "B copy-job" in lines[0] and "B/A" in lines[0]
+    ratios = [line.split()[-1] for line in lines if line.startswith(("measured_items ", stat_column("e2e", "p99")))]
+    assert ratios == ["1.000", "1.000"]
+
+
+def test_analyze_rejects_an_empty_log_dir_and_an_unreadable_job(real_job: Path, log_copy: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = run_analyze(str(empty))
+    assert (done.returncode, done.stderr) == (2, f"analyze: {empty}: holds no job directories (none has a meta.json).\n")
+    meta = log_copy / real_job.name / "meta.json"
+    meta.write_text("{not json")
+    done = run_analyze(str(log_copy))
+    assert done.returncode == 2 and done.stderr.startswith(f"analyze: {meta}: cannot be read as JSON (")
+    assert run_analyze(str(tmp_path / "absent")).stderr == f"analyze: {tmp_path / 'absent'}: no such log or job directory.\n"
+
+
+def test_a_timings_file_without_a_step_column_is_named(real_job: Path, log_copy: Path) -> None:
+    timings = log_copy / real_job.name / "timings.parquet"
+    pq.write_table(pq.read_table(timings).drop_columns(["runner1_finish"]), timings)
+    with pytest.raises(JobLogError) as error:
+        load_jobs(log_copy)
+    assert str(error.value) == f"{timings}: lacks the column 'runner1_finish'."
