@@ -92,6 +92,7 @@ def _encoder_options(spec: SyntheticSpec) -> dict:
     if spec.codec == "hevc":
         params = f"keyint={spec.gop}:min-keyint={spec.gop}:bframes={spec.bframes}:log-level=error"
         return dict(codec="libx265", crf=spec.crf, preset="veryfast", extra_options={"x265-params": params})
+    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its banner to stderr unless told errors only
     return dict(codec="libsvtav1", crf=spec.crf + 10, preset=10, extra_options={"g": str(spec.gop)})
 
 
