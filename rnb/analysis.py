@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rnb.joblog import STEP_EVENTS
 from rnb.summary import stage_latencies
 
 TARGET_REACHED = "target reached"
@@ -132,11 +133,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _step_columns(num_steps: int) -> list[str]:
-    return [
-        f"{event}{k}_{edge}"
-        for k in range(num_steps)
-        for event, edge in (("runner", "start"), ("inference", "start"), ("inference", "finish"), ("runner", "finish"))
-    ]
+    return [template.format(k=k) for k in range(num_steps) for template in STEP_EVENTS]
 
 
 def _column(table: pa.Table, name: str) -> np.ndarray:

@@ -25,6 +25,7 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("p99.9 ms", stat_column("e2e", "p99_9")),
     ("max ms", stat_column("e2e", "max")),
     ("peak RSS MiB", "max_peak_rss_bytes"),
+    ("peak dev MiB", "max_peak_device_bytes"),
 )
 STAGE_STATS: tuple[str, ...] = ("mean", "p50", "p99", "max")
 COMPARE_FIELDS: tuple[str, ...] = (
