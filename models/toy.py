@@ -73,8 +73,9 @@ class TinyConvNet:
     """Any later step: a one-layer Conv3d classifier with seeded random weights."""
 
     def __init__(self, device: torch.device, clips: int = 2, classes: int = 10, channels: int = 8,
-                 seed: int = 0, fail_at_init: bool = False, fail_at_item: int | None = None,
-                 exit_at_item: int | None = None) -> None:
+                 seed: int = 0, record_pid: bool = False, fail_at_init: bool = False,
+                 fail_at_item: int | None = None, exit_at_item: int | None = None) -> None:
+        self.record_pid = record_pid  # lets tests see which replica handled an item
         self.faults = FaultInjection(fail_at_init, fail_at_item, exit_at_item)
         self.faults.at_init(type(self).__name__)
         generator_state = torch.random.get_rng_state()
@@ -94,6 +95,9 @@ class TinyConvNet:
         self.faults.at_items(type(self).__name__, time_card)
         with torch.inference_mode():
             logits = self.net(tensors[0])
+        if self.record_pid:
+            for card in as_cards(time_card):
+                card.set_field("convnet_pid", str(os.getpid()))
         return (logits,), non_tensors, time_card
 
 

@@ -73,7 +73,7 @@ class TimeCard:
 
         A start event keeps its earliest value and any other event its latest
         (the item is done when its last segment is); numeric fields are summed;
-        devices that differ between segments are joined with '+'.
+        devices and string fields that differ between segments are joined with '+'.
         """
         parts = sorted(parts, key=lambda card: card.segments[-1][0] if card.segments else 0)
         if not parts or not parts[0].segments:
@@ -102,6 +102,8 @@ class TimeCard:
                     merged.fields[name] = value
                 elif summable and isinstance(old, (int, float)):
                     merged.fields[name] = old + value
+                elif isinstance(value, str) and isinstance(old, str) and value not in old.split("+"):
+                    merged.fields[name] = "+".join(sorted(old.split("+") + [value]))
         return merged
 
 
