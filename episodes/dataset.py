@@ -182,17 +182,17 @@ class LeRobotDataset:
         record = self.episode(ep)
         where = self.storage.url(record.data_path)
         lo, hi = record.dataset_from_index, record.dataset_to_index
-        with self.storage.open_parquet(record.data_path) as pf:
-            try:
-                schema = pf.schema_arrow
-                names = list(columns) if columns is not None else schema.names
-                for name in [*names, "index"]:
-                    if name not in schema.names:
-                        raise DatasetFormatError(f"{where}: episode {ep}: column {name!r} is missing")
-                groups = _row_groups_overlapping(pf, schema.get_field_index("index"), lo, hi)
-                table = pf.read_row_groups(groups, columns=list(dict.fromkeys([*names, "index"])))
-            except (pa.ArrowException, OSError) as exc:
-                raise DatasetFormatError(f"{where}: episode {ep}: not a readable Parquet file ({exc})") from exc
+        try:
+            pf = self.storage.open_parquet(record.data_path)
+            schema = pf.schema_arrow
+            names = list(columns) if columns is not None else schema.names
+            for name in [*names, "index"]:
+                if name not in schema.names:
+                    raise DatasetFormatError(f"{where}: episode {ep}: column {name!r} is missing")
+            groups = _row_groups_overlapping(pf, schema.get_field_index("index"), lo, hi)
+            table = pf.read_row_groups(groups, columns=list(dict.fromkeys([*names, "index"])))
+        except pa.ArrowException as exc:
+            raise DatasetFormatError(f"{where}: episode {ep}: not a readable Parquet file ({exc})") from exc
         index = table.column("index").to_numpy()
         start, stop = np.searchsorted(index, [lo, hi])
         if stop - start != record.length or not np.array_equal(index[start:stop], np.arange(lo, hi)):

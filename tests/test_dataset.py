@@ -252,3 +252,30 @@ def test_http_gives_the_same_records_and_rows(dataset_root: Path, tmp_path: Path
             assert remote.episode(i) == local.episode(i)
         assert remote.episode_table(5).equals(local.episode_table(5))
         assert server.requests("GET /videos/") == 0
+
+
+def test_episode_table_truncated_data_file(copy_root: Path) -> None:
+    data = copy_root / "data" / "chunk-000" / "file-000.parquet"
+    data.write_bytes(data.read_bytes()[:-100])
+    ds = open_dataset(str(copy_root))
+    with pytest.raises(DatasetFormatError, match=r"data/chunk-000/file-000\.parquet: episode 0: not a readable Parquet file"):
+        ds.episode_table(0)
+
+
+def test_episode_table_fetch_failure_mid_read_stays_a_fetch_error(
+    dataset_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = open_dataset(str(dataset_root))
+    real = ds.storage.read_range
+    calls: list[tuple[int, int]] = []
+
+    def failing_after_footer(rel: str, start: int, end: int) -> bytes:
+        calls.append((start, end))
+        if len(calls) > 1:
+            raise FetchError(f"{rel}: injected failure")
+        return real(rel, start, end)
+
+    monkeypatch.setattr(ds.storage, "read_range", failing_after_footer)
+    with pytest.raises(FetchError, match=r"^data/chunk-000/file-001\.parquet: injected failure$"):
+        ds.episode_table(4)
+    assert len(calls) == 2

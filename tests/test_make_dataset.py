@@ -13,6 +13,7 @@ import pytest
 import torch
 from torchcodec.decoders import VideoDecoder
 
+from episodes._mp4.boxes import top_level_boxes
 from episodes.dataset import open_dataset
 from episodes.synthetic import BITS, SyntheticSpec, make_dataset
 
@@ -20,16 +21,10 @@ REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(episodes=5, cameras=2, episodes_per_file=2, min_length=8, max_length=20, width=64, height=64, seed=1)
 
 
-def top_level_boxes(path: Path) -> list[str]:
+def box_types(path: Path) -> list[str]:
     """The four-character types of an MP4's top-level boxes, in file order."""
-    data, boxes, pos = path.read_bytes(), [], 0
-    while pos < len(data):
-        size = int.from_bytes(data[pos : pos + 4], "big")
-        if size == 1:
-            size = int.from_bytes(data[pos + 8 : pos + 16], "big")
-        boxes.append(data[pos + 4 : pos + 8].decode("ascii"))
-        pos += size if size else len(data) - pos
-    return boxes
+    data = path.read_bytes()
+    return [box.type for box in top_level_boxes(lambda s, e: data[s:e], len(data), str(path))]
 
 
 def read_indices(frames: torch.Tensor) -> list[int]:
@@ -80,7 +75,7 @@ def test_h264_bframes_moov_at_end(tmp_path: Path) -> None:
     root = make_dataset(tmp_path / "h264", SyntheticSpec(codec="h264", gop=6, bframes=2, **SMALL))
     assert check_frames(root) == 3 * 2
     video = root / "videos/observation.images.cam0/chunk-000/file-000.mp4"
-    boxes = top_level_boxes(video)
+    boxes = box_types(video)
     assert boxes.index("mdat") < boxes.index("moov")
     assert ffprobe(video, "stream=codec_name,has_b_frames") == ["h264,2"]
     assert ffprobe(video, "frame=pict_type").count("B") > 0
@@ -90,7 +85,7 @@ def test_h264_faststart_without_bframes(tmp_path: Path) -> None:
     root = make_dataset(tmp_path / "fast", SyntheticSpec(codec="h264", bframes=0, faststart=True, **SMALL))
     assert check_frames(root) == 3 * 2
     video = root / "videos/observation.images.cam1/chunk-000/file-002.mp4"
-    boxes = top_level_boxes(video)
+    boxes = box_types(video)
     assert boxes.index("moov") < boxes.index("mdat")
     assert "B" not in ffprobe(video, "frame=pict_type")
 

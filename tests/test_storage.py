@@ -4,6 +4,9 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from episodes.errors import DatasetFormatError, FetchError
@@ -147,3 +150,14 @@ def test_http_timeout_is_a_fetch_error(root: Path, tmp_path: Path) -> None:
         url = f"{server.url}/slow/sub/blob.bin"
         with pytest.raises(FetchError, match=rf"^{url}: read of bytes \[0, 5000\) failed after 2 attempts \(FSTimeoutError"):
             st.read_range("sub/blob.bin", 0, 5000)
+
+
+def test_open_parquet_fetches_only_footer_and_asked_row_groups(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    table = pa.table({"index": np.arange(200_000), "value": np.arange(200_000) * 0.5})
+    pq.write_table(table, root / "rows.parquet", row_group_size=20_000, compression="none")
+    st = Storage(str(root))
+    calls = counting(st, monkeypatch, [])
+    pf = st.open_parquet("rows.parquet")
+    assert pf.read_row_groups([3], columns=["value"]).equals(table.slice(60_000, 20_000).select(["value"]))
+    fetched = sum(end - start for _, start, end in calls)
+    assert fetched < (root / "rows.parquet").stat().st_size / 5
