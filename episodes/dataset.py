@@ -20,6 +20,7 @@ from episodes.storage import Storage, relative_path
 
 INFO_PATH = "meta/info.json"
 EPISODES_GLOB = "meta/episodes/chunk-*/file-*.parquet"
+EPISODES_PATH = "meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
 CODEBASE_VERSION = "v3.0"
 _EPISODE_COLUMNS = ("episode_index", "length", "data/chunk_index", "data/file_index",
                     "dataset_from_index", "dataset_to_index")
@@ -100,7 +101,7 @@ class LeRobotDataset:
         self._video_template = _field(info, "video_path", str, where) if keys else ""
 
     def _read_episodes(self) -> None:
-        files = self.storage.glob(EPISODES_GLOB)
+        files = self.storage.glob(EPISODES_GLOB) or self._probe_episode_files()
         if not files:
             raise DatasetFormatError(f"{self.storage.url('meta/episodes')}: no chunk-*/file-*.parquet files found")
         columns = list(_EPISODE_COLUMNS) + [f"videos/{k}/{f}" for k in self.video_keys for f in _VIDEO_FIELDS]
@@ -117,6 +118,21 @@ class LeRobotDataset:
             raise DatasetFormatError(
                 f"{where}: episode {int(bad[0])}: field 'length' disagrees with dataset_to_index - dataset_from_index"
             )
+
+    def _probe_episode_files(self) -> list[str]:
+        """Find episodes Parquet files without a listing: LeRobot numbers them densely,
+        file after file within a chunk, then the next chunk from file 0."""
+        found: list[str] = []
+        chunk = file = 0
+        while True:
+            rel = EPISODES_PATH.format(chunk=chunk, file=file)
+            if self.storage.exists(rel):
+                found.append(rel)
+                file += 1
+            elif file > 0:
+                chunk, file = chunk + 1, 0
+            else:
+                return found
 
     def _read_episode_file(self, rel: str, columns: list[str]) -> pa.Table:
         where = self.storage.url(rel)

@@ -199,9 +199,29 @@ class Storage:
                 break
         return FileInfo(size=int(size), version=version)
 
+    def exists(self, rel: str) -> bool:
+        """Whether `rel` exists; errors other than "not found" still raise FetchError."""
+        try:
+            self.info(rel)
+        except FetchError as exc:
+            if isinstance(exc.__cause__, FileNotFoundError):
+                return False
+            raise
+        return True
+
     def glob(self, pattern: str) -> list[str]:
-        """Paths relative to the root matching `pattern`, sorted."""
-        full = self._call(pattern, "listing", self.fs.glob)
+        """Paths relative to the root matching `pattern`, sorted.
+
+        Empty when nothing matches or when the server refuses directory
+        listings (HTTP 403/404/405), which most static HTTP servers do.
+        """
+        try:
+            full = self._call(pattern, "listing", self.fs.glob)
+        except FetchError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, FileNotFoundError) or getattr(cause, "status", None) in (403, 404, 405):
+                return []
+            raise
         prefix = self._base + "/"
         return sorted(p[len(prefix) :] if p.startswith(prefix) else p for p in full)
 

@@ -2,7 +2,8 @@
 
 Byte ranges are nginx's default for static files. Two extra locations inject
 faults: `/fault503/...` always answers 503, and `/slow/...` serves the same
-files at one byte per second, so a client timeout fires.
+files at one byte per second, so a client timeout fires. `/nolist/...` serves
+the files without directory listings, like most CDNs.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ http {{
         location / {{ root {root}; autoindex on; }}
         location /fault503/ {{ return 503; }}
         location /slow/ {{ alias {root}/; limit_rate 1; }}
+        location /nolist/ {{ alias {root}/; autoindex off; }}
     }}
 }}
 """

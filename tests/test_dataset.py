@@ -279,3 +279,13 @@ def test_episode_table_fetch_failure_mid_read_stays_a_fetch_error(
     with pytest.raises(FetchError, match=r"^data/chunk-000/file-001\.parquet: injected failure$"):
         ds.episode_table(4)
     assert len(calls) == 2
+
+
+@pytest.mark.nginx
+def test_http_without_directory_listing_probes_episode_files(dataset_root: Path, tmp_path: Path) -> None:
+    local = open_dataset(str(dataset_root))
+    with serve_directory(dataset_root, tmp_path / "nginx") as server:
+        remote = open_dataset(server.url + "/nolist")
+        assert [remote.episode(i) for i in range(7)] == [local.episode(i) for i in range(7)]
+        # chunk-000 holds files 000 and 001, chunk-001 holds 000: three hits, then 002, 001/001, 002/000 miss
+        assert server.requests("HEAD /nolist/meta/episodes/") == 6

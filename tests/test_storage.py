@@ -161,3 +161,8 @@ def test_open_parquet_fetches_only_footer_and_asked_row_groups(root: Path, monke
     assert pf.read_row_groups([3], columns=["value"]).equals(table.slice(60_000, 20_000).select(["value"]))
     fetched = sum(end - start for _, start, end in calls)
     assert fetched < (root / "rows.parquet").stat().st_size / 5
+
+
+def test_exists(root: Path) -> None:
+    st = Storage(str(root))
+    assert st.exists("sub/blob.bin") and not st.exists("sub/none.bin")
