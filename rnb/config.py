@@ -6,8 +6,12 @@ half-started job.
 """
 from __future__ import annotations
 
+import copy
+import importlib
+import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Callable, Mapping, NoReturn
 
 
 class ConfigError(ValueError):
@@ -47,3 +51,289 @@ class PipelineConfig:
     steps: tuple[Step, ...]
     run: Mapping[str, Any]          # defaults for CLI values ("videos", "mean_interval_ms", ...)
     raw: Mapping[str, Any]          # the parsed JSON as written, copied into the job log
+
+
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "default.json"
+DEFAULT_NUM_SHARED_TENSORS = 10
+
+_TOP_KEYS = ("pipeline", "source", "run", "video_path_iterator", "description")
+_STEP_KEYS = frozenset({"model", "queue_groups", "num_shared_tensors", "num_segments"})
+_GROUP_KEYS = frozenset({"gpus", "in_queue", "out_queues", "queue_selector"})
+# run key -> (integers only?, minimum); the CLI defaults live in benchmark.py.
+_RUN_KEYS: dict[str, tuple[bool, int]] = {
+    "videos": (True, 1),
+    "mean_interval_ms": (False, 0),
+    "batch_size": (True, 1),
+    "queue_size": (True, 1),
+    "concurrency": (True, 1),
+    "warmup": (True, 0),
+    "seed": (True, 0),
+}
+
+
+def load_config(path: str | None) -> PipelineConfig:
+    """Read and fully validate a config file; None means the embedded default.
+
+    The default is found next to the package, not the working directory, so the
+    harness runs the same from any directory.
+    """
+    file = str(DEFAULT_CONFIG_PATH) if path is None else path
+    try:
+        with open(file, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(file, "(file)", f"expected a readable UTF-8 JSON file, found an error: {reason}") from None
+    try:
+        document = json.loads(text, object_pairs_hook=_unique_keys(file), parse_constant=_no_constant(file))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            file, f"line {exc.lineno} column {exc.colno}", f"expected valid JSON, found a syntax error ({exc.msg})"
+        ) from None
+    return parse_config(document, file, "<default>" if path is None else path)
+
+
+def parse_config(document: Any, file: str, path: str | None = None) -> PipelineConfig:
+    """Validate an already parsed JSON document; `file` names it in error messages.
+
+    Separate from load_config so that tools and tests can build configs in memory.
+    """
+    check = _Checker(file)
+    top = check.as_object(document, "(top level)")
+    for key in top:
+        if key not in _TOP_KEYS:
+            check.fail(key, f"expected one of the top-level keys ({', '.join(_TOP_KEYS)}), found an unknown key")
+    if "description" in top:
+        check.as_string(top["description"], "description")
+    source = dict(check.as_object(top.get("source", {}), "source"))
+    if "video_path_iterator" in top:
+        if "video_path_iterator" in source:
+            check.fail("video_path_iterator", "expected it either at top level (the old form) or in source, found both")
+        source["video_path_iterator"] = top["video_path_iterator"]
+    if "video_path_iterator" in source:
+        where = "video_path_iterator" if "video_path_iterator" in top else "source.video_path_iterator"
+        check.as_class_path(source["video_path_iterator"], where, "__iter__")
+    run = _parse_run(check, top.get("run", {}))
+    if "pipeline" not in top:
+        check.fail("pipeline", "expected a non-empty list of steps, found no such key")
+    pipeline = check.as_list(top["pipeline"], "pipeline", "steps")
+    steps = tuple(_parse_step(check, raw, k, len(pipeline)) for k, raw in enumerate(pipeline))
+    for k in range(1, len(steps)):
+        _check_queues_between(check, steps[k - 1], steps[k], k)
+    return PipelineConfig(
+        path=file if path is None else path,
+        source=copy.deepcopy(source),
+        steps=steps,
+        run=run,
+        raw=copy.deepcopy(top),
+    )
+
+
+def _parse_run(check: _Checker, value: Any) -> dict[str, Any]:
+    run = check.as_object(value, "run")
+    for key, item in run.items():
+        if key not in _RUN_KEYS:
+            check.fail(f"run.{key}", f"expected one of the run keys ({', '.join(_RUN_KEYS)}), found an unknown key")
+        integral, minimum = _RUN_KEYS[key]
+        if integral:
+            check.as_integer(item, f"run.{key}", minimum)
+        else:
+            check.as_number(item, f"run.{key}", minimum)
+    return dict(run)
+
+
+def _parse_step(check: _Checker, value: Any, k: int, num_steps: int) -> Step:
+    where = f"pipeline[{k}]"
+    raw = check.as_object(value, where)
+    final = k == num_steps - 1
+    if "model" not in raw:
+        check.fail(f"{where}.model", "expected a dotted class path of the step's model, found no such key")
+    model = check.as_class_path(raw["model"], f"{where}.model", "output_shape")
+    if "queue_groups" not in raw:
+        check.fail(f"{where}.queue_groups", "expected a non-empty list of queue groups, found no such key")
+    if final and "num_shared_tensors" in raw:
+        check.fail(
+            f"{where}.num_shared_tensors",
+            f"expected no num_shared_tensors on the final step, which writes no tensors, found {describe(raw['num_shared_tensors'])}",
+        )
+    num_shared = 0 if final else check.as_integer(raw.get("num_shared_tensors", DEFAULT_NUM_SHARED_TENSORS), f"{where}.num_shared_tensors", 1)
+    num_segments = check.as_integer(raw.get("num_segments", 1), f"{where}.num_segments", 1)
+    if final and num_segments != 1:
+        check.fail(
+            f"{where}.num_segments",
+            f"expected 1 on the final step, which has no next step to process segments, found {describe(num_segments)}",
+        )
+    step_kwargs = {key: item for key, item in raw.items() if key not in _STEP_KEYS}
+    groups_raw = check.as_list(raw["queue_groups"], f"{where}.queue_groups", "queue groups")
+    groups = tuple(
+        _parse_group(check, group, f"{where}.queue_groups[{g}]", k, final, step_kwargs)
+        for g, group in enumerate(groups_raw)
+    )
+    return Step(
+        model=model,
+        queue_groups=groups,
+        num_shared_tensors=num_shared,
+        num_segments=num_segments,
+        model_kwargs=copy.deepcopy(step_kwargs),
+    )
+
+
+def _parse_group(
+    check: _Checker, value: Any, where: str, k: int, final: bool, step_kwargs: Mapping[str, Any]
+) -> QueueGroup:
+    raw = check.as_object(value, where)
+    if "gpus" not in raw:
+        check.fail(f"{where}.gpus", "expected a non-empty list of GPU indices (-1 = CPU), found no such key")
+    gpus_raw = check.as_list(raw["gpus"], f"{where}.gpus", "GPU indices (-1 = CPU)")
+    gpus = tuple(check.as_integer(gpu, f"{where}.gpus[{i}]", -1) for i, gpu in enumerate(gpus_raw))
+
+    in_queue: int | None = None
+    if k == 0 and "in_queue" in raw:
+        check.fail(f"{where}.in_queue", f"expected no in_queue on step 0, which reads the request queue, found {describe(raw['in_queue'])}")
+    if k > 0:
+        if "in_queue" not in raw:
+            check.fail(f"{where}.in_queue", f"expected the index of one of the out_queues of pipeline[{k - 1}], found no such key")
+        in_queue = check.as_integer(raw["in_queue"], f"{where}.in_queue", 0)
+
+    out_queues: tuple[int, ...] = ()
+    if final and "out_queues" in raw:
+        check.fail(f"{where}.out_queues", f"expected no out_queues on the final step, found {describe(raw['out_queues'])}")
+    if not final:
+        if "out_queues" not in raw:
+            check.fail(f"{where}.out_queues", "expected a non-empty list of queue indices (integers >= 0), found no such key")
+        queues_raw = check.as_list(raw["out_queues"], f"{where}.out_queues", "queue indices (integers >= 0)")
+        out_queues = tuple(check.as_integer(q, f"{where}.out_queues[{i}]", 0) for i, q in enumerate(queues_raw))
+        for i, queue in enumerate(out_queues):
+            if queue in out_queues[:i]:
+                check.fail(f"{where}.out_queues[{i}]", f"expected each queue index once, found {queue} twice")
+
+    selector = None
+    if "queue_selector" in raw:
+        selector = check.as_class_path(raw["queue_selector"], f"{where}.queue_selector", "select")
+    group_kwargs = {key: item for key, item in raw.items() if key not in _GROUP_KEYS}
+    return QueueGroup(
+        gpus=gpus,
+        in_queue=in_queue,
+        out_queues=out_queues,
+        queue_selector=selector,
+        model_kwargs=copy.deepcopy({**step_kwargs, **group_kwargs}),
+    )
+
+
+def _check_queues_between(check: _Checker, previous: Step, step: Step, k: int) -> None:
+    """The in_queues of step k must be exactly the out_queues of step k-1: no lost, no orphan queue."""
+    written = {q for group in previous.queue_groups for q in group.out_queues}
+    for g, group in enumerate(step.queue_groups):
+        if group.in_queue not in written:
+            check.fail(
+                f"pipeline[{k}].queue_groups[{g}].in_queue",
+                f"expected one of the out_queues of pipeline[{k - 1}] {_set(written)}, found {group.in_queue}",
+            )
+    read = {group.in_queue for group in step.queue_groups}
+    unread = sorted(written - read)
+    if unread:
+        check.fail(
+            f"pipeline[{k}].queue_groups",
+            f"expected a group with in_queue {unread[0]}, an out_queue of pipeline[{k - 1}] that nothing else reads, "
+            f"found in_queues {_set(read)}",
+        )
+
+
+def _set(values: set[Any]) -> str:
+    return "{" + ", ".join(str(v) for v in sorted(values)) + "}"
+
+
+def describe(value: Any) -> str:
+    """Name a JSON value the way a user wrote it, short enough for a one-line error."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = json.dumps(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    if isinstance(value, str):
+        return f"the string {text}"
+    if isinstance(value, list):
+        return f"the list {text}"
+    return f"the object {text}"
+
+
+class _Checker:
+    """Type checks that raise ConfigError naming the file and JSON path of the bad value."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, json_path: str, expected: str) -> NoReturn:
+        raise ConfigError(self.file, json_path, expected)
+
+    def as_object(self, value: Any, json_path: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(json_path, f"expected an object, found {describe(value)}")
+        return value
+
+    def as_list(self, value: Any, json_path: str, of: str) -> list[Any]:
+        if not isinstance(value, list) or not value:
+            self.fail(json_path, f"expected a non-empty list of {of}, found {describe(value)}")
+        return value
+
+    def as_string(self, value: Any, json_path: str) -> str:
+        if not isinstance(value, str):
+            self.fail(json_path, f"expected a string, found {describe(value)}")
+        return value
+
+    def as_integer(self, value: Any, json_path: str, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.fail(json_path, f"expected an integer >= {minimum}, found {describe(value)}")
+        return value
+
+    def as_number(self, value: Any, json_path: str, minimum: int) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
+            self.fail(json_path, f"expected a number >= {minimum}, found {describe(value)}")
+        return value
+
+    def as_class_path(self, value: Any, json_path: str, method: str) -> str:
+        """Import a dotted class path now, so a typo fails before any process is spawned."""
+        module_name, _, name = value.rpartition(".") if isinstance(value, str) else ("", "", "")
+        if not module_name or not name:
+            self.fail(json_path, f"expected a dotted class path such as \"package.module.Class\", found {describe(value)}")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+                self.fail(json_path, f"expected an importable module \"{module_name}\", found no module named \"{exc.name}\"")
+            self.fail(json_path, f"expected module \"{module_name}\" to import, found it needs the missing module \"{exc.name}\"")
+        except Exception as exc:  # any import-time failure of user code is a config problem to report, not a crash
+            first_line = (str(exc).splitlines() or [""])[0]
+            self.fail(json_path, f"expected module \"{module_name}\" to import, found {type(exc).__name__}: {first_line}")
+        cls = getattr(module, name, None)
+        if not isinstance(cls, type):
+            found = "nothing by that name" if cls is None else f"a value of type {type(cls).__name__}"
+            self.fail(json_path, f"expected a class \"{name}\" in module \"{module_name}\", found {found}")
+        if not callable(getattr(cls, method, None)):
+            self.fail(json_path, f"expected class \"{value}\" to have a callable {method}, found none")
+        return value
+
+
+def _unique_keys(file: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """Reject duplicate keys, which json would otherwise resolve silently to the last one."""
+
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in result:
+                raise ConfigError(file, f"key \"{key}\"", "expected each key at most once per object, found it twice")
+            result[key] = value
+        return result
+
+    return build
+
+
+def _no_constant(file: str) -> Callable[[str], Any]:
+    def reject(name: str) -> Any:
+        raise ConfigError(file, f"value {name}", f"expected a finite JSON number, found {name}")
+
+    return reject

@@ -1,0 +1,74 @@
+"""Small stand-in models, selectors and sources for the config tests.
+
+They keep the broken-config corpus independent of the real models, whose
+keywords may change; each class has just the surface that validation checks.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+NOT_A_CLASS = 3
+
+
+class Frames:
+    """Step 0: one (1, 4) tensor per request, filled with the request number."""
+
+    def __init__(self, device: torch.device, **kwargs: Any) -> None:
+        self.device = device
+        self.kwargs = kwargs
+
+    @staticmethod
+    def output_shape(**kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        return ((1, 4),)
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> tuple:
+        request = int(non_tensors["request"])
+        return (torch.full((1, 4), float(request), device=self.device),), {}, time_card
+
+
+class Head:
+    """Final step: sums its input, writes no tensor."""
+
+    def __init__(self, device: torch.device, **kwargs: Any) -> None:
+        self.device = device
+        self.kwargs = kwargs
+
+    @staticmethod
+    def output_shape(**kwargs: Any) -> None:
+        return None
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> tuple:
+        return (), {"sum": float(tensors[0].sum())}, time_card
+
+
+class NoOutputShape:
+    """A model missing output_shape, which validation must reject."""
+
+    def __init__(self, device: torch.device, **kwargs: Any) -> None:
+        self.device = device
+
+
+class FirstQueue:
+    """A selector that always picks queue 0."""
+
+    def __init__(self, num_queues: int, **kwargs: Any) -> None:
+        self.num_queues = num_queues
+
+    def select(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> int:
+        return 0
+
+
+class NoSelect:
+    """A selector missing select, which validation must reject."""
+
+    def __init__(self, num_queues: int, **kwargs: Any) -> None:
+        self.num_queues = num_queues
+
+
+class TwoPaths:
+    """A video_path_iterator in RnB's old form: an iterable of file paths."""
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["a.mp4", "b.mp4"])
