@@ -93,7 +93,7 @@ def parse_ctts(payload: bytes, name: str) -> np.ndarray:
     _version(payload, "ctts", name)
     count = _count(payload, 4, "ctts", name)
     runs = _table(payload, 8, 2 * count, ">u4", "ctts", name).reshape(-1, 2)
-    return np.repeat(runs[:, 1].astype(np.int64).astype(np.int32).astype(np.int64), runs[:, 0].astype(np.int64))
+    return np.repeat(runs[:, 1].view(">i4").astype(np.int64), runs[:, 0].astype(np.int64))
 
 
 def parse_stsz(payload: bytes, name: str) -> np.ndarray:
