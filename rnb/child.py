@@ -6,6 +6,7 @@ child's peak memory reaches the job log even when it failed.
 """
 from __future__ import annotations
 
+import os
 import resource
 import signal
 import sys
@@ -27,13 +28,19 @@ def child_main(name: str, plumbing: Plumbing, work: Callable[[], None], device: 
         code = 1
         plumbing.status.put(("error", name, f"{type(error).__name__}: {error}"))
         plumbing.flag.raise_(Termination.PROCESS_FAILED)
-    if plumbing.flag.is_set:
-        # Nobody will read what is still buffered for the pipeline; do not wait to flush it.
-        for queue in (plumbing.requests, *(q for step in plumbing.step_queues for q in step.values())):
-            queue.cancel_join_thread()
     peak_device = None
     if device is not None and device.type == "cuda":
         peak_device = torch.cuda.max_memory_allocated(device)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     plumbing.status.put(("exit", name, {"peak_rss_bytes": peak_rss, "peak_device_bytes": peak_device}))
-    sys.exit(code)
+    pipeline_queues = [plumbing.requests, *(q for step in plumbing.step_queues for q in step.values())]
+    for queue in [plumbing.status, plumbing.results, *pipeline_queues]:
+        if plumbing.flag.is_set and queue in pipeline_queues:
+            queue.cancel_join_thread()  # nobody will read what is left for the pipeline
+        queue.close()
+        queue.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything the main process needs is flushed; skip interpreter teardown, which
+    # takes about a second with torch loaded and would only delay the job's end.
+    os._exit(code)

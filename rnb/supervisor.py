@@ -92,7 +92,7 @@ class Supervisor:
                     self.failure is None and self.plumbing.flag.reason == Termination.PROCESS_FAILED):
                 self.failure = (record["name"], record["error"])
 
-    def stop(self, grace_s: float = 3.0, kill_after_s: float = 2.0) -> None:
+    def stop(self, grace_s: float = 4.0, kill_after_s: float = 2.0) -> None:
         """Let children leave on their own, then terminate, then kill; always joins them all."""
         deadline = time.time() + grace_s
         while self.alive() and time.time() < deadline:

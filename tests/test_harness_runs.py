@@ -1,0 +1,95 @@
+"""Whole jobs of the toy pipeline: load modes, replicas, segments, --cpu, and the job log they leave."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import benchmark
+
+STEP_COLUMNS = ["runner{k}_start", "inference{k}_start", "inference{k}_finish", "runner{k}_finish", "device{k}"]
+
+
+def run(tmp_path: Path, *argv: str) -> tuple[int, dict, list[dict]]:
+    code = benchmark.main([*argv, "--log-dir", str(tmp_path)])
+    (job_dir,) = [path for path in tmp_path.iterdir() if path.is_dir()]
+    meta = json.loads((job_dir / "meta.json").read_text())
+    rows = pq.read_table(job_dir / "timings.parquet").to_pylist()
+    return code, meta, rows
+
+
+def assert_no_child_left(meta: dict) -> None:
+    for process in meta["processes"]:
+        assert not is_our_child(process["pid"]), process
+
+
+def is_our_child(pid: int) -> bool:
+    """Alive and still ours; a pid reused by an unrelated process does not count."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    except FileNotFoundError:
+        return False
+
+
+def write_config(tmp_path: Path, document: dict) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+@pytest.mark.parametrize("mode", [["-mi", "0"], ["-mi", "1"], ["--concurrency", "3"]], ids=["bulk", "poisson", "closed"])
+def test_toy_pipeline_finishes_exactly_the_target(tmp_path, mode):
+    code, meta, rows = run(tmp_path, "-c", "config/toy.json", "-v", "30", "--warmup", "5", *mode)
+    assert code == 0
+    assert meta["termination_reason"] == "target reached" and meta["error"] is None
+    assert meta["finished_items"] == 30 and len(rows) == 30
+    assert [row["item_id"] for row in rows] == list(range(30))
+    assert [row["payload"] for row in rows] == [str(i) for i in range(30)]
+    assert [row["is_warmup"] for row in rows] == [True] * 5 + [False] * 25
+    for row in rows:
+        times = [row["enqueue"]] + [row[c.format(k=k)] for k in range(2) for c in STEP_COLUMNS[:4]]
+        assert times == sorted(times) and meta["start_time"] <= row["enqueue"]
+        assert (row["device0"], row["device1"], row["frames_decoded"], row["bytes_fetched"]) == ("cpu", "cpu", 8, None)
+    assert meta["throughput_items_per_s"] == pytest.approx(30 / (meta["end_time"] - meta["start_time"]))
+    assert [(p["name"], p["status"], p["exitcode"]) for p in meta["processes"]] == [
+        ("client", "ok", 0), ("step0-g0-r0", "ok", 0), ("step1-g0-r0", "ok", 0)]
+    assert all(p["peak_rss_bytes"] > 0 for p in meta["processes"])
+    assert meta["job_id"].endswith("-c3" if "--concurrency" in mode else "-qs50000")
+    assert meta["gpus"] == [] and meta["num_steps"] == 2
+    assert_no_child_left(meta)
+
+
+SEGMENTED = {
+    "source": {"synthetic": True},
+    "pipeline": [
+        {"model": "models.toy.SyntheticFrames", "queue_groups": [{"gpus": [-1], "out_queues": [0]}],
+         "num_shared_tensors": 4, "num_segments": 2, "clips": 4, "frames": 2, "height": 8, "width": 8},
+        {"model": "models.toy.TinyConvNet", "queue_groups": [{"gpus": [0, 0], "in_queue": 0, "out_queues": [1]}],
+         "num_shared_tensors": 4, "clips": 2, "record_pid": True},
+        {"model": "models.toy.SegmentMerger", "queue_groups": [{"gpus": [-1], "in_queue": 1}]},
+    ],
+}
+
+
+def test_gpu_config_without_gpu_exits_2_and_cpu_flag_runs_replicas_and_merges_segments(tmp_path, capsys):
+    config = write_config(tmp_path, SEGMENTED)
+    assert benchmark.main(["-c", config, "-v", "24", "-mi", "0", "--log-dir", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pipeline[1].queue_groups[0].gpus" in err and "--cpu" in err
+    assert not (tmp_path / "refused").exists()
+
+    code, meta, rows = run(tmp_path / "logs", "-c", config, "-v", "24", "-mi", "0", "--cpu", "--warmup", "0")
+    assert code == 0 and meta["termination_reason"] == "target reached"
+    assert [row["item_id"] for row in rows] == list(range(24))
+    replicas = {p["pid"] for p in meta["processes"] if p["step"] == 1}
+    seen = {int(pid) for row in rows for pid in row["convnet_pid"].split("+")}
+    assert seen == replicas and len(replicas) == 2
+    for row in rows:
+        assert row["device1"] == "cpu" and row["frames_decoded"] == 8  # counted once, not once per segment
+        # Merged times span the segments: starts are the earliest segment's, finishes the latest's.
+        assert row["inference0_finish"] <= row["runner1_start"] <= row["inference1_finish"] <= row["runner2_finish"]
+    assert_no_child_left(meta)
