@@ -1,0 +1,182 @@
+"""GPU validation: map the config's logical GPU indices to physical GPUs and check them.
+
+Done in the main process before anything is spawned, through NVML rather than
+CUDA, so that the main process never creates a CUDA context and a config that
+asks for a missing or busy GPU costs one sentence and exit code 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from contextlib import ExitStack
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Iterator
+
+from rnb.config import ConfigError, PipelineConfig
+
+DEFAULT_MAX_MEMORY_FRACTION = 0.05
+
+
+class GpuRequestError(ConfigError):
+    """The config asks for a GPU this machine cannot give it."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    logical_index: int              # as written in the config
+    physical_index: int             # NVML's index, after CUDA_VISIBLE_DEVICES
+    name: str
+    uuid: str
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """What NVML reports about one physical GPU, as far as the check needs it."""
+
+    name: str
+    uuid: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    compute_pids: tuple[int, ...]
+
+
+class Nvml:
+    """The handful of NVML calls the check makes, as one seam that tests replace.
+
+    py3nvml is imported on entry only, so CPU-only runs never load the library.
+    """
+
+    def __enter__(self) -> Nvml:
+        from py3nvml import py3nvml
+
+        self._nv = py3nvml
+        py3nvml.nvmlInit()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self._nv.nvmlShutdown()
+
+    def device_count(self) -> int:
+        return int(self._nv.nvmlDeviceGetCount())
+
+    def device(self, physical_index: int) -> DeviceState:
+        nv = self._nv
+        handle = nv.nvmlDeviceGetHandleByIndex(physical_index)
+        memory = nv.nvmlDeviceGetMemoryInfo(handle)
+        return DeviceState(
+            name=str(nv.nvmlDeviceGetName(handle)),
+            uuid=str(nv.nvmlDeviceGetUUID(handle)),
+            memory_total_bytes=int(memory.total),
+            memory_used_bytes=int(memory.used),
+            compute_pids=tuple(int(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)),
+        )
+
+
+def validate_gpus(
+    config: PipelineConfig, cpu_only: bool, max_memory_fraction: float = DEFAULT_MAX_MEMORY_FRACTION
+) -> list[GpuInfo]:
+    """Check every GPU the config asks for exists, is visible and is free; one GpuInfo per logical index.
+
+    A GPU counts as free when no compute process runs on it and less than
+    `max_memory_fraction` of its memory is in use: benchmark numbers taken next
+    to another job would be meaningless.
+    """
+    requests = dict(_gpu_requests(config))
+    if cpu_only or not requests:
+        return []
+    first_logical, first_path = next(iter(requests.items()))
+    with ExitStack() as stack:
+        try:
+            session = stack.enter_context(Nvml())
+        except Exception as exc:  # NVML reports a missing driver or library through assorted exception types
+            raise GpuRequestError(
+                config.path, first_path,
+                f"expected a usable NVIDIA GPU {first_logical}, found no usable NVIDIA GPU or driver on this machine "
+                f"({exc}); write -1 in the config's gpus or pass --cpu to run on the CPU",
+            ) from None
+        count = session.device_count()
+        variable = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = list(range(count)) if variable is None else _visible_devices(config.path, first_path, variable, session, count)
+        return [
+            _check_one(config.path, session, logical, path, _physical(config.path, logical, path, visible, variable, count), max_memory_fraction)
+            for logical, path in requests.items()
+        ]
+
+
+def apply_cpu_override(config: PipelineConfig) -> PipelineConfig:
+    """Every runner on the CPU (--cpu), keeping each group's replica count."""
+    steps = tuple(
+        dataclasses.replace(
+            step,
+            queue_groups=tuple(dataclasses.replace(group, gpus=(-1,) * len(group.gpus)) for group in step.queue_groups),
+        )
+        for step in config.steps
+    )
+    return dataclasses.replace(config, steps=steps)
+
+
+def _gpu_requests(config: PipelineConfig) -> Iterator[tuple[int, str]]:
+    """Each logical GPU index with the JSON path of its first mention, in config order."""
+    seen: set[int] = set()
+    for k, step in enumerate(config.steps):
+        for g, group in enumerate(step.queue_groups):
+            for i, gpu in enumerate(group.gpus):
+                if gpu >= 0 and gpu not in seen:
+                    seen.add(gpu)
+                    yield gpu, f"pipeline[{k}].queue_groups[{g}].gpus[{i}]"
+
+
+def _physical(file: str, logical: int, path: str, visible: list[int], variable: str | None, count: int) -> int:
+    if logical < len(visible):
+        return visible[logical]
+    if variable is None:
+        raise GpuRequestError(file, path, f"expected GPU {logical} to exist, found {count} GPUs on this machine")
+    shown = f"only logical GPUs 0..{len(visible) - 1}" if visible else "no GPU"
+    raise GpuRequestError(
+        file, path, f'expected GPU {logical} to be visible, found {shown} visible through CUDA_VISIBLE_DEVICES="{variable}"'
+    )
+
+
+def _check_one(file: str, nvml: Nvml, logical: int, path: str, physical: int, max_memory_fraction: float) -> GpuInfo:
+    state = nvml.device(physical)
+    where = f"GPU {logical} (physical {physical}, {state.name})"
+    others = [pid for pid in state.compute_pids if pid != os.getpid()]
+    if others:
+        pids = ", ".join(str(pid) for pid in others)
+        raise GpuRequestError(file, path, f"expected {where} to be free, found compute processes on it (pids {pids})")
+    if state.memory_used_bytes > max_memory_fraction * state.memory_total_bytes:
+        raise GpuRequestError(
+            file, path,
+            f"expected {where} to have under {max_memory_fraction:.0%} of its memory in use, "
+            f"found {state.memory_used_bytes / 2**30:.1f} GiB of {state.memory_total_bytes / 2**30:.1f} GiB in use",
+        )
+    return GpuInfo(logical, physical, state.name, state.uuid, state.memory_total_bytes)
+
+
+def _visible_devices(file: str, path: str, variable: str, nvml: Nvml, count: int) -> list[int]:
+    """Physical indices CUDA will expose, in logical order.
+
+    Follows CUDA's rule that the list ends at the first entry that names no
+    device (an index out of range, a repeat, an unknown UUID). Entries may be
+    indices or (prefixes of) GPU UUIDs; MIG instances are not supported.
+    """
+    uuids: list[str] | None = None
+    visible: list[int] = []
+    for entry in (part.strip() for part in variable.split(",")):
+        if entry.startswith("MIG-"):
+            raise GpuRequestError(
+                file, path, f'expected GPU indices or GPU UUIDs in CUDA_VISIBLE_DEVICES, found the MIG instance "{entry}"'
+            )
+        if entry.startswith("GPU-"):
+            if uuids is None:
+                uuids = [nvml.device(i).uuid for i in range(count)]
+            matches = [i for i, uuid in enumerate(uuids) if uuid.startswith(entry)]
+            physical = matches[0] if len(matches) == 1 else -1
+        else:
+            physical = int(entry) if entry.isascii() and entry.isdigit() else -1
+        if not 0 <= physical < count or physical in visible:
+            break
+        visible.append(physical)
+    return visible
