@@ -109,7 +109,8 @@ def parse_config(document: Any, file: str, path: str | None = None) -> PipelineC
     if "video_path_iterator" in top:
         if "video_path_iterator" in source:
             check.fail("video_path_iterator", "expected it either at top level (the old form) or in source, found both")
-        source["video_path_iterator"] = top["video_path_iterator"]
+        # first, because a source's first key names its kind (rnb.sources)
+        source = {"video_path_iterator": top["video_path_iterator"], **source}
     if "video_path_iterator" in source:
         where = "video_path_iterator" if "video_path_iterator" in top else "source.video_path_iterator"
         check.as_class_path(source["video_path_iterator"], where, "__iter__")
