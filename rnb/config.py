@@ -59,15 +59,17 @@ DEFAULT_NUM_SHARED_TENSORS = 10
 _TOP_KEYS = ("pipeline", "source", "run", "video_path_iterator", "description")
 _STEP_KEYS = frozenset({"model", "queue_groups", "num_shared_tensors", "num_segments"})
 _GROUP_KEYS = frozenset({"gpus", "in_queue", "out_queues", "queue_selector"})
-# run key -> (integers only?, minimum); the CLI defaults live in benchmark.py.
-_RUN_KEYS: dict[str, tuple[bool, int]] = {
-    "videos": (True, 1),
-    "mean_interval_ms": (False, 0),
-    "batch_size": (True, 1),
-    "queue_size": (True, 1),
-    "concurrency": (True, 1),
-    "warmup": (True, 0),
-    "seed": (True, 0),
+# multiprocessing queues count items with a semaphore, which stops at this value
+MAX_QUEUE_SIZE = 2**31 - 1
+# run key -> (integers only?, minimum, maximum); the CLI defaults live in benchmark.py.
+_RUN_KEYS: dict[str, tuple[bool, int, int | None]] = {
+    "videos": (True, 1, None),
+    "mean_interval_ms": (False, 0, None),
+    "batch_size": (True, 1, None),
+    "queue_size": (True, 1, MAX_QUEUE_SIZE),
+    "concurrency": (True, 1, None),
+    "warmup": (True, 0, None),
+    "seed": (True, 0, None),
 }
 
 
@@ -135,9 +137,9 @@ def _parse_run(check: _Checker, value: Any) -> dict[str, Any]:
     for key, item in run.items():
         if key not in _RUN_KEYS:
             check.fail(f"run.{key}", f"expected one of the run keys ({', '.join(_RUN_KEYS)}), found an unknown key")
-        integral, minimum = _RUN_KEYS[key]
+        integral, minimum, maximum = _RUN_KEYS[key]
         if integral:
-            check.as_integer(item, f"run.{key}", minimum)
+            check.as_integer(item, f"run.{key}", minimum, maximum)
         else:
             check.as_number(item, f"run.{key}", minimum)
     return dict(run)
@@ -286,9 +288,10 @@ class _Checker:
             self.fail(json_path, f"expected a string, found {describe(value)}")
         return value
 
-    def as_integer(self, value: Any, json_path: str, minimum: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.fail(json_path, f"expected an integer >= {minimum}, found {describe(value)}")
+    def as_integer(self, value: Any, json_path: str, minimum: int, maximum: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum is not None and value > maximum):
+            bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            self.fail(json_path, f"expected an integer {bounds}, found {describe(value)}")
         return value
 
     def as_number(self, value: Any, json_path: str, minimum: int) -> float:
