@@ -148,6 +148,7 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
         if not plumbing.flag.is_set:
             start = time.time()
             plumbing.start.set()
+            print(f"benchmark.py: started {job_dir.name}: client and {len(placements)} runners ready", file=sys.stderr, flush=True)
             with tqdm(total=args.videos, unit="item", file=sys.stderr, disable=None, leave=False) as bar:
                 while not plumbing.flag.is_set:
                     supervisor.pump()

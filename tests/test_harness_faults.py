@@ -1,0 +1,101 @@
+"""Jobs that go wrong: a model failing at init, at an item, dying by os._exit, and Ctrl-C.
+
+Each must end promptly with its own exit code and reason, record who failed
+and why, keep the finished items' timings, and leave no process behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import benchmark
+
+# A hang guard only: stopping itself is measured against the moment the job ended.
+STOP_BOUND_S = 10.0
+
+
+def toy_with(tmp_path: Path, step: int, **faults) -> str:
+    document = json.loads(Path("config/toy.json").read_text())
+    document["pipeline"][step].update(faults)
+    path = tmp_path / "faulty.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def leftover(pids: list[int]) -> list[int]:
+    """Recorded pids still running one of our spawned children."""
+    alive = []
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b"multiprocessing" in cmdline:
+            alive.append(pid)
+    return alive
+
+
+def read_log(log_dir: Path) -> tuple[dict, list[dict]]:
+    (job_dir,) = [path for path in log_dir.iterdir() if path.is_dir()]
+    return json.loads((job_dir / "meta.json").read_text()), pq.read_table(job_dir / "timings.parquet").to_pylist()
+
+
+@pytest.mark.parametrize("step, faults, failed, error", [
+    (1, {"fail_at_init": True}, "step1-g0-r0",
+     "RuntimeError: TinyConvNet failed at init on purpose (fail_at_init)"),
+    (0, {"fail_at_item": 5}, "step0-g0-r0",
+     "RuntimeError: SyntheticFrames failed on item 5 on purpose (fail_at_item)"),
+    (1, {"exit_at_item": 5}, "step1-g0-r0", "exited with code 3"),
+], ids=["init", "item", "os_exit"])
+def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path, capsys, step, faults, failed, error):
+    config = toy_with(tmp_path, step, **faults)
+    code = benchmark.main(["-c", config, "-v", "50", "-mi", "0", "--log-dir", str(tmp_path / "logs")])
+    returned = time.time()
+    meta, rows = read_log(tmp_path / "logs")
+    assert code == 1
+    assert (meta["termination_reason"], meta["failed_process"]) == ("process failed", failed)
+    assert meta["error"] == f"process {failed} failed: {error}"
+    assert f"benchmark.py: process {failed} failed: {error}\n" in capsys.readouterr().err
+    assert returned - meta["end_time"] < STOP_BOUND_S
+    statuses = {p["name"]: (p["status"], p["error"]) for p in meta["processes"]}
+    assert statuses[failed] == ("failed", error)
+    assert all(status in ("ok", "killed") for name, (status, _) in statuses.items() if name != failed)
+    assert leftover([p["pid"] for p in meta["processes"]]) == []
+    assert len(rows) == meta["finished_items"] < 50
+    if "fail_at_init" in faults:
+        assert meta["start_time"] is None and rows == []
+    else:
+        assert 5 not in [row["item_id"] for row in rows]
+
+
+def test_ctrl_c_exits_130_and_keeps_the_finished_items(tmp_path):
+    command = [sys.executable, "benchmark.py", "-c", "config/toy.json", "-mi", "20", "-v", "100000",
+               "--warmup", "0", "--log-dir", str(tmp_path)]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        started = job.stderr.readline()  # the main process announces the start gate opening
+        assert started.startswith("benchmark.py: started "), started
+        time.sleep(3)  # some items finish
+        job.send_signal(signal.SIGINT)
+        interrupted = time.time()
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 130, err
+    assert time.time() - interrupted < STOP_BOUND_S
+    assert "Traceback" not in err
+    meta, rows = read_log(tmp_path)
+    assert meta["termination_reason"] == "interrupted" and meta["failed_process"] is None
+    assert len(rows) == meta["finished_items"] > 0
+    assert [row["item_id"] for row in rows] == list(range(len(rows)))
+    assert "termination: interrupted" in out
+    assert leftover([p["pid"] for p in meta["processes"]]) == []
