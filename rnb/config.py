@@ -157,9 +157,14 @@ def _parse_step(check: _Checker, value: Any, k: int, num_steps: int) -> Step:
     if final and "num_shared_tensors" in raw:
         check.fail(
             f"{where}.num_shared_tensors",
-            f"expected no num_shared_tensors on the final step, which writes no tensors, found {describe(raw['num_shared_tensors'])}",
+            "expected no num_shared_tensors on the final step, which writes no tensors, "
+            f"found {describe(raw['num_shared_tensors'])}",
         )
-    num_shared = 0 if final else check.as_integer(raw.get("num_shared_tensors", DEFAULT_NUM_SHARED_TENSORS), f"{where}.num_shared_tensors", 1)
+    num_shared = 0
+    if not final:
+        num_shared = check.as_integer(
+            raw.get("num_shared_tensors", DEFAULT_NUM_SHARED_TENSORS), f"{where}.num_shared_tensors", 1
+        )
     num_segments = check.as_integer(raw.get("num_segments", 1), f"{where}.num_segments", 1)
     if final and num_segments != 1:
         check.fail(
@@ -192,18 +197,27 @@ def _parse_group(
 
     in_queue: int | None = None
     if k == 0 and "in_queue" in raw:
-        check.fail(f"{where}.in_queue", f"expected no in_queue on step 0, which reads the request queue, found {describe(raw['in_queue'])}")
+        check.fail(
+            f"{where}.in_queue",
+            f"expected no in_queue on step 0, which reads the request queue, found {describe(raw['in_queue'])}",
+        )
     if k > 0:
         if "in_queue" not in raw:
-            check.fail(f"{where}.in_queue", f"expected the index of one of the out_queues of pipeline[{k - 1}], found no such key")
+            check.fail(
+                f"{where}.in_queue", f"expected the index of one of the out_queues of pipeline[{k - 1}], found no such key"
+            )
         in_queue = check.as_integer(raw["in_queue"], f"{where}.in_queue", 0)
 
     out_queues: tuple[int, ...] = ()
     if final and "out_queues" in raw:
-        check.fail(f"{where}.out_queues", f"expected no out_queues on the final step, found {describe(raw['out_queues'])}")
+        check.fail(
+            f"{where}.out_queues", f"expected no out_queues on the final step, found {describe(raw['out_queues'])}"
+        )
     if not final:
         if "out_queues" not in raw:
-            check.fail(f"{where}.out_queues", "expected a non-empty list of queue indices (integers >= 0), found no such key")
+            check.fail(
+                f"{where}.out_queues", "expected a non-empty list of queue indices (integers >= 0), found no such key"
+            )
         queues_raw = check.as_list(raw["out_queues"], f"{where}.out_queues", "queue indices (integers >= 0)")
         out_queues = tuple(check.as_integer(q, f"{where}.out_queues[{i}]", 0) for i, q in enumerate(queues_raw))
         for i, queue in enumerate(out_queues):
@@ -289,7 +303,8 @@ class _Checker:
         return value
 
     def as_integer(self, value: Any, json_path: str, minimum: int, maximum: int | None = None) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum is not None and value > maximum):
+        in_range = minimum <= value and (maximum is None or value <= maximum) if isinstance(value, int) else False
+        if isinstance(value, bool) or not in_range:
             bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
             self.fail(json_path, f"expected an integer {bounds}, found {describe(value)}")
         return value
@@ -303,16 +318,24 @@ class _Checker:
         """Import a dotted class path now, so a typo fails before any process is spawned."""
         module_name, _, name = value.rpartition(".") if isinstance(value, str) else ("", "", "")
         if not module_name or not name:
-            self.fail(json_path, f"expected a dotted class path such as \"package.module.Class\", found {describe(value)}")
+            self.fail(
+                json_path, f"expected a dotted class path such as \"package.module.Class\", found {describe(value)}"
+            )
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-                self.fail(json_path, f"expected an importable module \"{module_name}\", found no module named \"{exc.name}\"")
-            self.fail(json_path, f"expected module \"{module_name}\" to import, found it needs the missing module \"{exc.name}\"")
+                self.fail(
+                    json_path, f"expected an importable module \"{module_name}\", found no module named \"{exc.name}\""
+                )
+            self.fail(
+                json_path, f"expected module \"{module_name}\" to import, found it needs the missing module \"{exc.name}\""
+            )
         except Exception as exc:  # any import-time failure of user code is a config problem to report, not a crash
             first_line = (str(exc).splitlines() or [""])[0]
-            self.fail(json_path, f"expected module \"{module_name}\" to import, found {type(exc).__name__}: {first_line}")
+            self.fail(
+                json_path, f"expected module \"{module_name}\" to import, found {type(exc).__name__}: {first_line}"
+            )
         cls = getattr(module, name, None)
         if not isinstance(cls, type):
             found = "nothing by that name" if cls is None else f"a value of type {type(cls).__name__}"

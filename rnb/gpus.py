@@ -55,7 +55,9 @@ class Nvml:
         py3nvml.nvmlInit()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self._nv.nvmlShutdown()
 
     def device_count(self) -> int:
@@ -98,11 +100,15 @@ def validate_gpus(
             ) from None
         count = session.device_count()
         variable = os.environ.get("CUDA_VISIBLE_DEVICES")
-        visible = list(range(count)) if variable is None else _visible_devices(config.path, first_path, variable, session, count)
-        return [
-            _check_one(config.path, session, logical, path, _physical(config.path, logical, path, visible, variable, count), max_memory_fraction)
-            for logical, path in requests.items()
-        ]
+        if variable is None:
+            visible = list(range(count))
+        else:
+            visible = _visible_devices(config.path, first_path, variable, session, count)
+        infos = []
+        for logical, path in requests.items():
+            physical = _physical(config.path, logical, path, visible, variable, count)
+            infos.append(_check_one(config.path, session, logical, path, physical, max_memory_fraction))
+        return infos
 
 
 def apply_cpu_override(config: PipelineConfig) -> PipelineConfig:
@@ -135,7 +141,8 @@ def _physical(file: str, logical: int, path: str, visible: list[int], variable: 
         raise GpuRequestError(file, path, f"expected GPU {logical} to exist, found {count} GPUs on this machine")
     shown = f"only logical GPUs 0..{len(visible) - 1}" if visible else "no GPU"
     raise GpuRequestError(
-        file, path, f'expected GPU {logical} to be visible, found {shown} visible through CUDA_VISIBLE_DEVICES="{variable}"'
+        file, path,
+        f'expected GPU {logical} to be visible, found {shown} visible through CUDA_VISIBLE_DEVICES="{variable}"',
     )
 
 
@@ -167,7 +174,8 @@ def _visible_devices(file: str, path: str, variable: str, nvml: Nvml, count: int
     for entry in (part.strip() for part in variable.split(",")):
         if entry.startswith("MIG-"):
             raise GpuRequestError(
-                file, path, f'expected GPU indices or GPU UUIDs in CUDA_VISIBLE_DEVICES, found the MIG instance "{entry}"'
+                file, path,
+                f'expected GPU indices or GPU UUIDs in CUDA_VISIBLE_DEVICES, found the MIG instance "{entry}"',
             )
         if entry.startswith("GPU-"):
             if uuids is None:
