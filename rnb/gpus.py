@@ -107,7 +107,14 @@ def validate_gpus(
         infos = []
         for logical, path in requests.items():
             physical = _physical(config.path, logical, path, visible, variable, count)
-            infos.append(_check_one(config.path, session, logical, path, physical, max_memory_fraction))
+            try:
+                infos.append(_check_one(config.path, session, logical, path, physical, max_memory_fraction))
+            except GpuRequestError:
+                raise
+            except Exception as exc:  # e.g. a GPU fallen off the bus: NVMLError subclasses
+                raise GpuRequestError(
+                    config.path, path, f"expected NVML to describe GPU {logical} (physical {physical}), found: {exc}"
+                ) from None
         return infos
 
 

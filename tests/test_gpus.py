@@ -144,6 +144,19 @@ def test_memory_threshold_default_and_override(fake: FakeNvml) -> None:
     assert [i.logical_index for i in validate_gpus(_config([[0]]), cpu_only=False, max_memory_fraction=0.2)] == [0]
 
 
+def test_nvml_query_failure_is_one_sentence(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    def lost(physical_index: int) -> DeviceState:
+        raise RuntimeError("GPU is lost")
+
+    monkeypatch.setattr(fake, "device", lost)
+    with pytest.raises(GpuRequestError) as caught:
+        validate_gpus(_config([[3]]), cpu_only=False)
+    assert str(caught.value) == (
+        "gpu.json: pipeline[0].queue_groups[0].gpus[0]: expected NVML to describe GPU 3 (physical 3), found: GPU is lost"
+    )
+    assert fake.exited == 1
+
+
 def test_nvml_init_failure_suggests_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("rnb.gpus.Nvml", FakeNvml([], fail=OSError("driver not loaded")))
     with pytest.raises(GpuRequestError) as caught:
