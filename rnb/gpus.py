@@ -98,24 +98,26 @@ def validate_gpus(
                 f"expected a usable NVIDIA GPU {first_logical}, found no usable NVIDIA GPU or driver on this machine "
                 f"({exc}); write -1 in the config's gpus or pass --cpu to run on the CPU",
             ) from None
-        count = session.device_count()
-        variable = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if variable is None:
-            visible = list(range(count))
-        else:
-            visible = _visible_devices(config.path, first_path, variable, session, count)
-        infos = []
-        for logical, path in requests.items():
-            physical = _physical(config.path, logical, path, visible, variable, count)
-            try:
-                infos.append(_check_one(config.path, session, logical, path, physical, max_memory_fraction))
-            except GpuRequestError:
-                raise
-            except Exception as exc:  # e.g. a GPU fallen off the bus: NVMLError subclasses
-                raise GpuRequestError(
-                    config.path, path, f"expected NVML to describe GPU {logical} (physical {physical}), found: {exc}"
-                ) from None
-        return infos
+        try:
+            return _check_all(config.path, session, requests, max_memory_fraction)
+        except GpuRequestError:
+            raise
+        except Exception as exc:  # e.g. a GPU fallen off the bus: NVMLError subclasses
+            raise GpuRequestError(
+                config.path, first_path, f"expected NVML to describe the requested GPUs, found an error: {exc}"
+            ) from None
+
+
+def _check_all(file: str, nvml: Nvml, requests: dict[int, str], max_memory_fraction: float) -> list[GpuInfo]:
+    count = nvml.device_count()
+    variable = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first_path = next(iter(requests.values()))
+    visible = list(range(count)) if variable is None else _visible_devices(file, first_path, variable, nvml, count)
+    infos = []
+    for logical, path in requests.items():
+        physical = _physical(file, logical, path, visible, variable, count)
+        infos.append(_check_one(file, nvml, logical, path, physical, max_memory_fraction))
+    return infos
 
 
 def apply_cpu_override(config: PipelineConfig) -> PipelineConfig:

@@ -152,7 +152,8 @@ def test_nvml_query_failure_is_one_sentence(fake: FakeNvml, monkeypatch: pytest.
     with pytest.raises(GpuRequestError) as caught:
         validate_gpus(_config([[3]]), cpu_only=False)
     assert str(caught.value) == (
-        "gpu.json: pipeline[0].queue_groups[0].gpus[0]: expected NVML to describe GPU 3 (physical 3), found: GPU is lost"
+        "gpu.json: pipeline[0].queue_groups[0].gpus[0]: expected NVML to describe the requested GPUs, "
+        "found an error: GPU is lost"
     )
     assert fake.exited == 1
 
