@@ -1,0 +1,34 @@
+"""The episode byte-range data path: exact frames of one episode from its own bytes.
+
+    from episodes import open_dataset, EpisodeByteCache
+    ds = open_dataset(root)                  # local path or any fsspec URL
+    with EpisodeByteCache(ds) as cache:
+        frames = cache.get_frames(ep, key, timestamps)   # uint8 (N, C, H, W)
+
+Implementation modules are private to the package; the names below are its API.
+"""
+from episodes._mp4 import MiniMp4
+from episodes.cache import CacheStats, EpisodeByteCache, FrameRead
+from episodes.dataset import EpisodeRecord, LeRobotDataset, VideoSegment, open_dataset
+from episodes.decode import decode_frames, open_decoder
+from episodes.errors import DatasetFormatError, EpisodeDataError, FetchError, Mp4FormatError
+from episodes.video_files import VideoFilesDataset, open_video_files
+
+__all__ = [
+    "CacheStats",
+    "DatasetFormatError",
+    "EpisodeByteCache",
+    "EpisodeDataError",
+    "EpisodeRecord",
+    "FetchError",
+    "FrameRead",
+    "LeRobotDataset",
+    "MiniMp4",
+    "Mp4FormatError",
+    "VideoFilesDataset",
+    "VideoSegment",
+    "decode_frames",
+    "open_dataset",
+    "open_decoder",
+    "open_video_files",
+]

@@ -1,0 +1,120 @@
+"""Persisted MP4 indexes, so a second run over a dataset reads no MP4 headers.
+
+One versioned npz file holds the index of every video file seen so far,
+each entry stamped with the file's size and change marker (mtime or ETag).
+It lives in `<root>/meta/` when the root is a writable local LeRobot
+dataset, else in a per-root cache directory. A stale entry (size or marker
+changed) is ignored and rebuilt; an unreadable sidecar is treated as empty,
+because it is only ever a shortcut.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+import threading
+import zipfile
+from pathlib import Path
+
+import fsspec
+import numpy as np
+
+from episodes._mp4 import Mp4Index
+from episodes.errors import Mp4FormatError
+from episodes.storage import FileInfo, Storage
+
+SIDECAR_NAME = "rnb_mp4_index.v1.npz"
+FORMAT_VERSION = 1
+CACHE_ENV = "RNB_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """`$RNB_CACHE_DIR`, else `~/.cache/rnb`."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rnb")
+
+
+def sidecar_path(storage: Storage, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the sidecar of `storage`'s root lives.
+
+    Next to the dataset when the root is a local LeRobot dataset whose
+    `meta/` directory we may write; otherwise under `cache_dir` (default
+    `default_cache_dir()`) in a directory named after a hash of the root URL.
+    """
+    if fsspec.utils.get_protocol(storage.root) in ("file", "local"):
+        meta = Path(fsspec.core.strip_protocol(storage.root)) / "meta"
+        if meta.is_dir() and os.access(meta, os.W_OK):
+            return meta / SIDECAR_NAME
+    digest = hashlib.sha256(storage.root.encode()).hexdigest()[:16]
+    return Path(cache_dir or default_cache_dir()) / digest / SIDECAR_NAME
+
+
+class IndexSidecar:
+    """The sidecar of one dataset root: load once, look up per file, save on every new index.
+
+    Several processes may share a sidecar: saves merge with what is on disk
+    and replace the file atomically, so the worst a race costs is a rebuild.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._entries = self._load()
+
+    def _load(self) -> dict[str, tuple[FileInfo, dict[str, np.ndarray]]]:
+        try:
+            with np.load(self.path, allow_pickle=False) as npz:
+                manifest = json.loads(bytes(npz["manifest"]).decode())
+                if manifest.get("format") != FORMAT_VERSION:
+                    return {}
+                entries = {}
+                for n, item in enumerate(manifest["files"]):
+                    prefix = f"{n}/"
+                    arrays = {k[len(prefix):]: npz[k] for k in npz.files if k.startswith(prefix)}
+                    entries[item["path"]] = (FileInfo(int(item["size"]), item["version"]), arrays)
+                return entries
+        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError):
+            return {}
+
+    def lookup(self, rel: str, info: FileInfo, *, name: str) -> Mp4Index | None:
+        """The stored index of `rel` if it was made from a file of exactly this size and version."""
+        with self._lock:
+            entry = self._entries.get(rel)
+        if entry is None or entry[0] != info:
+            return None
+        try:
+            return Mp4Index.from_arrays(entry[1], name=name)
+        except (Mp4FormatError, ValueError, TypeError):
+            return None
+
+    def store(self, rel: str, info: FileInfo, index: Mp4Index) -> None:
+        """Record `index` for `rel` and rewrite the sidecar; a failed write only costs a rebuild next run."""
+        with self._lock:
+            on_disk = self._load()
+            on_disk.update(self._entries)
+            on_disk[rel] = (info, index.to_arrays())
+            self._entries = on_disk
+            try:
+                self._write(on_disk)
+            except OSError:
+                pass
+
+    def _write(self, entries: dict[str, tuple[FileInfo, dict[str, np.ndarray]]]) -> None:
+        manifest = {"format": FORMAT_VERSION, "files": []}
+        arrays: dict[str, np.ndarray] = {}
+        for n, (rel, (info, entry)) in enumerate(sorted(entries.items())):
+            manifest["files"].append({"path": rel, "size": info.size, "version": info.version})
+            arrays.update({f"{n}/{key}": value for key, value in entry.items()})
+        arrays["manifest"] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".rnb_index_", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(buffer.getvalue())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

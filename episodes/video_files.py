@@ -1,0 +1,102 @@
+"""Plain MP4 files as a dataset of one-episode videos, so EpisodeByteCache serves them unchanged.
+
+Each file is one episode with one camera, "video", spanning the whole file.
+There is no metadata to read, so a file's length and time range come from its
+MP4 index, built from range reads the first time the episode is asked for.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import fsspec
+import numpy as np
+
+from episodes._mp4 import Mp4Index, build_index
+from episodes.dataset import EpisodeRecord, VideoSegment
+from episodes.errors import DatasetFormatError
+from episodes.storage import Storage
+
+VIDEO_KEY = "video"
+
+
+class VideoFilesDataset:
+    """Files under one root directory, episode i being the i-th file in sorted order."""
+
+    video_keys = (VIDEO_KEY,)
+
+    def __init__(self, storage: Storage, paths: Sequence[str]) -> None:
+        self.storage = storage
+        self.root = storage.root
+        self.paths = tuple(paths)
+        self._indexes: dict[int, Mp4Index] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.paths)
+
+    @property
+    def fps(self) -> float:
+        """Frame rate of the first file (files of one glob normally share it)."""
+        index = self._index(0)
+        return index.timescale / float(np.median(index.duration))
+
+    def _check(self, ep: int) -> int:
+        if isinstance(ep, bool) or not isinstance(ep, (int, np.integer)) or not 0 <= ep < self.num_episodes:
+            raise DatasetFormatError(
+                f"{self.root}: episode index {ep!r} is out of range (there are {self.num_episodes} video files)"
+            )
+        return int(ep)
+
+    def _index(self, ep: int) -> Mp4Index:
+        ep = self._check(ep)
+        with self._lock:
+            index = self._indexes.get(ep)
+        if index is None:
+            rel = self.paths[ep]
+            size = self.storage.info(rel).size
+            index = build_index(lambda s, e: self.storage.read_range(rel, s, e), size, name=self.storage.url(rel))
+            with self._lock:
+                self._indexes[ep] = index
+        return index
+
+    def episode_length(self, ep: int) -> int:
+        return self._index(ep).num_samples
+
+    def episode(self, ep: int) -> EpisodeRecord:
+        index = self._index(ep)
+        start = float(index.pts.min()) / index.timescale
+        end = float((index.pts + index.duration).max()) / index.timescale
+        segment = VideoSegment(VIDEO_KEY, self.paths[ep], start, end)
+        return EpisodeRecord(ep, index.num_samples, "", 0, index.num_samples, {VIDEO_KEY: segment})
+
+
+def open_video_files(
+    files: str | os.PathLike | Sequence[str | os.PathLike], *, storage_options: dict[str, Any] | None = None,
+    retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 30.0,
+) -> VideoFilesDataset:
+    """A glob (local or fsspec URL, e.g. "data/*.mp4") or a list of files, as one-episode videos."""
+    options = storage_options or {}
+    if isinstance(files, (str, os.PathLike)):
+        fs, pattern = fsspec.core.url_to_fs(os.fspath(files), **options)
+        found = sorted(fs.glob(pattern)) if fsspec.utils.has_magic(pattern) else [pattern]
+        urls = [fs.unstrip_protocol(p) for p in found]
+        if not urls:
+            raise DatasetFormatError(f"{os.fspath(files)}: no video file matches")
+    else:
+        urls = []
+        for f in files:
+            fs, path = fsspec.core.url_to_fs(os.fspath(f), **options)
+            urls.append(fs.unstrip_protocol(path))
+        if not urls:
+            raise DatasetFormatError("open_video_files: the list of video files is empty")
+    root = posixpath.commonpath([u.split("://", 1)[1].rsplit("/", 1)[0] or "/" for u in urls])
+    protocol = urls[0].split("://", 1)[0]
+    storage = Storage(f"{protocol}://{root}", storage_options=storage_options, retries=retries,
+                      backoff_s=backoff_s, timeout_s=timeout_s)
+    rels = [u.split("://", 1)[1][len(root):].lstrip("/") for u in urls]
+    return VideoFilesDataset(storage, rels)
