@@ -95,6 +95,8 @@ class SharedSlot:
         if device.type == "cpu":
             for tensor in tensors:
                 tensor.share_memory_()
+        else:
+            torch.cuda.synchronize(device)  # zeroed before any other process can see it
         sizes = torch.zeros(len(shapes), dtype=torch.int64).share_memory_()
         free = ctx.Event()
         free.set()
@@ -112,7 +114,9 @@ class SharedSlot:
 
     def read(self, device: torch.device) -> tuple[torch.Tensor, ...]:
         """Copies of the valid rows on `device`; the caller syncs, then releases the slot."""
-        return tuple(slot[: int(size)].to(device, copy=True, non_blocking=True)
+        # Only a copy onto a CUDA device runs on the caller's stream, which the caller syncs;
+        # a copy to the CPU must be complete when it returns.
+        return tuple(slot[: int(size)].to(device, copy=True, non_blocking=device.type == "cuda")
                      for slot, size in zip(self.tensors, self.sizes.tolist()))
 
 

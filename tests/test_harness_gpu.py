@@ -1,0 +1,49 @@
+"""The CUDA paths: shared CUDA slots, per-runner streams, device columns and peak device memory.
+
+Skipped without CUDA (tests/conftest.py); they run where a GPU is present.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import benchmark
+from control import SharedSlot
+
+
+@pytest.mark.gpu
+def test_cuda_slot_round_trip_on_a_side_stream():
+    device = torch.device("cuda:0")
+    slot = SharedSlot.allocate(mp.get_context("spawn"), ((8, 4),), device)
+    assert slot.tensors[0].device == device and slot.sizes.is_shared()
+    stream = torch.cuda.Stream(device)
+    data = torch.arange(12, dtype=torch.float32, device=device).reshape(3, 4)
+    with torch.cuda.stream(stream):
+        slot.write((data,), "gpu test")
+        (on_gpu,) = slot.read(device)
+        stream.synchronize()
+    (on_cpu,) = slot.read(torch.device("cpu"))
+    assert torch.equal(on_gpu, data) and torch.equal(on_cpu, data.cpu())
+
+
+@pytest.mark.gpu
+def test_toy_pipeline_on_gpu_0_uses_cuda_slots_and_reports_device_memory(tmp_path):
+    document = json.loads(Path("config/toy.json").read_text())
+    for step in document["pipeline"]:
+        step["queue_groups"][0]["gpus"] = [0]
+    config = tmp_path / "gpu.json"
+    config.write_text(json.dumps(document))
+    assert benchmark.main(["-c", str(config), "-v", "40", "-mi", "0", "--log-dir", str(tmp_path / "logs")]) == 0
+    (job_dir,) = (tmp_path / "logs").iterdir()
+    meta = json.loads((job_dir / "meta.json").read_text())
+    rows = pq.read_table(job_dir / "timings.parquet").to_pylist()
+    assert meta["termination_reason"] == "target reached" and len(rows) == 40
+    assert {(row["device0"], row["device1"]) for row in rows} == {("cuda:0", "cuda:0")}
+    assert [gpu["logical_index"] for gpu in meta["gpus"]] == [0]
+    runners = [p for p in meta["processes"] if p["role"] == "runner"]
+    assert all(p["device"] == "cuda:0" and p["peak_device_bytes"] > 0 for p in runners)
