@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rnb.analysis import ValidityRules, load_jobs, stat_column
-from rnb.analysis_sweep import Trial, bisect_rate, format_interval, measure_trial, run_benchmark
+from rnb.analysis_sweep import RunOutcome, Trial, bisect_rate, format_interval, measure_trial, run_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = REPO / "scripts" / "sweep.py"
@@ -118,28 +118,37 @@ def test_sweep_script_stops_on_a_run_that_leaves_no_job(tmp_path: Path) -> None:
     assert done.stderr == f"sweep: {stub} -c config/toy.json -mi 1 exited with 2.\n"
 
 
-def test_a_real_sweep_over_two_loads_yields_two_jobs_and_one_summary(tmp_path: Path) -> None:
-    logs = tmp_path / "logs"
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One sweep of the toy config at -mi 20 (items alone) and -mi 0.01 (20 items queued at once)."""
+    logs = tmp_path_factory.mktemp("sweep") / "logs"
     done = subprocess.run(
-        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--mi", "0,2", "-v", "20", "--warmup", "2",
-         "--log-dir", str(logs), "--min-items", "18", "--min-duration", "0"],
+        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--mi", "20,0.01", "-v", "20", "--warmup", "0",
+         "--log-dir", str(logs), "--min-items", "20", "--min-duration", "0"],
         cwd=REPO, capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr
+    return logs, done
+
+
+def test_a_real_sweep_over_two_loads_yields_two_jobs_and_one_summary(
+        real_sweep: tuple[Path, subprocess.CompletedProcess]) -> None:
+    logs, done = real_sweep
     jobs = sorted(logs.iterdir())
-    assert [json.loads((job / "meta.json").read_text())["args"]["mean_interval_ms"] for job in jobs] == [0, 2]
+    assert sorted(json.loads((job / "meta.json").read_text())["args"]["mean_interval_ms"] for job in jobs) == [0.01, 20]
     assert done.stdout.count("job  ") == 1
     assert all(job.name in done.stdout for job in jobs)
     assert done.stdout.count(" VALID ") == 2
 
 
-def test_a_real_bisection_brackets_the_bound_between_two_measured_loads(tmp_path: Path) -> None:
-    """Bulk-like arrivals (-mi 0.01) queue 20 items behind each other; -mi 20 leaves each alone.
-
-    The bound is set between the two ends' measured p90 (machine speed varies),
-    and measurements are memoized so the ends run once.
-    """
+def test_a_real_bisection_brackets_the_bound_between_two_measured_loads(
+        real_sweep: tuple[Path, subprocess.CompletedProcess], tmp_path: Path) -> None:
+    """The bound lies between the sweep's two measured p90s (machine speed varies); one midpoint is run for real."""
+    logs, _ = real_sweep
     measured: dict[float, Trial] = {}
+    for job in logs.iterdir():
+        rate = 1000.0 / json.loads((job / "meta.json").read_text())["args"]["mean_interval_ms"]
+        measured[rate] = measure_trial(RunOutcome(job, 0), rate, 90.0)
 
     def measure(rate: float) -> Trial:
         if rate not in measured:
@@ -147,12 +156,12 @@ def test_a_real_bisection_brackets_the_bound_between_two_measured_loads(tmp_path
             measured[rate] = measure_trial(outcome, rate, 90.0)
         return measured[rate]
 
-    low, high = measure(50.0), measure(100000.0)
+    low, high = measured[50.0], measured[100000.0]
     bound = math.sqrt(low.latency_ms * high.latency_ms)
     assert low.latency_ms < bound < high.latency_ms
     result = bisect_rate(measure, 50.0, 100000.0, bound, max_steps=1)
     assert [trial.rate_per_s for trial in result.trials] == [50.0, 100000.0, 50025.0]
-    assert len(list(tmp_path.iterdir())) == 3
+    assert len(list(tmp_path.iterdir())) == 1
     assert result.best.rate_per_s < result.above.rate_per_s
     assert result.best.latency_ms < bound <= result.above.latency_ms
-    assert {result.best.job_dir, result.above.job_dir} <= {trial.job_dir for trial in result.trials}
+    assert {result.best, result.above} <= set(result.trials)
