@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import fsspec
+from fsspec.core import has_magic
 import numpy as np
 
 from episodes._mp4 import Mp4Index, build_index
@@ -83,7 +84,7 @@ def open_video_files(
     options = storage_options or {}
     if isinstance(files, (str, os.PathLike)):
         fs, pattern = fsspec.core.url_to_fs(os.fspath(files), **options)
-        found = sorted(fs.glob(pattern)) if fsspec.utils.has_magic(pattern) else [pattern]
+        found = sorted(fs.glob(pattern)) if has_magic(pattern) else [pattern]
         urls = [fs.unstrip_protocol(p) for p in found]
         if not urls:
             raise DatasetFormatError(f"{os.fspath(files)}: no video file matches")
