@@ -25,7 +25,7 @@ import runner
 from control import Plumbing, SharedSlot, Termination
 from rnb import joblog
 from rnb.config import ConfigError, PipelineConfig, load_config
-from rnb.gpus import validate_gpus
+from rnb.gpus import apply_cpu_override, validate_gpus
 from rnb.plan import Placement, plan_runners
 from rnb.sources import source_factory_path
 from rnb.summary import summary_text
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         args = resolve_args(ns, config)
         gpus = validate_gpus(config, cpu_only=args.cpu)
         source_factory_path(config.source, config.path)
-        placements = plan_runners(config, args.batch_size, args.cpu)
+        placements = plan_runners(apply_cpu_override(config) if args.cpu else config, args.batch_size)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2

@@ -36,7 +36,7 @@ def runner_name(step: int, group: int, instance: int) -> str:
     return f"step{step}-g{group}-r{instance}"
 
 
-def plan_runners(config: PipelineConfig, batch_size: int, cpu_only: bool) -> list[Placement]:
+def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
     """One placement per gpus entry of every queue group, in step order."""
     placements = []
     last = len(config.steps) - 1
@@ -51,7 +51,7 @@ def plan_runners(config: PipelineConfig, batch_size: int, cpu_only: bool) -> lis
             for i, gpu in enumerate(group.gpus):
                 placements.append(Placement(
                     name=runner_name(k, g, i), step=k, group=g, instance=i,
-                    device="cpu" if cpu_only or gpu < 0 else f"cuda:{gpu}",
+                    device="cpu" if gpu < 0 else f"cuda:{gpu}",
                     model=step.model, model_kwargs=kwargs, selector=group.queue_selector,
                     in_queue=group.in_queue, out_queues=tuple(group.out_queues),
                     num_segments=step.num_segments, num_slots=step.num_shared_tensors, output_shapes=shapes,
