@@ -6,10 +6,12 @@ child's peak memory reaches the job log even when it failed.
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import resource
 import signal
 import sys
+import threading
 from typing import Callable
 
 import torch
@@ -21,6 +23,7 @@ def child_main(name: str, plumbing: Plumbing, work: Callable[[], None], device: 
     """Run `work`, report how it ended on the status queue, and exit 0 (ok) or 1 (failed)."""
     # Ctrl-C is the main process's business: it stops the children in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent()
     code = 0
     try:
         work()
@@ -44,3 +47,10 @@ def child_main(name: str, plumbing: Plumbing, work: Callable[[], None], device: 
     # Everything the main process needs is flushed; skip interpreter teardown, which
     # takes about a second with torch loaded and would only delay the job's end.
     os._exit(code)
+
+
+def _exit_with_parent() -> None:
+    """Die with the main process even if it is killed outright, so no child is ever orphaned."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=lambda: (parent.join(), os._exit(1)), name="exit-with-parent", daemon=True).start()

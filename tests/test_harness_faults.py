@@ -76,6 +76,17 @@ def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path,
         assert 5 not in [row["item_id"] for row in rows]
 
 
+def test_a_full_request_queue_aborts_the_job_with_exit_1(tmp_path, capsys):
+    code = benchmark.main(["-c", "config/toy.json", "-v", "40", "-mi", "0", "-qs", "4", "--log-dir", str(tmp_path)])
+    meta, rows = read_log(tmp_path)
+    assert code == 1
+    assert meta["termination_reason"] == "request queue full" and meta["failed_process"] is None
+    sentence = "the request queue was full (capacity 4, -qs): the pipeline could not keep up with the requests"
+    assert meta["error"] == sentence and f"benchmark.py: {sentence}\n" in capsys.readouterr().err
+    assert len(rows) == meta["finished_items"] < 40
+    assert leftover([p["pid"] for p in meta["processes"]]) == []
+
+
 def test_ctrl_c_exits_130_and_keeps_the_finished_items(tmp_path):
     command = [sys.executable, "benchmark.py", "-c", "config/toy.json", "-mi", "20", "-v", "100000",
                "--warmup", "0", "--log-dir", str(tmp_path)]

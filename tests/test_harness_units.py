@@ -188,3 +188,14 @@ def test_job_id_carries_the_cli_values_and_directories_never_collide(tmp_path):
     assert joblog.job_id(start, 0.5, 4, 10, 9, 8) == "261130_091500-mi0.5-b4-v10-qs9-c8"
     names = [joblog.create_job_dir(str(tmp_path), "job").name for _ in range(3)]
     assert names == ["job", "job-2", "job-3"]
+
+
+def test_a_full_inter_step_queue_ends_the_job_with_that_reason_and_frees_the_slot():
+    plumbing = Plumbing.build(CTX, [{0}], 1, None)
+    kwargs = {"clips": 1, "frames": 1, "height": 2, "width": 2}
+    slots = tuple(SharedSlot.allocate(CTX, SyntheticFrames.output_shape(**kwargs), torch.device("cpu")) for _ in range(3))
+    first = Runner(_spec(0, "models.toy.SyntheticFrames", slots, {}, (0,), kwargs), plumbing)
+    for item in range(2):
+        first.handle((item, TimeCard(item)))
+    assert plumbing.flag.reason == Termination.INTER_STEP_QUEUE_FULL
+    assert [slot.free.is_set() for slot in slots] == [False, True, True]
