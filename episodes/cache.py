@@ -181,17 +181,24 @@ class EpisodeByteCache:
 
     # ---- indexes -------------------------------------------------------
 
-    def _shared(self, table: dict[Any, Future[T]], key: Any, make: Callable[[], T]) -> tuple[T, bool]:
+    def _shared(
+        self, table: dict[Any, Future[T]], key: Any, make: Callable[[], T], *, keep: bool,
+        counters: tuple[str, str] | None = None,
+    ) -> tuple[T, bool]:
         """`make()` run once per key while it is in flight; other callers wait for its result.
 
-        Returns the value and whether this caller made it. A failed attempt is
-        forgotten, so a later call tries again.
+        Returns the value and whether this caller made it. `keep` leaves the
+        finished future in `table` as a memo; a failed attempt is always
+        forgotten, so a later call tries again. `counters` names the counts
+        to bump for the maker and for a caller that joins it.
         """
         with self._lock:
             future = table.get(key)
             owner = future is None
             if owner:
                 future = table[key] = Future()
+            if counters:
+                self._counts[counters[0] if owner else counters[1]] += 1
         if not owner:
             return future.result(), False
         try:
@@ -201,12 +208,15 @@ class EpisodeByteCache:
                 del table[key]
             future.set_exception(exc)
             raise
+        if not keep:
+            with self._lock:
+                del table[key]
         future.set_result(value)
         return value, True
 
     def mp4_index(self, rel: str) -> Mp4Index:
         """The index of video file `rel`, built at most once per cache (and once per dataset with the sidecar)."""
-        return self._shared(self._indexes, rel, lambda: self._load_index(rel))[0]
+        return self._shared(self._indexes, rel, lambda: self._load_index(rel), keep=True)[0]
 
     def _load_index(self, rel: str) -> Mp4Index:
         url = self.storage.url(rel)
@@ -260,7 +270,6 @@ class EpisodeByteCache:
                 self._minis.move_to_end(slot)
                 self._counts["hits"] += 1
                 return mini, None
-            self._counts["shared_fetches" if slot in self._inflight else "misses"] += 1
         cost: list[_MissCost] = []
 
         def fetch() -> MiniMp4:
@@ -269,7 +278,7 @@ class EpisodeByteCache:
             self._remember(slot, mini)
             return mini
 
-        mini, _ = self._shared(self._inflight, slot, fetch)
+        mini, _ = self._shared(self._inflight, slot, fetch, keep=False, counters=("misses", "shared_fetches"))
         return mini, (cost[0] if cost else None)
 
     def _record(self, ep: int, key: str) -> EpisodeRecord:
