@@ -6,6 +6,7 @@ script that loads the table itself sees exactly the numbers a person sees.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -100,7 +101,10 @@ def format_compare(job_a: dict[str, Any], job_b: dict[str, Any]) -> str:
 
 
 def load_curves(jobs: pa.Table) -> dict[str, list[tuple[float, float, float]]]:
-    """For each config run at two or more loads: (mean interval, throughput, p99 ms) sorted by load."""
+    """For each config run at two or more loads: (mean interval, throughput, p99 ms), lightest load first.
+
+    Bulk runs (-mi 0) are the heaviest load there is, so they come last.
+    """
     curves: dict[str, list[tuple[float, float, float]]] = {}
     for job in jobs.to_pylist():
         throughput, p99 = job["measured_throughput_items_per_s"], job[stat_column("e2e", "p99")]
@@ -108,7 +112,7 @@ def load_curves(jobs: pa.Table) -> dict[str, list[tuple[float, float, float]]]:
             continue
         curves.setdefault(str(job["config_path"]), []).append((job["mean_interval_ms"], throughput, p99))
     return {
-        config: sorted(points, key=lambda point: point[1])
+        config: sorted(points, key=lambda point: -point[0] if point[0] else math.inf)
         for config, points in curves.items()
         if len({point[0] for point in points}) >= 2
     }

@@ -191,6 +191,8 @@ def test_compare_shows_both_jobs_with_ratios(real_job: Path, log_copy: Path) -> 
     assert f"A {real_job.name}" in lines[0] and "B copy-job" in lines[0] and "B/A" in lines[0]
     ratios = [line.split()[-1] for line in lines if line.startswith(("measured_items ", stat_column("e2e", "p99")))]
     assert ratios == ["1.000", "1.000"]
+    missing = run_analyze(str(log_copy), "--compare", real_job.name, "no-such-job")
+    assert (missing.returncode, missing.stderr) == (2, f"analyze: {log_copy}: no job named 'no-such-job'.\n")
 
 
 def test_analyze_rejects_an_empty_log_dir_and_an_unreadable_job(real_job: Path, log_copy: Path, tmp_path: Path) -> None:
