@@ -75,7 +75,8 @@ def run_benchmark(
     before = {path.name for path in log_dir.iterdir()}
     command = [sys.executable, str(benchmark), "-c", config, "-mi", format_interval(mean_interval_ms),
                "--log-dir", str(log_dir), *extra_args]
-    child = subprocess.Popen(command)
+    # The run's own summary goes to stderr so that the sweep's stdout is only its comparison.
+    child = subprocess.Popen(command, stdout=sys.stderr.fileno())
     try:
         returncode = child.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
