@@ -124,7 +124,7 @@ def plot_jobs(jobs: pa.Table, path: str | Path) -> None:
     Mean stage times stack to the mean end-to-end latency exactly (the stages
     partition each item's time), which is why the bars use means.
     """
-    import matplotlib
+    import matplotlib  # here, not at the top: only plotting pays for the slow import
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
