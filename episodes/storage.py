@@ -125,14 +125,17 @@ class Storage:
         for attempt in range(self.retries + 1):
             try:
                 return fn(path)
-            except FileNotFoundError as exc:
-                raise FetchError(f"{url}: file not found") from exc
             except Exception as exc:
-                if not _is_transient(exc):
+                # fsspec's HTTP info reports any failed HEAD+GET (a 503 too) as FileNotFoundError
+                # raised from the server's answer: judge by that answer.
+                cause = exc.__cause__ if isinstance(exc, FileNotFoundError) and exc.__cause__ else exc
+                if not _is_transient(cause):
+                    if isinstance(exc, FileNotFoundError):
+                        raise FetchError(f"{url}: file not found") from exc
                     raise FetchError(f"{url}: {what} failed ({_describe(exc)})") from exc
                 if attempt == self.retries:
                     raise FetchError(
-                        f"{url}: {what} failed after {attempt + 1} attempts ({_describe(exc)})"
+                        f"{url}: {what} failed after {attempt + 1} attempts ({_describe(cause)})"
                     ) from exc
                 time.sleep(self.backoff_s * 2**attempt)
         raise AssertionError("unreachable")  # the loop always returns or raises
