@@ -35,15 +35,16 @@ class Effort:
 
 @dataclass(frozen=True)
 class Side:
-    """One side of a comparison: what was measured, in which unit, one value per repetition."""
+    """One side of a comparison: what was measured, its unit, its median and, when known, each repetition."""
 
     label: str
     unit: str
-    values: tuple[float, ...]
+    median: float
+    values: tuple[float, ...] = ()
 
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values)
+    @staticmethod
+    def of(label: str, unit: str, values: Sequence[float]) -> Side:
+        return Side(label, unit, statistics.median(values), tuple(values))
 
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "unit": self.unit, "median": self.median, "values": list(self.values)}
@@ -73,33 +74,33 @@ class Goal:
 
 @dataclass(frozen=True)
 class Row:
-    """One line of the table: a ratio A/B over paired repetitions against its goal.
+    """One line of the table: a figure (usually a ratio A/B) with its spread, against its goal.
 
-    `ratios` is empty when the benchmark was skipped or failed; `note` says why.
+    `ratio` is None when the benchmark was skipped or failed, and `note` says
+    why.  `reps` counts what the median was taken over (repetitions, or
+    episodes for a per-episode figure); `goal` None marks a figure reported
+    for information only.
     """
 
     id: str
     what: str
-    goal: Goal
+    goal: Goal | None
     a: Side | None = None
     b: Side | None = None
-    ratios: tuple[float, ...] = ()
+    ratio: float | None = None
+    low: float | None = None
+    high: float | None = None
+    reps: int = 0
     note: str = ""
 
     @property
-    def ratio(self) -> float | None:
-        return statistics.median(self.ratios) if self.ratios else None
-
-    @property
     def met(self) -> bool | None:
-        ratio = self.ratio
-        return None if ratio is None else self.goal.met(ratio)
+        return None if self.ratio is None or self.goal is None else self.goal.met(self.ratio)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "id": self.id, "what": self.what, "ratio": self.ratio, "goal": str(self.goal), "met": self.met,
-            "min": min(self.ratios, default=None), "max": max(self.ratios, default=None),
-            "reps": len(self.ratios),
+            "id": self.id, "what": self.what, "ratio": self.ratio, "goal": None if self.goal is None else str(self.goal),
+            "met": self.met, "min": self.low, "max": self.high, "reps": self.reps,
             "a": None if self.a is None else self.a.to_json(),
             "b": None if self.b is None else self.b.to_json(),
             "note": self.note,
@@ -128,7 +129,7 @@ def paired(measure_a: Callable[[], float], measure_b: Callable[[], float], reps:
     return tuple(a_values), tuple(b_values)
 
 
-def compare(id: str, what: str, goal: Goal, a: Side, b: Side, note: str = "") -> Row:
+def compare(id: str, what: str, goal: Goal | None, a: Side, b: Side, note: str = "") -> Row:
     """The row whose per-repetition ratios are a[i] / b[i]."""
     if len(a.values) != len(b.values) or not a.values:
         raise ValueError(f"{id}: sides A and B need the same, non-zero number of values, "
@@ -136,14 +137,15 @@ def compare(id: str, what: str, goal: Goal, a: Side, b: Side, note: str = "") ->
     if 0 in b.values:
         raise ValueError(f"{id}: side B ({b.label}) measured 0 {b.unit} in repetition {b.values.index(0) + 1}, "
                          "so the ratio A/B is undefined")
-    return Row(id, what, goal, a, b, tuple(x / y for x, y in zip(a.values, b.values)), note)
+    ratios = [x / y for x, y in zip(a.values, b.values)]
+    return Row(id, what, goal, a, b, statistics.median(ratios), min(ratios), max(ratios), len(ratios), note)
 
 
-def measure_pair(id: str, what: str, goal: Goal, a: tuple[str, str, Callable[[], float]],
+def measure_pair(id: str, what: str, goal: Goal | None, a: tuple[str, str, Callable[[], float]],
                  b: tuple[str, str, Callable[[], float]], reps: int, warmup: int = 1, note: str = "") -> Row:
     """Measure (label, unit, measure) sides A and B by `paired` and make their row."""
     a_values, b_values = paired(a[2], b[2], reps, warmup)
-    return compare(id, what, goal, Side(a[0], a[1], a_values), Side(b[0], b[1], b_values), note)
+    return compare(id, what, goal, Side.of(a[0], a[1], a_values), Side.of(b[0], b[1], b_values), note)
 
 
 def _number(value: float) -> str:
@@ -163,7 +165,9 @@ def _side_cell(side: Side | None) -> str:
 def _ratio_cell(row: Row) -> str:
     if row.ratio is None:
         return "-"
-    return f"{_number(row.ratio)} [{_number(min(row.ratios))}, {_number(max(row.ratios))}]"
+    if row.low is None or row.high is None:
+        return _number(row.ratio)
+    return f"{_number(row.ratio)} [{_number(row.low)}, {_number(row.high)}]"
 
 
 def _met_cell(row: Row) -> str:
@@ -175,7 +179,8 @@ HEADER = ("id", "what", "A", "B", "ratio median [min, max]", "goal", "met")
 
 def table_text(rows: Sequence[Row]) -> str:
     """The aligned plain-text table; notes follow it, one line per row that has one."""
-    lines = [HEADER] + [(r.id, r.what, _side_cell(r.a), _side_cell(r.b), _ratio_cell(r), str(r.goal), _met_cell(r))
+    lines = [HEADER] + [(r.id, r.what, _side_cell(r.a), _side_cell(r.b), _ratio_cell(r),
+                                          "-" if r.goal is None else str(r.goal), _met_cell(r))
                         for r in rows]
     widths = [max(len(line[c]) for line in lines) for c in range(len(HEADER))]
     text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines]

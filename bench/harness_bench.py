@@ -1,0 +1,267 @@
+"""Harness benchmarks: P1 (what the process model costs), P5 (shared slots vs queues), P6 (loader scaling).
+
+Each compares the harness with what a user would write instead, on the same
+work, so the ratio says what RnB's machinery costs or buys.  Harness runs go
+through `benchmark.main` in this process (its children are real spawned
+processes) and use the throughput the job log reports: items finished
+between the start gate and the termination flag, start-up excluded.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import queue
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+import benchmark
+from bench.common import Effort, Goal, Row, measure_pair
+from control import SharedSlot
+from models.toy import SyntheticFrames, TinyConvNet
+from rnb.timecard import TimeCard
+
+REPO = Path(__file__).resolve().parents[1]
+DATASET = REPO / "data" / "synthetic"
+HANDOFF_TIMEOUT_S = 60.0  # no single 18 MB hand-off takes anywhere near this; past it the peer is gone
+
+# P1's two steps: big enough that each call does real work (~ms), as a video model's would.
+FRAMES_KW = {"clips": 2, "frames": 8, "height": 112, "width": 112}
+NET_KW = {"clips": 2, "classes": 10}
+
+
+def run_harness(config: dict[str, Any], items: int, workdir: Path) -> float:
+    """items/s of one bulk job of `config` as its job log reports it; raises if the job did not finish."""
+    config_path = workdir / "config.json"
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    log_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="logs-"))
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+        code = benchmark.main(["-c", str(config_path), "-mi", "0", "-v", str(items), "--log-dir", str(log_dir)])
+    (job_dir,) = log_dir.iterdir()
+    meta = json.loads((job_dir / "meta.json").read_text(encoding="utf-8"))
+    if code != 0 or meta["termination_reason"] != "target reached":
+        raise RuntimeError(f"the harness job in {job_dir} ended with exit code {code} "
+                           f"({meta['termination_reason']}): {meta['error'] or output.getvalue().strip()[-300:]}")
+    return meta["throughput_items_per_s"]
+
+
+# ---------------------------------------------------------------- P1 harness efficiency
+
+def toy_pipeline() -> dict[str, Any]:
+    return {
+        "source": {"synthetic": True},
+        "pipeline": [
+            {"model": "models.toy.SyntheticFrames", "queue_groups": [{"gpus": [-1], "out_queues": [0]}],
+             "num_shared_tensors": 4, **FRAMES_KW},
+            {"model": "models.toy.TinyConvNet", "queue_groups": [{"gpus": [-1], "in_queue": 0}], **NET_KW},
+        ],
+    }
+
+
+def loop_throughput(items: int) -> float:
+    """items/s of the same two model calls on the same requests, one after the other in this process."""
+    device = torch.device("cpu")
+    frames, net = SyntheticFrames(device, **FRAMES_KW), TinyConvNet(device, **NET_KW)
+    started = time.perf_counter()
+    for item in range(items):
+        tensors, non_tensors, card = frames((), {"request": item}, TimeCard(item, repr(item)))
+        net(tensors, non_tensors, card)
+    return items / (time.perf_counter() - started)
+
+
+def p1_harness_efficiency(effort: Effort) -> list[Row]:
+    items = effort.pick(60, 300)
+    with tempfile.TemporaryDirectory(prefix="rnb-p1-") as tmp:
+        row = measure_pair(
+            "P1", "two-step toy pipeline: harness bulk / one loop in one process", Goal(">=", 0.95),
+            ("harness", "items/s", lambda: run_harness(toy_pipeline(), items, Path(tmp))),
+            ("loop", "items/s", lambda: loop_throughput(items)),
+            effort.reps, warmup=0,
+            note=f"{items} items per run; SyntheticFrames {FRAMES_KW} -> TinyConvNet, both on CPU")
+    return [row]
+
+
+# ---------------------------------------------------------------- P5 IPC
+
+HANDOFF_SHAPE = (8, 3, 16, 112, 112)  # a loader's output of 8 clips of 16 frames at 112x112: 18.4 MiB of float32
+HANDOFF_MIB = torch.Size(HANDOFF_SHAPE).numel() * 4 / 2**20
+
+
+DEPTH = 2  # hand-offs in flight: two slots, or a queue bounded at two
+
+
+class _Outputs:
+    """The producer's per-item outputs, stamped with the item number so the consumer can check it.
+
+    fresh=False cycles through a few preallocated tensors, so only the
+    hand-off is timed (DEPTH bounds how far the producer runs ahead, so a
+    tensor is never restamped while a queue's feeder thread still pickles
+    it).  fresh=True makes a new tensor per item, as a model returning a new
+    output does; torch's queue needs that, since it shares a tensor's memory
+    rather than copying it, and a reused tensor would be overwritten under
+    the consumer.
+    """
+
+    def __init__(self, fresh: bool) -> None:
+        self.fresh = fresh
+        self.pool = [torch.rand(HANDOFF_SHAPE) for _ in range(1 if fresh else DEPTH + 2)]
+
+    def get(self, item: int) -> torch.Tensor:
+        output = self.pool[0].clone() if self.fresh else self.pool[item % len(self.pool)]
+        output.view(-1)[0] = item
+        return output
+
+
+def _slot_producer(slots: tuple[SharedSlot, ...], signals: Any, fresh: bool, commands: Any) -> None:
+    """Child: per command, hand `count` outputs over through the slots, as a runner does."""
+    outputs = _Outputs(fresh)
+    while (count := commands.get(timeout=HANDOFF_TIMEOUT_S)) is not None:
+        for item in range(count):
+            index = item % len(slots)
+            if not slots[index].free.wait(HANDOFF_TIMEOUT_S):
+                raise TimeoutError(f"P5 slot producer: slot {index} was not released within {HANDOFF_TIMEOUT_S:g} s")
+            slots[index].free.clear()
+            slots[index].write((outputs.get(item),), "P5 slot producer")
+            signals.put(index)
+
+
+def _queue_producer(out: Any, as_numpy: bool, fresh: bool, commands: Any) -> None:
+    """Child: per command, put `count` outputs on a queue (as numpy arrays, or as torch tensors)."""
+    outputs = _Outputs(fresh)
+    while (count := commands.get(timeout=HANDOFF_TIMEOUT_S)) is not None:
+        for item in range(count):
+            output = outputs.get(item)
+            out.put(output.numpy() if as_numpy else output, timeout=HANDOFF_TIMEOUT_S)
+
+
+class _Peer:
+    """A producer process and the consumer side of its hand-off, living across all repetitions."""
+
+    def __init__(self, ctx: Any, target: Callable[..., None], receive: Callable[[Any], torch.Tensor],
+                 inbox: Any, *args: Any) -> None:
+        self.commands = ctx.Queue()
+        self.inbox = inbox
+        self.receive = receive
+        self.process = ctx.Process(target=target, args=(*args, self.commands), daemon=True)
+        self.process.start()
+
+    def throughput(self, count: int) -> float:
+        """items/s of `count` hand-offs, each checked to be the item expected."""
+        started = time.perf_counter()
+        self.commands.put(count)
+        for item in range(count):
+            try:
+                message = self.inbox.get(timeout=HANDOFF_TIMEOUT_S)
+            except queue.Empty:
+                raise RuntimeError(f"P5: the producer (exit code {self.process.exitcode}) sent nothing "
+                                   f"for {HANDOFF_TIMEOUT_S:g} s") from None
+            stamp = int(self.receive(message).view(-1)[0])
+            if stamp != item:
+                raise RuntimeError(f"P5: expected item {item} from the producer, received item {stamp}")
+        return count / (time.perf_counter() - started)
+
+    def close(self) -> None:
+        self.commands.put(None)
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+def _slot_peer(ctx: Any, fresh: bool) -> _Peer:
+    slots = tuple(SharedSlot.allocate(ctx, (HANDOFF_SHAPE,), torch.device("cpu")) for _ in range(DEPTH))
+    signals = ctx.Queue()
+
+    def receive(index: int) -> torch.Tensor:
+        (data,) = slots[index].read(torch.device("cpu"))
+        slots[index].free.set()
+        return data
+    return _Peer(ctx, _slot_producer, receive, signals, slots, signals, fresh)
+
+
+def _queue_peer(ctx: Any, as_numpy: bool, fresh: bool) -> _Peer:
+    inbox = ctx.Queue(DEPTH)
+    receive = torch.from_numpy if as_numpy else (lambda tensor: tensor)
+    return _Peer(ctx, _queue_producer, receive, inbox, inbox, as_numpy, fresh)
+
+
+def p5_ipc(effort: Effort) -> list[Row]:
+    count = effort.pick(10, 40)
+    ctx = mp.get_context("spawn")
+    peers = {"slot": _slot_peer(ctx, False), "numpy": _queue_peer(ctx, True, False),
+             "fresh slot": _slot_peer(ctx, True), "torch": _queue_peer(ctx, False, True)}
+
+    def side(label: str, peer: str) -> tuple[str, str, Callable[[], float]]:
+        return label, "items/s", lambda: peers[peer].throughput(count)
+    try:
+        return [
+            measure_pair("P5", f"{HANDOFF_MIB:.1f} MiB float tensor between two processes: "
+                         "shared slot / pickled through a multiprocessing queue", Goal(">=", 5),
+                         side("slot", "slot"), side("pickle", "numpy"), effort.reps,
+                         note=f"{count} items per rep, {DEPTH} in flight; queue side: multiprocessing.Queue of "
+                              "tensor.numpy() (pickled bytes through a pipe)"),
+            measure_pair("P5t", "same with a new output tensor per item: shared slot / torch.multiprocessing queue",
+                         Goal(">=", 1), side("slot", "fresh slot"), side("torch queue", "torch"), effort.reps,
+                         note="torch's queue copies each new tensor into new shared memory and passes a file "
+                              "descriptor (no byte pickling); both sides pay the new tensor; our goal: slots no slower"),
+        ]
+    finally:
+        for peer in peers.values():
+            peer.close()
+
+
+# ---------------------------------------------------------------- P6 loader scaling
+
+class Discard:
+    """A final step that does nothing, so a pipeline's throughput is that of its step 0."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    @staticmethod
+    def output_shape(**kwargs: Any) -> None:
+        return None
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> tuple:
+        return (), non_tensors, time_card
+
+
+def loader_step() -> tuple[dict[str, Any], dict[str, Any], str]:
+    """Step 0 of the scaling pipeline and its source: the episode loader if it exists, else the toy frames."""
+    if importlib.util.find_spec("models.episode") is not None and DATASET.exists():
+        return ({"model": "models.episode.EpisodeLoader", "num_shared_tensors": 4},
+                {"dataset": str(DATASET), "order": "random", "seed": 0},
+                f"EpisodeLoader over {DATASET.relative_to(REPO)}")
+    return ({"model": "models.toy.SyntheticFrames", "num_shared_tensors": 4, **FRAMES_KW}, {"synthetic": True},
+            "FALLBACK: models.episode.EpisodeLoader is missing, so step 0 is the toy SyntheticFrames")
+
+
+def scaling_pipeline(replicas: int) -> tuple[dict[str, Any], str]:
+    step, source, what = loader_step()
+    config = {
+        "source": source,
+        "pipeline": [
+            {**step, "queue_groups": [{"gpus": [-1] * replicas, "out_queues": [0]}]},
+            {"model": "bench.harness_bench.Discard", "queue_groups": [{"gpus": [-1], "in_queue": 0}]},
+        ],
+    }
+    return config, what
+
+
+def p6_scaling(effort: Effort) -> list[Row]:
+    items = effort.pick(24, 120)
+    (two, what), (one, _) = scaling_pipeline(2), scaling_pipeline(1)
+    with tempfile.TemporaryDirectory(prefix="rnb-p6-") as tmp:
+        row = measure_pair(
+            "P6", "2 CPU loader replicas / 1 replica (2-core machine)", Goal(">=", 1.8),
+            ("2 replicas", "items/s", lambda: run_harness(two, items, Path(tmp))),
+            ("1 replica", "items/s", lambda: run_harness(one, items, Path(tmp))),
+            effort.reps, warmup=0, note=f"{what}; {items} items per run, final step discards")
+    return [row]
