@@ -67,7 +67,7 @@ def test_missing_video_file(root: Path, tmp_path: Path) -> None:
             cache.get_mini_mp4(3, KEY)
 
 
-def test_short_read(root: Path, tmp_path: Path) -> None:
+def test_short_read(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ds = open_dataset(str(root))
     with EpisodeByteCache(ds, sidecar_dir=tmp_path) as cache:
         cache.mp4_index(BROKEN)
@@ -77,7 +77,7 @@ def test_short_read(root: Path, tmp_path: Path) -> None:
             data = original(path, start=start, end=end)
             return data[:-3] if path.endswith(BROKEN) else data
 
-        ds.storage.fs.cat_file = short
+        monkeypatch.setattr(ds.storage.fs, "cat_file", short)  # fsspec shares one instance: undo after
         expect_fault(cache, f"{root}/{BROKEN}", FetchError, r"read of bytes \[\d+, \d+\) returned \d+ bytes, expected")
 
 
