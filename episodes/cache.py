@@ -273,6 +273,10 @@ class EpisodeByteCache:
         cost: list[_MissCost] = []
 
         def fetch() -> MiniMp4:
+            with self._lock:  # a fetch that finished since the check above left it in the LRU
+                done = self._minis.get(slot)
+            if done is not None:
+                return done
             mini, paid = self._fetch(*slot)
             cost.append(paid)
             self._remember(slot, mini)
