@@ -25,9 +25,10 @@ import runner
 from control import Plumbing, SharedSlot, Termination
 from rnb import joblog
 from rnb.config import ConfigError, PipelineConfig, load_config
+from rnb.dataset_source import with_dataset
 from rnb.gpus import apply_cpu_override, validate_gpus
 from rnb.plan import Placement, plan_runners
-from rnb.sources import source_factory_path
+from rnb.sources import check_source
 from rnb.summary import summary_text
 from rnb.supervisor import Supervisor
 
@@ -70,7 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, help="closed loop: keep N requests in flight (-mi is then ignored)")
     parser.add_argument("--warmup", type=int, help="first N items excluded from latency statistics (default 10)")
     parser.add_argument("--log-dir", dest="log_dir", default="logs", help="where job logs go (default logs/)")
-    parser.add_argument("--seed", type=int, help="seed of the Poisson arrivals (default 0)")
+    parser.add_argument("--seed", type=int, help="seed of the Poisson arrivals and of a random episode order (default 0)")
+    parser.add_argument("--dataset", help="replace the root (or video glob) of the config's dataset or videos source")
     return parser.parse_args(argv)
 
 
@@ -98,9 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(exit_.code or 0)
     try:
         config = load_config(ns.config_file_path)
+        if ns.dataset is not None:
+            config = with_dataset(config, ns.dataset)
         args = resolve_args(ns, config)
         gpus = validate_gpus(config, cpu_only=args.cpu)
-        source_factory_path(config.source, config.path)
+        check_source(config.source, config.path)
         placements = plan_runners(apply_cpu_override(config) if args.cpu else config, args.batch_size)
     except ConfigError as error:
         print(error, file=sys.stderr)
@@ -116,7 +120,8 @@ def allocate_slots(ctx: Any, placement: Placement) -> tuple[SharedSlot, ...]:
     if not placement.output_shapes:
         return ()
     device = torch.device(placement.device)
-    return tuple(SharedSlot.allocate(ctx, placement.output_shapes, device) for _ in range(placement.num_slots))
+    return tuple(SharedSlot.allocate(ctx, placement.output_shapes, device, placement.output_dtypes)
+                 for _ in range(placement.num_slots))
 
 
 def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], gpus: list[dict]) -> int:

@@ -35,7 +35,7 @@ def main(spec: ClientSpec, plumbing: Plumbing) -> None:
 
 
 def generate(spec: ClientSpec, plumbing: Plumbing) -> None:
-    payloads = open_source(spec.source, spec.config_path)
+    payloads = open_source(spec.source, spec.config_path, spec.seed)
     plumbing.status.put(("ready", "client", []))
     if not plumbing.wait_for_start():
         return

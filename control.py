@@ -90,8 +90,11 @@ class SharedSlot:
     free: Any  # multiprocessing Event
 
     @staticmethod
-    def allocate(ctx: Any, shapes: tuple[tuple[int, ...], ...], device: torch.device) -> SharedSlot:
-        tensors = tuple(torch.zeros(shape, dtype=torch.float32, device=device) for shape in shapes)
+    def allocate(ctx: Any, shapes: tuple[tuple[int, ...], ...], device: torch.device,
+                 dtypes: tuple[torch.dtype, ...] | None = None) -> SharedSlot:
+        """Zeroed shared buffers; float32 unless the model's output_dtypes() says otherwise."""
+        dtypes = dtypes or (torch.float32,) * len(shapes)
+        tensors = tuple(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in zip(shapes, dtypes))
         if device.type == "cpu":
             for tensor in tensors:
                 tensor.share_memory_()

@@ -85,6 +85,7 @@ class Runner:
                 try:
                     message = self.inbox.get(timeout=POLL_S)
                 except queue.Empty:
+                    self.flush()
                     continue
                 self.handle(message)
 
@@ -106,9 +107,19 @@ class Runner:
             card.record(f"runner{k}_start", arrived)
             card.record(f"inference{k}_start", started)
             card.set_device(k, self.spec.device)
-        tensors, non_tensors, time_card = self.model(tensors, non_tensors, time_card)
+        self.emit(*self.model(tensors, non_tensors, time_card))
+
+    def flush(self) -> None:
+        """While the input is idle, let a holding model (a batcher) hand over what it holds."""
+        flush = getattr(self.model, "flush", None)
+        if flush is not None:
+            self.emit(*flush())
+
+    def emit(self, tensors: Any, non_tensors: dict, time_card: Any) -> None:
+        """Pass a model's result on (or count it at the final step); a None time card means nothing yet."""
         if time_card is None:
             return
+        k = self.spec.step
         finished = time.time()
         for card in as_cards(time_card):
             card.record(f"inference{k}_finish", finished)

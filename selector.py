@@ -23,3 +23,21 @@ class RoundRobinSelector:
         chosen = self._next
         self._next = (self._next + 1) % self.num_queues
         return chosen
+
+
+class LargeSmallSelector:
+    """Queue 1 for items with more than `threshold` clips, queue 0 for the rest (RnB's large/small split).
+
+    Large items then get their own batcher and network group, so they do not
+    hold back small ones.  The clip count is the item's `num_clips`
+    non-tensor (set by the episode loaders), else the first tensor's rows.
+    """
+
+    def __init__(self, num_queues: int, threshold: int = 4, **kwargs: Any) -> None:
+        if num_queues != 2:
+            raise ValueError(f"LargeSmallSelector needs exactly two output queues (small, large), got {num_queues}")
+        self.threshold = threshold
+
+    def select(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> int:
+        clips = non_tensors.get("num_clips", tensors[0].shape[0] if tensors else 0)
+        return int(clips > self.threshold)

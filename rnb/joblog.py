@@ -76,6 +76,9 @@ def timings_table(cards: Iterable[TimeCard], num_steps: int, warmup: int) -> pa.
             name = template.format(k=k)
             columns[name] = pa.array([c.events.get(name) for c in cards], pa.float64())
         columns[f"device{k}"] = pa.array([c.devices.get(k) for c in cards], pa.string())
+    # Events a model records itself (e.g. a loader's fetch and decode) follow the harness's own.
+    for name in sorted({name for c in cards for name in c.events} - set(columns)):
+        columns[name] = pa.array([c.events.get(name) for c in cards], pa.float64())
     defaults = {"bytes_fetched": pa.int64(), "frames_decoded": pa.int64()}
     extra_names = list(defaults) + sorted({name for c in cards for name in c.fields} - set(defaults))
     for name in extra_names:

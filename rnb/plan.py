@@ -9,6 +9,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import torch
+
 from rnb.config import ConfigError, PipelineConfig
 from rnb.dotted import load_object
 
@@ -30,6 +32,7 @@ class Placement:
     num_segments: int
     num_slots: int
     output_shapes: tuple[tuple[int, ...], ...]  # empty for the final step
+    output_dtypes: tuple[torch.dtype, ...] = ()  # empty = all float32
 
 
 def runner_name(step: int, group: int, instance: int) -> str:
@@ -48,6 +51,7 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
             if "batch" in inspect.signature(model.__init__).parameters and "batch" not in kwargs:
                 kwargs["batch"] = batch_size
             shapes = () if k == last else _output_shapes(config, k, model, kwargs)
+            dtypes = () if k == last else _output_dtypes(config, k, model, kwargs, len(shapes))
             for i, gpu in enumerate(group.gpus):
                 placements.append(Placement(
                     name=runner_name(k, g, i), step=k, group=g, instance=i,
@@ -55,6 +59,7 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
                     model=step.model, model_kwargs=kwargs, selector=group.queue_selector,
                     in_queue=group.in_queue, out_queues=tuple(group.out_queues),
                     num_segments=step.num_segments, num_slots=step.num_shared_tensors, output_shapes=shapes,
+                    output_dtypes=dtypes,
                 ))
     return placements
 
@@ -70,3 +75,17 @@ def _output_shapes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str,
     if not valid:
         raise ConfigError(config.path, where, f"expected output_shape() to give a non-empty tuple of shapes (tuples of positive ints) because the step feeds another, found {shapes!r}")
     return shapes
+
+
+def _output_dtypes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str, Any], count: int) -> tuple[torch.dtype, ...]:
+    """The optional `output_dtypes(**kwargs)` of a model whose outputs are not float32 (e.g. raw bytes)."""
+    if not callable(getattr(model, "output_dtypes", None)):
+        return ()
+    where = f"pipeline[{k}].model"
+    try:
+        dtypes = model.output_dtypes(**kwargs)
+    except Exception as error:
+        raise ConfigError(config.path, where, f"expected output_dtypes() to accept the step's keywords, found {type(error).__name__}: {error}") from None
+    if not isinstance(dtypes, tuple) or len(dtypes) != count or not all(isinstance(d, torch.dtype) for d in dtypes):
+        raise ConfigError(config.path, where, f"expected output_dtypes() to give one torch dtype per output shape ({count}), found {dtypes!r}")
+    return dtypes

@@ -8,6 +8,7 @@ inside the client process, so a kind's heavy imports cost nothing elsewhere.
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -18,6 +19,14 @@ from rnb.dotted import load_object
 SOURCE_FACTORIES: dict[str, str] = {
     "synthetic": "rnb.sources.synthetic_source",
     "video_path_iterator": "rnb.sources.path_iterator_source",
+    "dataset": "rnb.dataset_source.episode_source",
+    "videos": "rnb.dataset_source.episode_source",
+}
+# first key -> dotted path of `check(source, config_path) -> None`, run by the main process before anything
+# starts, so that a source which cannot work is a config error (exit 2) rather than a failed client
+SOURCE_CHECKS: dict[str, str] = {
+    "dataset": "rnb.dataset_source.check_source",
+    "videos": "rnb.dataset_source.check_source",
 }
 
 
@@ -30,9 +39,23 @@ def source_factory_path(source: Mapping[str, Any], config_path: str) -> str:
     return SOURCE_FACTORIES[kind]
 
 
-def open_source(source: Mapping[str, Any], config_path: str) -> Iterator[Any]:
-    """An iterator over the request payloads of a config's source."""
-    return iter(load_object(source_factory_path(source, config_path))(source, config_path))
+def check_source(source: Mapping[str, Any], config_path: str) -> None:
+    """Raise ConfigError if the source cannot work; kinds without a check only need a known kind."""
+    source_factory_path(source, config_path)
+    check = SOURCE_CHECKS.get(next(iter(source), "synthetic"))
+    if check is not None:
+        load_object(check)(source, config_path)
+
+
+def open_source(source: Mapping[str, Any], config_path: str, seed: int = 0) -> Iterator[Any]:
+    """An iterator over the request payloads of a config's source.
+
+    `seed` (the job's --seed) reaches factories that take a `seed` keyword, for sources with a random order.
+    """
+    factory = load_object(source_factory_path(source, config_path))
+    if "seed" in inspect.signature(factory).parameters:
+        return iter(factory(source, config_path, seed=seed))
+    return iter(factory(source, config_path))
 
 
 def synthetic_source(source: Mapping[str, Any], config_path: str) -> Iterable[int]:

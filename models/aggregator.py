@@ -1,0 +1,57 @@
+"""Aggregator: the step that turns per-clip logits into one prediction per item.
+
+An item may arrive whole, as segments (a step before split it with
+num_segments; they are held until all have arrived and merged in order), or
+inside a batch (a tuple of time cards; non_tensors["items"] gives each
+item's clip count).  Clip logits are summed and the argmax is the item's
+prediction, set on its time card as the field `prediction`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rnb.timecard import TimeCard
+
+
+class Aggregator:
+    """Usually the final step; as an inner step it outputs (items, num_classes) summed logits."""
+
+    def __init__(self, device: torch.device, num_classes: int = 400, batch: int = 1) -> None:
+        self.pending: dict[tuple, list[tuple[TimeCard, torch.Tensor]]] = {}
+
+    @staticmethod
+    def output_shape(num_classes: int = 400, batch: int = 1, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        return ((batch, num_classes),)
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
+                 time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
+        logits = tensors[0]
+        if not isinstance(time_card, TimeCard):
+            counts = [item["num_clips"] for item in non_tensors["items"]]
+            if sum(counts) != logits.shape[0]:
+                raise ValueError(f"items {[c.item_id for c in time_card]}: the batch has {logits.shape[0]} rows of "
+                                 f"logits but its items have {sum(counts)} clips")
+            sums = torch.stack([part.sum(0) for part in torch.split(logits, counts)])
+            return self._predict(sums, non_tensors, tuple(time_card))
+        if time_card.segments:
+            parts = self.pending.setdefault(time_card.segment_key, [])
+            parts.append((time_card, logits))
+            if len(parts) < time_card.segments[-1][1]:
+                return (), non_tensors, None
+            del self.pending[time_card.segment_key]
+            parts.sort(key=lambda part: part[0].segments[-1][0])
+            logits = torch.cat([part for _, part in parts])
+            time_card = TimeCard.merge(card for card, _ in parts)
+        sums = logits.sum(0, keepdim=True)
+        out, non_tensors, cards = self._predict(sums, non_tensors, (time_card,))
+        return out, non_tensors, cards[0]
+
+    @staticmethod
+    def _predict(sums: torch.Tensor, non_tensors: dict,
+                 cards: tuple[TimeCard, ...]) -> tuple[tuple[torch.Tensor, ...], dict, tuple[TimeCard, ...]]:
+        predictions = sums.argmax(1).tolist()
+        for card, prediction in zip(cards, predictions):
+            card.set_field("prediction", prediction)
+        return (sums,), {**non_tensors, "predictions": predictions}, cards

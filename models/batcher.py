@@ -1,0 +1,54 @@
+"""Batcher: stacks the clips of `batch` items into one input, RnB's "B".
+
+Items may carry different clip counts; their clips are concatenated along
+the first dimension and non_tensors["items"] keeps each item's own
+non-tensors (its `num_clips` among them) so a later step can split them
+again.  The time cards of all items travel on together as a tuple.  A partial
+batch is handed over once the input has been idle for `timeout_ms` after its
+first item arrived (the runner calls `flush` while idle), so the job's last
+items are never stuck waiting for company.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+import torch
+
+from models.episode import clip_shape
+
+
+class Batcher:
+    def __init__(self, device: torch.device, batch: int = 1, num_clips: int | Mapping[str, Any] = 10,
+                 clip_length: int = 8, size: int = 112, timeout_ms: float = 50.0) -> None:
+        if batch < 1 or timeout_ms < 0:
+            raise ValueError(f"batch must be >= 1 and timeout_ms >= 0, got {batch} and {timeout_ms}")
+        self.batch = batch
+        self.timeout_s = timeout_ms / 1000
+        self.pending: list[tuple[tuple[torch.Tensor, ...], dict, Any]] = []
+        self.first_arrival = 0.0
+
+    @staticmethod
+    def output_shape(batch: int = 1, num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8,
+                     size: int = 112, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        rows, *clip = clip_shape(num_clips, clip_length, size)
+        return ((batch * rows, *clip),)
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
+                 time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
+        if not self.pending:
+            self.first_arrival = time.monotonic()
+        self.pending.append((tensors, non_tensors, time_card))
+        if len(self.pending) < self.batch:
+            return (), {}, None
+        return self._hand_over()
+
+    def flush(self) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
+        if not self.pending or time.monotonic() - self.first_arrival < self.timeout_s:
+            return (), {}, None
+        return self._hand_over()
+
+    def _hand_over(self) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
+        items, self.pending = self.pending, []
+        tensors = tuple(torch.cat(parts) for parts in zip(*(item[0] for item in items)))
+        return tensors, {"items": [item[1] for item in items]}, tuple(item[2] for item in items)

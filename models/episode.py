@@ -1,0 +1,255 @@
+"""Step-0 models that turn an episode request into clips: in one step, or as a fetch step and a decode step.
+
+Clips are sampled as RnB's R(2+1)D sampler did: `num_clips` windows of
+`clip_length` consecutive frames, evenly spaced across the episode behind one
+random offset.  `num_clips` is an int or a weighted choice drawn per request,
+written {"choices": [1, 15], "weights": [10, 1]}.  The draw depends only on
+`seed` and the item id, so every replica samples an item the same way.
+
+The time card gets events fetch_start/fetch_finish (getting the episode's
+mini-MP4, waiting for a prefetch included) and decode_start/decode_finish,
+and fields episode, num_clips, frames_decoded and bytes_fetched: the size of
+the episode's mini-MP4, i.e. what the item needed from storage, whether this
+request, a prefetch or an earlier request fetched it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torchvision.transforms.v2 import functional as F
+
+from episodes import EpisodeByteCache, LeRobotDataset, MiniMp4, decode_frames
+from episodes.dataset import column_array
+from rnb.dataset_source import EpisodeRequest, open_episodes
+from rnb.timecard import TimeCard
+
+KINETICS_MEAN = (0.43216, 0.394666, 0.37645)
+KINETICS_STD = (0.22803, 0.22145, 0.216989)
+
+
+@dataclass(frozen=True)
+class ClipCount:
+    """How many clips a request gets: one of `choices`, drawn with `weights`."""
+
+    choices: tuple[int, ...]
+    weights: tuple[float, ...]
+
+    @staticmethod
+    def parse(value: int | Mapping[str, Any]) -> ClipCount:
+        if isinstance(value, int) and not isinstance(value, bool):
+            counts, weights = [value], [1.0]
+        elif isinstance(value, Mapping) and set(value) == {"choices", "weights"}:
+            counts, weights = list(value["choices"]), list(value["weights"])
+        else:
+            raise ValueError(f"num_clips must be a positive int or {{\"choices\": [...], \"weights\": [...]}}, got {value!r}")
+        if not counts or len(counts) != len(weights):
+            raise ValueError(f"num_clips: choices and weights must be non-empty lists of one length, got {value!r}")
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
+            raise ValueError(f"num_clips: every choice must be an int >= 1, got {counts!r}")
+        if any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"num_clips: weights must be numbers >= 0 with a positive sum, got {weights!r}")
+        return ClipCount(tuple(counts), tuple(float(w) for w in weights))
+
+    @property
+    def maximum(self) -> int:
+        return max(self.choices)
+
+    def draw(self, rng: np.random.Generator) -> int:
+        if len(self.choices) == 1:
+            return self.choices[0]
+        p = np.asarray(self.weights) / sum(self.weights)
+        return int(self.choices[rng.choice(len(self.choices), p=p)])
+
+
+def sample_clip_frames(length: int, num_clips: int, clip_length: int, rng: np.random.Generator) -> np.ndarray:
+    """(num_clips, clip_length) episode frame numbers; an episode shorter than a clip repeats its last frame."""
+    last_start = max(length - clip_length, 0)
+    stride = (last_start + 1) / num_clips
+    starts = np.floor(rng.uniform(0, stride) + stride * np.arange(num_clips)).astype(np.int64)
+    return np.minimum(starts[:, None] + np.arange(clip_length), length - 1)
+
+
+def to_clips(frames: torch.Tensor, num_clips: int, size: int) -> torch.Tensor:
+    """uint8 (clips*T, 3, H, W) frames -> normalised float (clips, 3, T, size, size), as R(2+1)D expects."""
+    x = F.resize(frames, [size, size], antialias=True).float().div_(255)
+    x = F.normalize(x, KINETICS_MEAN, KINETICS_STD)
+    return x.reshape(num_clips, -1, *x.shape[1:]).permute(0, 2, 1, 3, 4).contiguous()
+
+
+@dataclass(frozen=True)
+class ClipPlan:
+    """What to read for one request: where, which frames, and the episode's mini-MP4."""
+
+    ds: Any
+    cache: EpisodeByteCache
+    episode: int
+    camera: str
+    frames: np.ndarray            # (num_clips, clip_length) episode frame numbers
+
+
+class EpisodeReader:
+    """The part every episode step shares: one cache per dataset, clip sampling and prefetching."""
+
+    def __init__(self, dataset: str | None, camera: str | None, num_clips: int | Mapping[str, Any],
+                 clip_length: int, prefetch: int, byte_budget: int, workers: int, seed: int) -> None:
+        if clip_length < 1 or prefetch < 0:
+            raise ValueError(f"clip_length must be >= 1 and prefetch >= 0, got {clip_length} and {prefetch}")
+        self.dataset = dataset
+        self.camera = camera
+        self.clip_count = ClipCount.parse(num_clips)
+        self.clip_length = clip_length
+        self.prefetch = prefetch
+        self.byte_budget = byte_budget
+        self.workers = workers
+        self.seed = seed
+        self._open: dict[tuple[str, str], tuple[Any, EpisodeByteCache]] = {}
+
+    def _dataset(self, kind: str, root: str) -> tuple[Any, EpisodeByteCache]:
+        if (kind, root) not in self._open:
+            ds = open_episodes(kind, root)
+            self._open[(kind, root)] = ds, EpisodeByteCache(ds, byte_budget=self.byte_budget, workers=self.workers)
+        return self._open[(kind, root)]
+
+    def plan(self, request: Any, item_id: int) -> ClipPlan:
+        """Resolve a request (an EpisodeRequest, or an int when `dataset` is set) and sample its clips."""
+        if self.dataset is not None:
+            ds, cache = self._dataset("dataset", self.dataset)
+            episode = (request.episode if isinstance(request, EpisodeRequest) else int(request)) % ds.num_episodes
+            upcoming: Sequence[int] = request.upcoming if isinstance(request, EpisodeRequest) else ()
+        elif isinstance(request, EpisodeRequest):
+            ds, cache = self._dataset(request.kind, request.root)
+            episode, upcoming = request.episode, request.upcoming
+        else:
+            raise ValueError(f"item {item_id}: the request {request!r} names no dataset; use a dataset or videos "
+                             "source, or give the step a `dataset` keyword")
+        camera = self.camera or ds.video_keys[0]
+        for ahead in upcoming[: self.prefetch]:
+            cache.prefetch(ahead, [camera])
+        rng = np.random.default_rng([self.seed, item_id])
+        frames = sample_clip_frames(ds.episode_length(episode), self.clip_count.draw(rng), self.clip_length, rng)
+        return ClipPlan(ds, cache, episode, camera, frames)
+
+    def fetch(self, plan: ClipPlan, card: TimeCard) -> MiniMp4:
+        card.record("fetch_start")
+        mini = plan.cache.get_mini_mp4(plan.episode, plan.camera)
+        card.record("fetch_finish")
+        card.set_field("episode", plan.episode)
+        card.set_field("num_clips", len(plan.frames))
+        card.set_field("bytes_fetched", len(mini.data))
+        return mini
+
+
+def decode_clips(frames: np.ndarray, decode: Any, size: int, card: TimeCard) -> torch.Tensor:
+    """Decode each distinct frame once (clips may overlap in a short episode), then build the clips."""
+    wanted, inverse = np.unique(frames, return_inverse=True)
+    card.record("decode_start")
+    decoded = decode(wanted)
+    card.record("decode_finish")
+    card.set_field("frames_decoded", len(wanted))
+    return to_clips(decoded[torch.from_numpy(inverse.reshape(-1))], len(frames), size)
+
+
+def clip_shape(num_clips: int | Mapping[str, Any], clip_length: int, size: int) -> tuple[int, ...]:
+    return (ClipCount.parse(num_clips).maximum, 3, clip_length, size, size)
+
+
+class EpisodeLoader:
+    """Request -> (clips, 3, clip_length, size, size) float clips, fetched and decoded on this step's device.
+
+    `tabular` names data columns (e.g. ["observation.state", "action"]) to
+    pass on as (frames, dim) numpy arrays in non_tensors["tabular"].
+    """
+
+    def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
+                 num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
+                 tabular: list[str] | None = None, prefetch: int = 2, byte_budget: int = 2**30,
+                 workers: int = 4, seed: int = 0) -> None:
+        self.device = device
+        self.size = size
+        self.tabular = list(tabular or [])
+        self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed)
+
+    @staticmethod
+    def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
+                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        return (clip_shape(num_clips, clip_length, size),)
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
+                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
+        plan = self.reader.plan(non_tensors["request"], time_card.item_id)
+        self.reader.fetch(plan, time_card)
+        clips = decode_clips(plan.frames, lambda wanted: plan.cache.get_episode_frames(
+            plan.episode, plan.camera, wanted, self.device), self.size, time_card)
+        out = {"request": non_tensors["request"], "episode": plan.episode, "num_clips": len(plan.frames)}
+        if self.tabular:
+            out["tabular"] = episode_rows(plan.ds, plan.episode, self.tabular)
+        return (clips,), out, time_card
+
+
+def episode_rows(ds: Any, episode: int, columns: list[str]) -> dict[str, np.ndarray]:
+    if not isinstance(ds, LeRobotDataset):
+        raise ValueError(f"tabular columns {columns} were asked for, but {ds.root} is plain video files with no data table")
+    table = ds.episode_table(episode, columns)
+    return {name: column_array(table, name) for name in columns}
+
+
+class EpisodeFetcher:
+    """The I/O half of a split loader: the episode's mini-MP4 bytes as a uint8 tensor, on the CPU.
+
+    The bytes travel through the shared slot (`max_bytes` bounds one
+    episode); the mini-MP4's frame table and the sampled frame numbers, both
+    small, travel as non-tensors.
+    """
+
+    def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
+                 num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, prefetch: int = 2,
+                 byte_budget: int = 2**30, workers: int = 4, seed: int = 0, max_bytes: int = 2**24) -> None:
+        self.max_bytes = max_bytes
+        self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed)
+
+    @staticmethod
+    def output_shape(max_bytes: int = 2**24, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        return ((max_bytes,),)
+
+    @staticmethod
+    def output_dtypes(**kwargs: Any) -> tuple[torch.dtype, ...]:
+        return (torch.uint8,)
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
+                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
+        plan = self.reader.plan(non_tensors["request"], time_card.item_id)
+        mini = self.reader.fetch(plan, time_card)
+        if len(mini.data) > self.max_bytes:
+            raise ValueError(f"item {time_card.item_id}: episode {plan.episode}'s mini-MP4 has {len(mini.data)} bytes, "
+                             f"more than max_bytes ({self.max_bytes}); raise the step's max_bytes")
+        data = torch.frombuffer(bytearray(mini.data), dtype=torch.uint8)
+        out = {"request": non_tensors["request"], "episode": plan.episode, "num_clips": len(plan.frames),
+               "mini": dataclasses.replace(mini, data=b""), "frames": plan.frames}
+        return (data,), out, time_card
+
+
+class EpisodeDecoder:
+    """The decode half of a split loader: mini-MP4 bytes -> clips, decoded on this step's device."""
+
+    def __init__(self, device: torch.device, num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8,
+                 size: int = 112) -> None:
+        self.device = device
+        self.size = size
+
+    @staticmethod
+    def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
+                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        return (clip_shape(num_clips, clip_length, size),)
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
+                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
+        mini = dataclasses.replace(non_tensors["mini"], data=tensors[0].cpu().numpy().tobytes())
+        clips = decode_clips(non_tensors["frames"], lambda wanted: decode_frames(mini, wanted, self.device),
+                             self.size, time_card)
+        out = {key: value for key, value in non_tensors.items() if key not in ("mini", "frames")}
+        return (clips,), out, time_card

@@ -1,0 +1,121 @@
+"""R(2+1)D-18 (torchvision's r2plus1d_18) as five stages, so a config can cut the network across steps.
+
+Stages: 1 stem, 2 layer1, 3 layer2, 4 layer3, 5 layer4 + avgpool + flatten + fc.
+`start_index`..`end_index` (inclusive) says which a step runs.  Nothing can
+be downloaded, so weights come from `checkpoint` (a local state_dict of the
+whole r2plus1d_18) or are random from `seed`: every step built with one seed
+holds the same weights, so cut steps compute exactly what the whole network
+does.  The job log's notes say which weights ran.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+from torchvision.models.video import r2plus1d_18
+
+from models.episode import EpisodeLoader, clip_shape
+from rnb.timecard import TimeCard
+
+NUM_STAGES = 5
+# output channels of stages 1..4; stage 5 gives num_classes logits
+_CHANNELS = (64, 64, 128, 256)
+
+
+def _half(size: int) -> int:
+    """Length after a stride-2 convolution of kernel 3 and padding 1 (or kernel 7 and padding 3)."""
+    return (size - 1) // 2 + 1
+
+
+def stage_shape(stage: int, clip_length: int, size: int, num_classes: int = 400) -> tuple[int, ...]:
+    """Shape of one clip after `stage` (0 = the input clip itself)."""
+    if stage == 0:
+        return (3, clip_length, size, size)
+    if stage == NUM_STAGES:
+        return (num_classes,)
+    t, s = clip_length, _half(size)  # the stem halves height and width only
+    for _ in range(stage - 2):       # layer2 and layer3 halve time, height and width
+        t, s = _half(t), _half(s)
+    return (_CHANNELS[stage - 1], t, s, s)
+
+
+def check_cut(start_index: int, end_index: int) -> None:
+    if not 1 <= start_index <= end_index <= NUM_STAGES:
+        raise ValueError(f"start_index and end_index must satisfy 1 <= start_index <= end_index <= {NUM_STAGES}, "
+                         f"got {start_index} and {end_index}")
+
+
+def build_stages(num_classes: int, checkpoint: str | None, seed: int) -> tuple[nn.Module, ...]:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = r2plus1d_18(weights=None, num_classes=num_classes)
+    if checkpoint is not None:
+        net.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
+    return (net.stem, net.layer1, net.layer2, net.layer3,
+            nn.Sequential(net.layer4, net.avgpool, nn.Flatten(1), net.fc))
+
+
+class R2P1DRunner:
+    """Stages start_index..end_index on (rows, *stage input) tensors.
+
+    rows is at most `batch` times the largest `num_clips` (a Batcher before
+    this step stacks `batch` items); `-b` sets `batch` unless the config does.
+    """
+
+    def __init__(self, device: torch.device, start_index: int = 1, end_index: int = 5,
+                 num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
+                 num_classes: int = 400, batch: int = 1, checkpoint: str | None = None, seed: int = 0,
+                 warmup: int = 1) -> None:
+        check_cut(start_index, end_index)
+        stages = build_stages(num_classes, checkpoint, seed)[start_index - 1: end_index]
+        self.net = nn.Sequential(*stages).to(device).eval()
+        self.output = stage_shape(end_index, clip_length, size, num_classes)
+        weights = f"checkpoint {checkpoint}" if checkpoint else f"random weights (seed {seed}; no checkpoint given)"
+        self.notes = [f"R2P1DRunner stages {start_index}-{end_index}: {weights}"]
+        sample = torch.zeros((1, *stage_shape(start_index - 1, clip_length, size, num_classes)), device=device)
+        with torch.inference_mode():
+            for _ in range(warmup):
+                self.net(sample)
+
+    @staticmethod
+    def output_shape(start_index: int = 1, end_index: int = 5, num_clips: int | Mapping[str, Any] = 10,
+                     clip_length: int = 8, size: int = 112, num_classes: int = 400, batch: int = 1,
+                     checkpoint: str | None = None, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        check_cut(start_index, end_index)
+        if checkpoint is not None and not os.path.isfile(checkpoint):
+            raise ValueError(f"checkpoint {checkpoint} is not a file")
+        rows = batch * clip_shape(num_clips, clip_length, size)[0]
+        return ((rows, *stage_shape(end_index, clip_length, size, num_classes)),)
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
+                 time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
+        x = tensors[0]
+        if x.shape[0] == 0:  # an empty segment (fewer clips than segments) has nothing to compute
+            return (x.new_zeros((0, *self.output)),), non_tensors, time_card
+        with torch.inference_mode():
+            return (self.net(x),), non_tensors, time_card
+
+
+class R2P1DSingleStep:
+    """Loader and the whole network in one step: RnB's no-pipeline baseline. Outputs (clips, num_classes) logits."""
+
+    def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
+                 num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
+                 prefetch: int = 2, byte_budget: int = 2**30, workers: int = 4, seed: int = 0,
+                 num_classes: int = 400, checkpoint: str | None = None, warmup: int = 1) -> None:
+        self.loader = EpisodeLoader(device, dataset, camera, num_clips, clip_length, size, None, prefetch,
+                                    byte_budget, workers, seed)
+        self.net = R2P1DRunner(device, 1, NUM_STAGES, num_clips, clip_length, size, num_classes, 1, checkpoint,
+                               seed, warmup)
+        self.notes = self.net.notes
+
+    @staticmethod
+    def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
+                     num_classes: int = 400, checkpoint: str | None = None, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        return R2P1DRunner.output_shape(1, NUM_STAGES, num_clips, clip_length, size, num_classes, 1, checkpoint)
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
+                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
+        return self.net(*self.loader(tensors, non_tensors, time_card))

@@ -1,0 +1,153 @@
+"""Episode sources: requests for the episodes of a LeRobot dataset or of a glob of video files.
+
+    "source": {"dataset": "data/synthetic", "order": "random", "seed": 0}
+    "source": {"videos": "clips/*.mp4", "order": "sequential", "episodes": [0, 2, 5]}
+
+Keys: `order` "random" (default; reshuffled every pass) or "sequential";
+`seed` (default: the job's --seed); `episodes`, a subset of episode indices
+(for videos: of the sorted file list); `lookahead` (default 2), how many of
+the next episodes each request names so a loader can prefetch them;
+`generate_if_missing` (dataset only), which writes the synthetic dataset at a
+missing local root first.  Requests cycle when -v exceeds the episodes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+import sys
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from rnb.config import ConfigError, PipelineConfig, describe
+
+KINDS = ("dataset", "videos")
+_KEYS = {"dataset": ("dataset", "order", "seed", "episodes", "lookahead", "generate_if_missing"),
+         "videos": ("videos", "order", "seed", "episodes", "lookahead")}
+
+
+@dataclass(frozen=True, repr=False)
+class EpisodeRequest:
+    """A request payload: which episode of which dataset, and the episodes that come next."""
+
+    kind: str                     # "dataset" or "videos"
+    root: str                     # dataset root, or the video glob
+    episode: int
+    upcoming: tuple[int, ...] = ()
+
+    def __repr__(self) -> str:
+        # The payload column of timings.parquet: short, and enough to find the episode again.
+        return f"{self.root}#{self.episode}"
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    kind: str
+    root: str
+    order: str
+    seed: int | None
+    episodes: tuple[int, ...] | None
+    lookahead: int
+    generate_if_missing: bool
+
+
+def parse_options(source: Mapping[str, Any], config_path: str) -> SourceOptions:
+    """The source object's keys, type-checked; each complaint names its JSON path."""
+    kind = next(iter(source))
+    for key in source:
+        if key not in _KEYS[kind]:
+            raise ConfigError(config_path, f"source.{key}", f"expected one of the {kind} source keys ({', '.join(_KEYS[kind])}), found an unknown key")
+    root = source[kind]
+    if not isinstance(root, str) or not root:
+        raise ConfigError(config_path, f"source.{kind}", f"expected a non-empty path or URL string, found {describe(root)}")
+    order = source.get("order", "random")
+    if order not in ("random", "sequential"):
+        raise ConfigError(config_path, "source.order", f"expected \"random\" or \"sequential\", found {describe(order)}")
+    seed = source.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ConfigError(config_path, "source.seed", f"expected an integer >= 0, found {describe(seed)}")
+    episodes = source.get("episodes")
+    if episodes is not None:
+        if not isinstance(episodes, list) or not episodes:
+            raise ConfigError(config_path, "source.episodes", f"expected a non-empty list of episode indices, found {describe(episodes)}")
+        for i, ep in enumerate(episodes):
+            if isinstance(ep, bool) or not isinstance(ep, int) or ep < 0:
+                raise ConfigError(config_path, f"source.episodes[{i}]", f"expected an integer >= 0, found {describe(ep)}")
+        episodes = tuple(episodes)
+    lookahead = source.get("lookahead", 2)
+    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
+        raise ConfigError(config_path, "source.lookahead", f"expected an integer >= 0, found {describe(lookahead)}")
+    generate = source.get("generate_if_missing", False)
+    if not isinstance(generate, bool):
+        raise ConfigError(config_path, "source.generate_if_missing", f"expected true or false, found {describe(generate)}")
+    return SourceOptions(kind, root, order, seed, episodes, lookahead, generate)
+
+
+def open_episodes(kind: str, root: str) -> Any:
+    """The dataset a request's kind and root name: a LeRobotDataset, or a VideoFilesDataset for a glob."""
+    import episodes  # heavy (torchcodec): only processes that read episodes pay for it
+
+    return episodes.open_dataset(root) if kind == "dataset" else episodes.open_video_files(root)
+
+
+def _open_checked(options: SourceOptions, config_path: str) -> Any:
+    from episodes import EpisodeDataError
+
+    try:
+        ds = open_episodes(options.kind, options.root)
+    except (EpisodeDataError, OSError, ValueError) as error:
+        expected = "a LeRobot v3.0 dataset" if options.kind == "dataset" else "a glob matching MP4 files"
+        raise ConfigError(config_path, f"source.{options.kind}", f"expected {expected}, found an error: {error}") from None
+    for i, ep in enumerate(options.episodes or ()):
+        if ep >= ds.num_episodes:
+            raise ConfigError(config_path, f"source.episodes[{i}]", f"expected an episode index below {ds.num_episodes} (the number of episodes of {options.root}), found {ep}")
+    return ds
+
+
+def check_source(source: Mapping[str, Any], config_path: str) -> None:
+    """Open the dataset or glob once in the main process (writing the dataset first if asked and missing)."""
+    options = parse_options(source, config_path)
+    if options.generate_if_missing and "://" not in options.root and not Path(options.root).exists():
+        from episodes.synthetic import make_dataset
+
+        print(f"benchmark.py: dataset {options.root} is missing: generating the synthetic dataset there "
+              "(scripts/make_dataset.py with default options)", file=sys.stderr, flush=True)
+        make_dataset(options.root)
+    _open_checked(options, config_path)
+
+
+def episode_source(source: Mapping[str, Any], config_path: str, seed: int = 0) -> Iterator[EpisodeRequest]:
+    """The client's request stream for a dataset or videos source."""
+    options = parse_options(source, config_path)
+    return requests(options, _open_checked(options, config_path).num_episodes, seed)
+
+
+def requests(options: SourceOptions, num_episodes: int, seed: int = 0) -> Iterator[EpisodeRequest]:
+    """Endless requests in the source's order, each naming the `lookahead` episodes after it."""
+    order = _episode_order(options.episodes or tuple(range(num_episodes)), options.order,
+                           seed if options.seed is None else options.seed)
+    window = deque(itertools.islice(order, options.lookahead + 1))
+    while True:
+        episode = window.popleft()
+        window.append(next(order))
+        yield EpisodeRequest(options.kind, options.root, episode, tuple(window)[: options.lookahead])
+
+
+def _episode_order(episodes: tuple[int, ...], order: str, seed: int) -> Iterator[int]:
+    rng = random.Random(seed)
+    while True:
+        batch = list(episodes)
+        if order == "random":
+            rng.shuffle(batch)
+        yield from batch
+
+
+def with_dataset(config: PipelineConfig, root: str) -> PipelineConfig:
+    """The config with its dataset root or video glob replaced (benchmark.py --dataset)."""
+    kind = next(iter(config.source), "synthetic")
+    if kind not in KINDS:
+        raise ConfigError("command line", "--dataset", f"expected a config whose source is a dataset or videos, but {config.path} has a {kind} source")
+    source = {**config.source, kind: root}
+    return dataclasses.replace(config, source=source, raw={**config.raw, "source": source})

@@ -1,0 +1,224 @@
+"""Episode models, R(2+1)D stages, aggregator, batcher, selector and the uint8 slot, called in-process."""
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torchvision.models.video import r2plus1d_18
+
+from control import SharedSlot
+from episodes import EpisodeByteCache, open_dataset
+from episodes.synthetic import make_dataset
+from models.aggregator import Aggregator
+from models.batcher import Batcher
+from models.episode import (EpisodeDecoder, EpisodeFetcher, EpisodeLoader, ClipCount, sample_clip_frames,
+                            to_clips)
+from models.r2p1d import R2P1DRunner, stage_shape
+from rnb.config import ConfigError, parse_config
+from rnb.dataset_source import EpisodeRequest, SourceOptions, parse_options, requests
+from rnb.plan import plan_runners
+from rnb.timecard import TimeCard
+from selector import LargeSmallSelector
+
+CPU = torch.device("cpu")
+
+
+def tiny_dataset(root: Path) -> Path:
+    """Four short 64x64 H.264 episodes with B-frames, two per file: enough to cross a file boundary."""
+    return make_dataset(root, episodes=4, cameras=1, episodes_per_file=2, min_length=12, max_length=20,
+                        width=64, height=64, gop=8, bframes=2)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tiny_dataset(tmp_path_factory.mktemp("tiny")))
+
+
+def request(root: str, episode: int, upcoming: tuple[int, ...] = ()) -> dict:
+    return {"request": EpisodeRequest("dataset", root, episode, upcoming)}
+
+
+def test_clip_sampling_spreads_clips_evenly_inside_the_episode():
+    rng = np.random.default_rng(0)
+    frames = sample_clip_frames(100, 4, 8, rng)
+    assert frames.shape == (4, 8)
+    assert (np.diff(frames, axis=1) == 1).all()
+    starts = frames[:, 0]
+    assert starts[0] < 24 and (np.diff(starts) >= 23).all() and (np.diff(starts) <= 24).all() and frames.max() <= 99
+    short = sample_clip_frames(3, 2, 5, rng)
+    assert short.tolist() == [[0, 1, 2, 2, 2], [0, 1, 2, 2, 2]]
+
+
+def test_clip_count_forms_and_errors():
+    assert ClipCount.parse(3).maximum == 3
+    choice = ClipCount.parse({"choices": [1, 15], "weights": [10, 1]})
+    draws = [choice.draw(np.random.default_rng(seed)) for seed in range(200)]
+    assert set(draws) == {1, 15} and draws.count(1) > draws.count(15) and choice.maximum == 15
+    with pytest.raises(ValueError, match="every choice must be an int >= 1"):
+        ClipCount.parse({"choices": [0, 2], "weights": [1, 1]})
+    with pytest.raises(ValueError, match="num_clips must be a positive int"):
+        ClipCount.parse("ten")
+
+
+def test_loader_frames_equal_the_cache_frames_at_the_sampled_timestamps(dataset):
+    loader = EpisodeLoader(CPU, num_clips=3, clip_length=4, size=32, tabular=["observation.state", "action"], seed=7)
+    card = TimeCard(5)
+    (clips,), out, card = loader((), request(dataset, 2, (3,)), card)
+    assert clips.shape == (3, 3, 4, 32, 32) and clips.dtype == torch.float32
+    assert EpisodeLoader.output_shape(num_clips=3, clip_length=4, size=32) == ((3, 3, 4, 32, 32),)
+
+    ds = open_dataset(dataset)
+    rng = np.random.default_rng([7, 5])
+    numbers = sample_clip_frames(ds.episode_length(2), ClipCount.parse(3).draw(rng), 4, rng)
+    with EpisodeByteCache(ds, use_sidecar=False) as cache:
+        raw = cache.get_frames(2, ds.video_keys[0], numbers.reshape(-1) / ds.fps)
+    assert torch.equal(clips, to_clips(raw, 3, 32))
+    assert not torch.equal(raw[0], raw[-1])  # the check would be weak if every frame looked alike
+
+    assert out["episode"] == 2 and out["num_clips"] == 3
+    table = ds.episode_table(2, ["observation.state"])
+    assert np.array_equal(out["tabular"]["observation.state"], np.stack(table.column(0).to_numpy(zero_copy_only=False)))
+    assert out["tabular"]["action"].shape == (ds.episode_length(2), 6)
+    assert card.fields["frames_decoded"] == len(np.unique(numbers)) and card.fields["bytes_fetched"] > 0
+    assert card.fields["episode"] == 2 and card.fields["num_clips"] == 3
+    assert card.events["fetch_start"] <= card.events["fetch_finish"] <= card.events["decode_start"] <= card.events["decode_finish"]
+
+
+def test_split_fetch_then_decode_gives_the_loaders_clips_through_a_uint8_slot(dataset):
+    kwargs = dict(num_clips=2, clip_length=4, seed=1)
+    loader = EpisodeLoader(CPU, size=32, **kwargs)
+    fetcher = EpisodeFetcher(CPU, max_bytes=2**20, **kwargs)
+    decoder = EpisodeDecoder(CPU, size=32, num_clips=2, clip_length=4)
+    assert EpisodeFetcher.output_dtypes() == (torch.uint8,)
+    slot = SharedSlot.allocate(multiprocessing.get_context("spawn"), EpisodeFetcher.output_shape(max_bytes=2**20),
+                               CPU, EpisodeFetcher.output_dtypes())
+    assert slot.tensors[0].dtype == torch.uint8 and slot.tensors[0].shape == (2**20,)
+
+    (expected,), _, _ = loader((), request(dataset, 1), TimeCard(3))
+    (data,), between, card = fetcher((), request(dataset, 1), TimeCard(3))
+    slot.write((data,), "fetcher")
+    (received,) = slot.read(CPU)
+    assert torch.equal(received, data) and received.dtype == torch.uint8
+    (clips,), out, card = decoder((received,), between, card)
+    assert torch.equal(clips, expected)
+    assert "mini" not in out and out["episode"] == 1 and card.fields["bytes_fetched"] == data.numel()
+
+    small = EpisodeFetcher(CPU, max_bytes=100, **kwargs)
+    with pytest.raises(ValueError, match="more than max_bytes \\(100\\); raise the step's max_bytes"):
+        small((), request(dataset, 1), TimeCard(3))
+
+
+def test_output_dtypes_reach_the_planned_slots():
+    document = {"source": {}, "pipeline": [
+        {"model": "models.episode.EpisodeFetcher", "queue_groups": [{"gpus": [-1], "out_queues": [0]}], "max_bytes": 4096},
+        {"model": "models.episode.EpisodeDecoder", "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0]}],
+         "num_clips": 2, "clip_length": 4, "size": 32},
+        {"model": "models.r2p1d.R2P1DRunner", "queue_groups": [{"gpus": [-1], "in_queue": 0}], "size": 32}]}
+    fetch, decode, _ = plan_runners(parse_config(document, "c.json"), 1)
+    assert (fetch.output_shapes, fetch.output_dtypes) == (((4096,),), (torch.uint8,))
+    assert (decode.output_shapes, decode.output_dtypes) == (((2, 3, 4, 32, 32),), ())
+
+
+def test_every_stage_shape_matches_the_network_and_cut_logits_equal_whole_logits():
+    x = torch.randn(2, 3, 5, 37, 37, generator=torch.Generator().manual_seed(0))
+    whole = R2P1DRunner(CPU, 1, 5, num_clips=2, clip_length=5, size=37, warmup=0)
+    first = R2P1DRunner(CPU, 1, 2, num_clips=2, clip_length=5, size=37, warmup=0)
+    rest = R2P1DRunner(CPU, 3, 5, num_clips=2, clip_length=5, size=37, warmup=0)
+    (logits,), _, _ = whole((x,), {}, None)
+    (middle,), _, _ = first((x,), {}, None)
+    (cut,), _, _ = rest((middle,), {}, None)
+    assert logits.shape == (2, 400) and torch.allclose(cut, logits, atol=1e-5)
+    y = x
+    for stage in range(1, 6):
+        (y,), _, _ = R2P1DRunner(CPU, stage, stage, 2, 5, 37, warmup=0)((y,), {}, None)
+        assert R2P1DRunner.output_shape(stage, stage, 2, 5, 37) == (tuple(y.shape),)
+        assert tuple(y.shape[1:]) == stage_shape(stage, 5, 37)
+    assert R2P1DRunner.output_shape(1, 3, {"choices": [1, 15], "weights": [1, 1]}, 8, 112, batch=4) == ((60, 128, 4, 28, 28),)
+    assert whole.notes == ["R2P1DRunner stages 1-5: random weights (seed 0; no checkpoint given)"]
+    with pytest.raises(ValueError, match="1 <= start_index <= end_index <= 5, got 4 and 2"):
+        R2P1DRunner.output_shape(4, 2)
+
+
+def test_checkpoint_weights_are_loaded_and_named(tmp_path):
+    donor = R2P1DRunner(CPU, 1, 5, 1, 4, 32, seed=3, warmup=0)
+    path = tmp_path / "r2p1d.pt"
+    torch.save(torch.nn.Sequential(*donor.net).state_dict(), path)  # stage-keyed, not a torchvision state_dict
+    with pytest.raises(RuntimeError, match="state_dict"):
+        R2P1DRunner(CPU, 1, 5, 1, 4, 32, checkpoint=str(path), warmup=0)
+    net = r2plus1d_18(weights=None)
+    torch.save(net.state_dict(), path)
+    loaded = R2P1DRunner(CPU, 1, 5, 1, 4, 32, checkpoint=str(path), warmup=0)
+    x = torch.randn(1, 3, 4, 32, 32)
+    with torch.inference_mode():
+        assert torch.allclose(loaded((x,), {}, None)[0][0], net.eval()(x), atol=1e-5)
+    assert loaded.notes == [f"R2P1DRunner stages 1-5: checkpoint {path}"]
+    with pytest.raises(ValueError, match="checkpoint /no/such.pt is not a file"):
+        R2P1DRunner.output_shape(checkpoint="/no/such.pt")
+
+
+def test_aggregator_merges_segments_in_order_and_predicts_once_per_item():
+    aggregator = Aggregator(CPU, num_classes=4)
+    logits = torch.tensor([[0.0, 1, 0, 0], [0, 0, 3, 0], [0, 2, 0, 0]])
+    card = TimeCard(9)
+    card.set_field("bytes_fetched", 10)
+    parts = card.fork(3)
+    order = [2, 0, 1]
+    results = [aggregator((logits[i:i + 1] if i != 1 else logits[1:1],), {}, parts[i]) for i in order]
+    assert [r[2] for r in results[:2]] == [None, None]
+    (sums,), out, merged = results[2]
+    assert merged.item_id == 9 and merged.segments == () and merged.fields["bytes_fetched"] == 10
+    assert sums.tolist() == [[0.0, 3, 0, 0]] and out["predictions"] == [1] and merged.fields["prediction"] == 1
+    assert aggregator.pending == {}
+
+
+def test_aggregator_splits_a_batch_by_each_items_clip_count():
+    cards = (TimeCard(0), TimeCard(1))
+    logits = torch.tensor([[1.0, 0], [1.0, 0], [0, 5.0]])
+    (sums,), out, back = Aggregator(CPU, num_classes=2)((logits,), {"items": [{"num_clips": 2}, {"num_clips": 1}]}, cards)
+    assert sums.tolist() == [[2.0, 0], [0, 5.0]] and out["predictions"] == [0, 1]
+    assert [c.fields["prediction"] for c in back] == [0, 1]
+
+
+def test_batcher_stacks_full_batches_and_flushes_the_rest_after_its_timeout():
+    batcher = Batcher(CPU, batch=3, num_clips=2, clip_length=1, size=1, timeout_ms=0)
+    assert Batcher.output_shape(batch=3, num_clips=2, clip_length=1, size=1) == ((6, 3, 1, 1, 1),)
+    emitted = []
+    for item in range(10):
+        clips = torch.full((1 + item % 2, 3, 1, 1, 1), float(item))
+        result = batcher((clips,), {"num_clips": 1 + item % 2}, TimeCard(item))
+        if result[2] is not None:
+            emitted.append(result)
+    assert [[c.item_id for c in r[2]] for r in emitted] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert emitted[0][0][0][:, 0, 0, 0, 0].tolist() == [0, 1, 1, 2]
+    assert [i["num_clips"] for i in emitted[1][1]["items"]] == [2, 1, 2]
+    (rest,), _, cards = batcher.flush()
+    assert [c.item_id for c in cards] == [9] and rest.shape[0] == 2
+    assert batcher.flush()[2] is None
+    waiting = Batcher(CPU, batch=3, timeout_ms=60_000)
+    waiting((torch.zeros(1, 3, 8, 112, 112),), {}, TimeCard(0))
+    assert waiting.flush()[2] is None
+
+
+def test_large_small_selector_routes_by_clip_count():
+    selector = LargeSmallSelector(2, threshold=4)
+    assert [selector.select((), {"num_clips": n}, None) for n in (1, 4, 5, 15)] == [0, 0, 1, 1]
+    assert selector.select((torch.zeros(6, 3),), {}, None) == 1
+    with pytest.raises(ValueError, match="exactly two output queues"):
+        LargeSmallSelector(3)
+
+
+def test_sources_cycle_in_order_with_lookahead_and_reject_bad_keys(dataset):
+    options = SourceOptions("dataset", dataset, "sequential", None, (1, 3), 2, False)
+    first = [next(stream) for stream in [requests(options, 4)] for _ in range(5)]
+    assert [(r.episode, r.upcoming) for r in first] == [(1, (3, 1)), (3, (1, 3)), (1, (3, 1)), (3, (1, 3)), (1, (3, 1))]
+    assert repr(first[0]) == f"{dataset}#1"
+    shuffled = requests(SourceOptions("dataset", dataset, "random", None, None, 0, False), 4, seed=5)
+    episodes = [next(shuffled).episode for _ in range(8)]
+    assert sorted(episodes[:4]) == sorted(episodes[4:]) == [0, 1, 2, 3] and episodes[:4] != [0, 1, 2, 3]
+    with pytest.raises(ConfigError, match="c.json: source.order: expected \"random\" or \"sequential\""):
+        parse_options({"dataset": dataset, "order": "backwards"}, "c.json")
+    with pytest.raises(ConfigError, match="c.json: source.generate_if_missing: expected one of the videos source keys"):
+        parse_options({"videos": "*.mp4", "generate_if_missing": True}, "c.json")
