@@ -1,0 +1,90 @@
+"""Every shipped config validates and runs end to end on the CPU; the embedded default runs with no arguments."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import benchmark
+from rnb.config import load_config
+from tests.test_models import tiny_dataset
+
+CONFIGS = sorted(Path("config").glob("*.json"))
+EPISODE_CONFIGS = [path for path in CONFIGS if path.name not in ("toy.json", "default.json")]
+SMALL = {"num_clips": 2, "clip_length": 4, "size": 32}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tiny_dataset(tmp_path_factory.mktemp("tiny")))
+
+
+def shrunk(path: Path, tmp_path: Path) -> str:
+    """The config with small clips, one replica per group and no warm-up, so the suite stays fast on two cores.
+
+    Steps, groups, queues, segments and selectors stay as shipped.
+    """
+    document = json.loads(path.read_text())
+    for step in document["pipeline"]:
+        for key, value in SMALL.items():
+            if key in step:
+                step[key] = {"choices": [1, 3], "weights": [1, 1]} if isinstance(step[key], dict) else value
+        if step["model"] == "models.r2p1d.R2P1DRunner":
+            step["warmup"] = 0
+        for group in step["queue_groups"]:
+            group["gpus"] = group["gpus"][:1]
+    target = tmp_path / path.name
+    target.write_text(json.dumps(document))
+    return str(target)
+
+
+def job(log_dir: Path) -> tuple[dict, list[dict]]:
+    (job_dir,) = [path for path in log_dir.iterdir() if path.is_dir()]
+    return json.loads((job_dir / "meta.json").read_text()), pq.read_table(job_dir / "timings.parquet").to_pylist()
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[path.name for path in CONFIGS])
+def test_every_shipped_config_validates_and_says_what_it_is(path):
+    config = load_config(str(path))
+    assert config.steps
+    if path.name != "toy.json":
+        assert len(config.raw["description"]) > 40
+
+
+@pytest.mark.parametrize("path", EPISODE_CONFIGS, ids=[path.name for path in EPISODE_CONFIGS])
+def test_every_config_runs_on_the_cpu_with_the_target_count(path, dataset, tmp_path):
+    code = benchmark.main(["-c", shrunk(path, tmp_path), "--cpu", "-v", "4", "-mi", "0", "--dataset", dataset,
+                           "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
+    meta, rows = job(tmp_path / "logs")
+    assert code == 0, meta["error"]
+    assert meta["termination_reason"] == "target reached" and [row["item_id"] for row in rows] == [0, 1, 2, 3]
+    for row in rows:
+        assert row["payload"].startswith(dataset + "#") and row["episode"] == int(row["payload"].rsplit("#", 1)[1])
+        assert row["bytes_fetched"] > 0 and row["frames_decoded"] > 0 and row["fetch_start"] <= row["decode_finish"]
+    if "segment" in path.name:
+        assert all(0 <= row["prediction"] < 400 for row in rows)
+    assert any(note.startswith("R2P1DRunner stages 1-5: random weights") for note in meta["notes"])
+
+
+def test_dataset_flag_and_missing_dataset_are_one_sentence_config_errors(tmp_path, capsys):
+    assert benchmark.main(["-c", "config/toy.json", "--dataset", "x", "--check"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "command line: --dataset: expected a config whose source is a dataset or videos, but config/toy.json has a synthetic source")
+    missing = str(tmp_path / "none")
+    assert benchmark.main(["-c", "config/r2p1d-whole.json", "--cpu", "--dataset", missing, "--check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("config/r2p1d-whole.json: source.dataset: expected a LeRobot v3.0 dataset, found an error:")
+    assert missing in err and "\n" not in err and not (tmp_path / "none").exists()
+
+
+def test_no_arguments_runs_the_default_config_generating_its_missing_dataset(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert benchmark.main(["--log-dir", "logs"]) == 0
+    err = capsys.readouterr().err
+    assert "benchmark.py: dataset data/synthetic is missing: generating the synthetic dataset there" in err
+    assert (tmp_path / "data/synthetic/meta/info.json").exists()
+    meta, rows = job(tmp_path / "logs")
+    assert meta["config_path"] == "<default>" and meta["finished_items"] == 40 and len(rows) == 40
+    assert {row["device0"] for row in rows} == {"cpu"}
