@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import pyarrow.parquet as pq
 import torch.multiprocessing as mp
 
 import benchmark
-from bench.common import Effort, Goal, Row, measure_pair
+from bench.common import Effort, Goal, Row, Side, compare, measure_pair
 from control import SharedSlot
 from models.toy import SyntheticFrames, TinyConvNet
 from rnb.timecard import TimeCard
@@ -36,8 +37,16 @@ FRAMES_KW = {"clips": 2, "frames": 8, "height": 112, "width": 112}
 NET_KW = {"clips": 2, "classes": 10}
 
 
-def run_harness(config: dict[str, Any], items: int, workdir: Path) -> float:
-    """items/s of one bulk job of `config` as its job log reports it; raises if the job did not finish."""
+def run_harness(config: dict[str, Any], items: int, workdir: Path, windows: int = 1) -> list[float]:
+    """items/s of one bulk job of `config` over `windows` consecutive slices of its timed window.
+
+    With windows=1 this is the throughput the job log reports.  More windows
+    split the items, in the order they finished, into equal groups, each
+    timed from the previous group's last finish (the first from the start
+    gate); --quick uses them as repetitions because a job's start-up (tens of
+    seconds on this shared 2-core machine) makes many jobs too slow.
+    Raises if the job did not reach its target.
+    """
     config_path = workdir / "config.json"
     config_path.write_text(json.dumps(config), encoding="utf-8")
     log_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="logs-"))
@@ -49,7 +58,41 @@ def run_harness(config: dict[str, Any], items: int, workdir: Path) -> float:
     if code != 0 or meta["termination_reason"] != "target reached":
         raise RuntimeError(f"the harness job in {job_dir} ended with exit code {code} "
                            f"({meta['termination_reason']}): {meta['error'] or output.getvalue().strip()[-300:]}")
-    return meta["throughput_items_per_s"]
+    if windows == 1:
+        return [meta["throughput_items_per_s"]]
+    last_step = meta["num_steps"] - 1
+    finishes = sorted(pq.read_table(job_dir / "timings.parquet").column(f"runner{last_step}_finish").to_pylist())
+    return window_rates(meta["start_time"], finishes, windows)
+
+
+def window_rates(start: float, finishes: list[float], windows: int) -> list[float]:
+    """items/s of `windows` consecutive, near-equal groups of sorted finish times after `start`."""
+    if len(finishes) < windows:
+        raise ValueError(f"{len(finishes)} finished items cannot fill {windows} windows")
+    bounds = [round(len(finishes) * w / windows) for w in range(windows + 1)]
+    edges = [start] + [finishes[bound - 1] for bound in bounds[1:]]
+    return [(bounds[w + 1] - bounds[w]) / (edges[w + 1] - edges[w]) for w in range(windows)]
+
+
+def harness_pair(effort: Effort, id: str, what: str, goal: Goal, a: tuple[str, dict[str, Any]],
+                 b: tuple[str, dict[str, Any] | Callable[[int], float]], items: int, note: str) -> Row:
+    """A harness config against another config (or against an in-process loop taking an item count).
+
+    Full runs interleave whole jobs; --quick runs one job per side and pairs their windows.
+    """
+    with tempfile.TemporaryDirectory(prefix=f"rnb-{id}-") as tmp:
+        def measure(side: dict[str, Any] | Callable[[int], float], n: int, windows: int) -> list[float]:
+            if callable(side):
+                return [side(n // windows) for _ in range(windows)]
+            return run_harness(side, n, Path(tmp), windows)
+        if not effort.quick:
+            return measure_pair(id, what, goal, (a[0], "items/s", lambda: measure(a[1], items, 1)[0]),
+                                (b[0], "items/s", lambda: measure(b[1], items, 1)[0]), effort.reps, warmup=0,
+                                note=f"{note}; {items} items per job, jobs interleaved")
+        a_values, b_values = measure(a[1], items, effort.reps), measure(b[1], items, effort.reps)
+        return compare(id, what, goal, Side.of(a[0], "items/s", a_values), Side.of(b[0], "items/s", b_values),
+                       note=f"{note}; --quick: {effort.reps} windows of one {items}-item job per side, "
+                            "paired by window, not interleaved")
 
 
 # ---------------------------------------------------------------- P1 harness efficiency
@@ -77,15 +120,9 @@ def loop_throughput(items: int) -> float:
 
 
 def p1_harness_efficiency(effort: Effort) -> list[Row]:
-    items = effort.pick(60, 300)
-    with tempfile.TemporaryDirectory(prefix="rnb-p1-") as tmp:
-        row = measure_pair(
-            "P1", "two-step toy pipeline: harness bulk / one loop in one process", Goal(">=", 0.95),
-            ("harness", "items/s", lambda: run_harness(toy_pipeline(), items, Path(tmp))),
-            ("loop", "items/s", lambda: loop_throughput(items)),
-            effort.reps, warmup=0,
-            note=f"{items} items per run; SyntheticFrames {FRAMES_KW} -> TinyConvNet, both on CPU")
-    return [row]
+    return [harness_pair(effort, "P1", "two-step toy pipeline: harness bulk / one loop in one process",
+                         Goal(">=", 0.95), ("harness", toy_pipeline()), ("loop", loop_throughput),
+                         effort.pick(60, 150), f"SyntheticFrames {FRAMES_KW} -> TinyConvNet, both on CPU")]
 
 
 # ---------------------------------------------------------------- P5 IPC
@@ -256,12 +293,7 @@ def scaling_pipeline(replicas: int) -> tuple[dict[str, Any], str]:
 
 
 def p6_scaling(effort: Effort) -> list[Row]:
-    items = effort.pick(24, 120)
     (two, what), (one, _) = scaling_pipeline(2), scaling_pipeline(1)
-    with tempfile.TemporaryDirectory(prefix="rnb-p6-") as tmp:
-        row = measure_pair(
-            "P6", "2 CPU loader replicas / 1 replica (2-core machine)", Goal(">=", 1.8),
-            ("2 replicas", "items/s", lambda: run_harness(two, items, Path(tmp))),
-            ("1 replica", "items/s", lambda: run_harness(one, items, Path(tmp))),
-            effort.reps, warmup=0, note=f"{what}; {items} items per run, final step discards")
-    return [row]
+    return [harness_pair(effort, "P6", "2 CPU loader replicas / 1 replica (2-core machine)", Goal(">=", 1.8),
+                         ("2 replicas", two), ("1 replica", one), effort.pick(40, 80),
+                         f"{what}, final step discards")]
