@@ -1,0 +1,53 @@
+"""bench/run.py end to end on its cheapest figure (P5), its argument errors, and the window split of harness jobs."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.harness_bench import window_rates
+
+ENTRY_KEYS = {"id", "what", "ratio", "goal", "met", "min", "max", "reps", "a", "b", "note"}
+
+
+def test_quick_p5_writes_both_rows_with_every_key(tmp_path) -> None:
+    path = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "bench/run.py", "--quick", "--only", "P5", "--json", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(path.read_text())
+    assert document["quick"] is True
+    entries = document["entries"]
+    assert [entry["id"] for entry in entries] == ["P5", "P5t"]
+    for entry in entries:
+        assert set(entry) == ENTRY_KEYS
+        assert entry["reps"] == 5 and len(entry["a"]["values"]) == 5 and len(entry["b"]["values"]) == 5
+        assert entry["min"] <= entry["ratio"] <= entry["max"]
+        assert entry["met"] == (entry["ratio"] >= float(entry["goal"].split()[1]))
+        assert entry["a"]["unit"] == entry["b"]["unit"] == "items/s"
+    assert [entry["goal"] for entry in entries] == [">= 5", ">= 1"]
+    table = done.stdout.splitlines()
+    assert table[0].split()[:3] == ["id", "what", "A"]
+    assert [line.split()[0] for line in table[2:4]] == ["P5", "P5t"]
+
+
+def test_an_unknown_benchmark_name_is_exit_2_with_one_sentence() -> None:
+    done = subprocess.run([sys.executable, "bench/run.py", "--only", "P1,P9"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == ("bench/run.py: --only: unknown benchmark 'P9'; "
+                           "expected names among P1, P2, P3, P4, P5, P6, P7, P8\n")
+    assert done.stdout == ""
+
+
+def test_window_rates_split_finishes_into_equal_groups() -> None:
+    # 6 items after a start at 10.0: groups (11, 12), (12.5, 14), (14, 15) -> 2/2, 2/2, 2/1 items/s.
+    assert window_rates(10.0, [11.0, 12.0, 12.5, 14.0, 14.0, 15.0], 3) == [1.0, 1.0, 2.0]
+    assert window_rates(0.0, [1.0, 2.0, 3.0, 4.0, 6.0], 2) == [2 / 2, 3 / 4]
+
+
+def test_window_rates_refuses_more_windows_than_items() -> None:
+    with pytest.raises(ValueError, match=r"^2 finished items cannot fill 5 windows$"):
+        window_rates(0.0, [1.0, 2.0], 5)
