@@ -9,7 +9,6 @@ between the start gate and the termination flag, start-up excluded.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import queue
@@ -25,7 +24,7 @@ import torch.multiprocessing as mp
 import benchmark
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
 from control import SharedSlot
-from models.toy import SyntheticFrames, TinyConvNet
+from rnb.dotted import load_object
 from rnb.timecard import TimeCard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,31 +96,41 @@ def harness_pair(effort: Effort, id: str, what: str, goal: Goal, a: tuple[str, d
 
 # ---------------------------------------------------------------- P1 harness efficiency
 
-def toy_pipeline() -> dict[str, Any]:
-    return {
-        "source": {"synthetic": True},
-        "pipeline": [
-            {"model": "models.toy.SyntheticFrames", "queue_groups": [{"gpus": [-1], "out_queues": [0]}],
-             "num_shared_tensors": 4, **FRAMES_KW},
-            {"model": "models.toy.TinyConvNet", "queue_groups": [{"gpus": [-1], "in_queue": 0}], **NET_KW},
-        ],
-    }
+TOY_STEPS = (("models.toy.SyntheticFrames", FRAMES_KW), ("models.toy.TinyConvNet", NET_KW))
 
 
-def loop_throughput(items: int) -> float:
-    """items/s of the same two model calls on the same requests, one after the other in this process."""
-    device = torch.device("cpu")
-    frames, net = SyntheticFrames(device, **FRAMES_KW), TinyConvNet(device, **NET_KW)
+def chain_pipeline(steps: tuple[tuple[str, dict[str, Any]], ...], gpu: int) -> dict[str, Any]:
+    """A config running `steps` one runner each on `gpu`, fed numbered requests (the synthetic source)."""
+    pipeline = []
+    for k, (model, kwargs) in enumerate(steps):
+        group: dict[str, Any] = {"gpus": [gpu]}
+        if k > 0:
+            group["in_queue"] = 0
+        step = {"model": model, "queue_groups": [group], **kwargs}
+        if k < len(steps) - 1:
+            group["out_queues"] = [0]
+            step["num_shared_tensors"] = 4
+        pipeline.append(step)
+    return {"source": {"synthetic": True}, "pipeline": pipeline}
+
+
+def loop_throughput(steps: tuple[tuple[str, dict[str, Any]], ...], device: str, items: int) -> float:
+    """items/s of the same model calls on the same numbered requests, one after the other in this process."""
+    models = [load_object(model)(torch.device(device), **kwargs) for model, kwargs in steps]
     started = time.perf_counter()
     for item in range(items):
-        tensors, non_tensors, card = frames((), {"request": item}, TimeCard(item, repr(item)))
-        net(tensors, non_tensors, card)
+        tensors, non_tensors, card = (), {"request": item}, TimeCard(item, repr(item))
+        for model in models:
+            tensors, non_tensors, card = model(tensors, non_tensors, card)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
     return items / (time.perf_counter() - started)
 
 
 def p1_harness_efficiency(effort: Effort) -> list[Row]:
     return [harness_pair(effort, "P1", "two-step toy pipeline: harness bulk / one loop in one process",
-                         Goal(">=", 0.95), ("harness", toy_pipeline()), ("loop", loop_throughput),
+                         Goal(">=", 0.95), ("harness", chain_pipeline(TOY_STEPS, -1)),
+                         ("loop", lambda n: loop_throughput(TOY_STEPS, "cpu", n)),
                          effort.pick(60, 150), f"SyntheticFrames {FRAMES_KW} -> TinyConvNet, both on CPU")]
 
 
@@ -270,30 +279,19 @@ class Discard:
         return (), non_tensors, time_card
 
 
-def loader_step() -> tuple[dict[str, Any], dict[str, Any], str]:
-    """Step 0 of the scaling pipeline and its source: the episode loader if it exists, else the toy frames."""
-    if importlib.util.find_spec("models.episode") is not None and DATASET.exists():
-        return ({"model": "models.episode.EpisodeLoader", "num_shared_tensors": 4},
-                {"dataset": str(DATASET), "order": "random", "seed": 0},
-                f"EpisodeLoader over {DATASET.relative_to(REPO)}")
-    return ({"model": "models.toy.SyntheticFrames", "num_shared_tensors": 4, **FRAMES_KW}, {"synthetic": True},
-            "FALLBACK: models.episode.EpisodeLoader is missing, so step 0 is the toy SyntheticFrames")
-
-
-def scaling_pipeline(replicas: int) -> tuple[dict[str, Any], str]:
-    step, source, what = loader_step()
-    config = {
-        "source": source,
+def scaling_pipeline(replicas: int) -> dict[str, Any]:
+    """The episode loader on `replicas` CPU runners, then a final step that only counts."""
+    return {
+        "source": {"dataset": str(DATASET), "order": "random", "seed": 0},
         "pipeline": [
-            {**step, "queue_groups": [{"gpus": [-1] * replicas, "out_queues": [0]}]},
+            {"model": "models.episode.EpisodeLoader", "num_shared_tensors": 4,
+             "queue_groups": [{"gpus": [-1] * replicas, "out_queues": [0]}]},
             {"model": "bench.harness_bench.Discard", "queue_groups": [{"gpus": [-1], "in_queue": 0}]},
         ],
     }
-    return config, what
 
 
 def p6_scaling(effort: Effort) -> list[Row]:
-    (two, what), (one, _) = scaling_pipeline(2), scaling_pipeline(1)
     return [harness_pair(effort, "P6", "2 CPU loader replicas / 1 replica (2-core machine)", Goal(">=", 1.8),
-                         ("2 replicas", two), ("1 replica", one), effort.pick(40, 80),
-                         f"{what}, final step discards")]
+                         ("2 replicas", scaling_pipeline(2)), ("1 replica", scaling_pipeline(1)),
+                         effort.pick(40, 80), f"EpisodeLoader over {DATASET.relative_to(REPO)}, final step discards")]

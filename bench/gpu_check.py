@@ -1,0 +1,108 @@
+"""P8, the GPU figures, as one prepared script for a lent GPU machine (it needs CUDA; < 8 minutes).
+
+What it measures, each as paired repetitions (bench/common.py):
+  P8   R(2+1)D pipeline on one GPU through the harness (loader -> network,
+       decode by NVDEC straight into the loader's shared CUDA slots) / the same
+       two model calls in a plain single-process loop on that GPU; goal >= 0.95.
+  P8d  the loader alone on cuda:0 (NVDEC) / on the CPU, items/s (information).
+Then it runs the GPU-marked pytest tests and prints their summary line.
+
+The GPU machine has torch but neither torchcodec nor py3nvml.  Prepare the
+wheels here once, from the repository root (torchcodec's CUDA build comes
+from PyTorch's index and must match the machine's torch; see KINDS.md):
+
+    echo /.whl/ >> .git/info/exclude
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \\
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \\
+        -d .whl torchcodec py3nvml xmltodict
+
+then call the device tool's `run` with carry [".whl"], timeout_s 540 and
+the command
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; \\
+    PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --json $OUT/gpu.json 2>&1 | tee $OUT/gpu.log
+
+Exit code: 0 when every figure ran and the GPU tests passed, 1 otherwise,
+2 without CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from bench.common import Effort, Goal, Report, Row, table_text, write_json  # noqa: E402
+from bench.harness_bench import chain_pipeline, harness_pair, loop_throughput  # noqa: E402
+
+LOADER = ("models.episode.EpisodeLoader", {"num_clips": 4, "clip_length": 8, "size": 112})
+NETWORK = ("models.r2p1d.R2P1DRunner", {"start_index": 1, "end_index": 5, "num_clips": 4, "clip_length": 8,
+                                        "size": 112})
+
+
+def gpu_rows(effort: Effort) -> list[Row]:
+    """P8 and P8d over a small synthetic dataset made on the spot."""
+    from episodes.synthetic import make_dataset
+    with tempfile.TemporaryDirectory(prefix="rnb-gpu-") as tmp:
+        root = make_dataset(Path(tmp) / "ds", episodes=16, cameras=1, episodes_per_file=8)
+        loader = (LOADER[0], {**LOADER[1], "dataset": str(root)})
+        whole = (loader, NETWORK)
+        items = effort.pick(40, 120)
+        return [
+            harness_pair(effort, "P8", "R(2+1)D pipeline on one GPU: harness (loader -> network) / one loop",
+                         Goal(">=", 0.95), ("harness", chain_pipeline(whole, 0)),
+                         ("loop", lambda n: loop_throughput(whole, "cuda:0", n)), items,
+                         "EpisodeLoader (NVDEC into shared CUDA slots) -> R2P1DRunner stages 1-5, 4 clips x 8 frames"),
+            harness_pair(effort, "P8d", "loader alone: cuda:0 (NVDEC) / CPU", None,
+                         ("cuda:0", chain_pipeline((loader, ("bench.harness_bench.Discard", {})), 0)),
+                         ("cpu", chain_pipeline((loader, ("bench.harness_bench.Discard", {})), -1)), items,
+                         "EpisodeLoader then a discarding final step"),
+        ]
+
+
+def gpu_tests() -> tuple[bool, str]:
+    """Run the GPU-marked tests; whether they passed and pytest's last line."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"],
+                          capture_output=True, text=True, timeout=300)
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    print("\n".join(lines[-40:]), flush=True)
+    return done.returncode == 0, lines[-1] if lines else "pytest printed nothing"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/gpu_check.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    parser.add_argument("--skip-tests", action="store_true", help="measure only, without the GPU pytest tests")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench/gpu_check.py: torch sees no CUDA device; run this on a GPU machine", file=sys.stderr)
+        return 2
+    print(f"bench/gpu_check.py: torch {torch.__version__} on {torch.cuda.get_device_name(0)}", flush=True)
+    started = time.time()
+    effort = Effort.of(quick=False)
+    ok = True
+    try:
+        rows = gpu_rows(effort)
+    except Exception as error:  # the tests below still tell what works
+        ok = False
+        rows = [Row("P8", "did not run", None, note=f"failed: {type(error).__name__}: {error}")]
+    if not args.skip_tests:
+        passed, summary = gpu_tests()
+        ok = ok and passed
+        rows.append(Row("P8t", "GPU-marked pytest tests", None, note=summary))
+    print(table_text(rows), flush=True)
+    if args.json is not None:
+        write_json(args.json, Report(tuple(rows), False, {"started": started, "seconds": time.time() - started,
+                                                          "gpu": torch.cuda.get_device_name(0)}))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
