@@ -30,7 +30,8 @@ def shrunk(path: Path, tmp_path: Path) -> str:
     for step in document["pipeline"]:
         for key, value in SMALL.items():
             if key in step:
-                step[key] = {"choices": [1, 3], "weights": [1, 1]} if isinstance(step[key], dict) else value
+                # 6 clips is above LargeSmallSelector's threshold of 4, so both of its queues see items
+                step[key] = {"choices": [1, 6], "weights": [2, 1]} if isinstance(step[key], dict) else value
         if step["model"] == "models.r2p1d.R2P1DRunner":
             step["warmup"] = 0
         for group in step["queue_groups"]:
@@ -55,16 +56,20 @@ def test_every_shipped_config_validates_and_says_what_it_is(path):
 
 @pytest.mark.parametrize("path", EPISODE_CONFIGS, ids=[path.name for path in EPISODE_CONFIGS])
 def test_every_config_runs_on_the_cpu_with_the_target_count(path, dataset, tmp_path):
-    code = benchmark.main(["-c", shrunk(path, tmp_path), "--cpu", "-v", "4", "-mi", "0", "--dataset", dataset,
-                           "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
+    # rnb batches by -b: 10 items in batches of 3 end with a partial batch that only an idle flush hands over
+    videos, batch = (10, 3) if path.name == "r2p1d-rnb.json" else (4, 1)
+    code = benchmark.main(["-c", shrunk(path, tmp_path), "--cpu", "-v", str(videos), "-b", str(batch), "-mi", "0",
+                           "--dataset", dataset, "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
     meta, rows = job(tmp_path / "logs")
     assert code == 0, meta["error"]
-    assert meta["termination_reason"] == "target reached" and [row["item_id"] for row in rows] == [0, 1, 2, 3]
+    assert meta["termination_reason"] == "target reached" and [row["item_id"] for row in rows] == list(range(videos))
     for row in rows:
         assert row["payload"].startswith(dataset + "#") and row["episode"] == int(row["payload"].rsplit("#", 1)[1])
         assert row["bytes_fetched"] > 0 and row["frames_decoded"] > 0 and row["fetch_start"] <= row["decode_finish"]
     if "segment" in path.name:
         assert all(0 <= row["prediction"] < 400 for row in rows)
+    if "rnb" in path.name:
+        assert {row["num_clips"] for row in rows} == {1, 6}
     assert any(note.startswith("R2P1DRunner stages 1-5: random weights") for note in meta["notes"])
 
 
@@ -88,3 +93,14 @@ def test_no_arguments_runs_the_default_config_generating_its_missing_dataset(tmp
     meta, rows = job(tmp_path / "logs")
     assert meta["config_path"] == "<default>" and meta["finished_items"] == 40 and len(rows) == 40
     assert {row["device0"] for row in rows} == {"cpu"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["r2p1d-whole.json", "split-fetch-decode.json", "r2p1d-nopipeline.json"])
+def test_single_gpu_configs_run_on_gpu_0(name, dataset, tmp_path):
+    """Decoding on NVDEC and CUDA slots, uint8 ones included, on one GPU as shipped (clips shrunk)."""
+    code = benchmark.main(["-c", shrunk(Path("config") / name, tmp_path), "-v", "4", "-mi", "0", "--dataset", dataset,
+                           "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
+    meta, rows = job(tmp_path / "logs")
+    assert code == 0, meta["error"]
+    assert len(rows) == 4 and all(row[f"device{meta['num_steps'] - 1}"] == "cuda:0" for row in rows)
