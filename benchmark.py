@@ -2,18 +2,25 @@
 
     python benchmark.py -c config/toy.json -mi 3 -v 2000
 
-Exit codes: 0 target reached, 1 failed job (a process failed or a queue was
-full), 2 invalid config, arguments or GPU request, 130 interrupted.
+Exit codes: 0 target reached, 1 failed job (a process failed, a queue was
+full, or the queues and shared tensors could not be set up), 2 invalid config,
+arguments or GPU request, 130 interrupted.
+
+CUDA_DEVICE_ORDER is set to PCI_BUS_ID (unless the environment already sets
+it) before anything touches CUDA, so CUDA numbers GPUs as NVML does and the
+GPU checked free by rnb.gpus is the GPU the runner then uses.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
+import os
 import signal
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
@@ -24,7 +31,7 @@ import client
 import runner
 from control import Plumbing, SharedSlot, Termination
 from rnb import joblog
-from rnb.config import ConfigError, PipelineConfig, load_config
+from rnb.config import RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.dataset_source import with_dataset
 from rnb.gpus import apply_cpu_override, validate_gpus
 from rnb.plan import Placement, plan_runners
@@ -79,21 +86,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
     """Command line over config "run" over DEFAULTS; a bad command-line value raises ConfigError."""
     values = {}
-    minimums = {"mean_interval_ms": 0, "videos": 1, "batch_size": 1, "queue_size": 1, "concurrency": 1,
-                "warmup": 0, "seed": 0}
     flags = {"mean_interval_ms": "-mi/--mean_interval_ms", "videos": "-v/--videos", "batch_size": "-b/--batch_size",
              "queue_size": "-qs/--queue_size", "concurrency": "--concurrency", "warmup": "--warmup", "seed": "--seed"}
     for key, default in DEFAULTS.items():
         given = getattr(ns, key)
-        if given is not None and (not math.isfinite(given) or given < minimums[key]):
-            raise ConfigError("command line", flags[key], f"expected a number >= {minimums[key]}, found {given:g}")
+        _, minimum, maximum = RUN_KEYS[key]
+        if given is not None and (not math.isfinite(given) or given < minimum):
+            raise ConfigError("command line", flags[key], f"expected a number >= {minimum}, found {given:g}")
+        if given is not None and maximum is not None and given > maximum:
+            raise ConfigError("command line", flags[key], f"expected at most {maximum}, found {given}")
         values[key] = given if given is not None else config.run.get(key, default)
-    if values["queue_size"] > 2**31 - 1:
-        raise ConfigError("command line", flags["queue_size"], f"expected at most {2**31 - 1}, found {values['queue_size']}")
     return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
         ns = parse_args(argv)
     except SystemExit as exit_:
@@ -133,8 +140,11 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
 
     num_steps = len(config.steps)
     queue_names = [set(q for p in placements if p.step == k for q in p.out_queues) for k in range(num_steps - 1)]
-    plumbing = Plumbing.build(ctx, queue_names, args.queue_size, args.concurrency)
-    slots = {(p.step, p.group, p.instance): allocate_slots(ctx, p) for p in placements}
+    try:
+        plumbing = Plumbing.build(ctx, queue_names, args.queue_size, args.concurrency)
+        slots = {(p.step, p.group, p.instance): allocate_slots(ctx, p) for p in placements}
+    except (RuntimeError, OSError) as failure:  # e.g. CUDA or shared memory out of memory
+        return _setup_failed(job_dir, config, args, gpus, num_steps, failure)
     supervisor = Supervisor(plumbing)
     previous_handler = signal.signal(signal.SIGINT, lambda *_: plumbing.flag.raise_(Termination.INTERRUPTED))
     start = None
@@ -146,8 +156,9 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
                        if q.step == p.step - 1 and p.in_queue in q.out_queues}
             spec = runner.RunnerSpec(p.name, p.step, p.group, p.instance, p.device, p.model, p.model_kwargs,
                                      p.selector, p.in_queue, p.out_queues, p.num_segments, args.videos,
-                                     slots[(p.step, p.group, p.instance)], sources)
+                                     slots[(p.step, p.group, p.instance)], sources, p.selector_kwargs, p.threads)
             supervisor.spawn(ctx, runner.main, (spec, plumbing), p.name, "runner", p.step, p.group, p.instance, p.device)
+            supervisor.children[-1].record["threads"] = p.threads
         while not plumbing.flag.is_set and len(supervisor.ready) < len(supervisor.children):
             supervisor.pump()
         if not plumbing.flag.is_set:
@@ -178,6 +189,23 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     print(summary_text(table, num_steps, args.warmup, table.num_rows, None if start is None else end - start, reason.reason))
     print(f"job log: {job_dir}")
     return EXIT_CODES.get(reason, 1)
+
+
+def _setup_failed(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: list[dict], num_steps: int,
+                  failure: Exception) -> int:
+    """Log a job that never spawned anything, and say why in one sentence."""
+    first_line = (str(failure).splitlines() or [""])[0]
+    error = (f"could not set up the queues and shared tensors ({type(failure).__name__}: {first_line}); "
+             "lower num_shared_tensors, the output shapes or -qs")
+    table = joblog.timings_table([], num_steps, args.warmup)
+    joblog.write_timings(job_dir, table)
+    joblog.write_json(job_dir / "meta.json", joblog.meta_document(
+        job=job_dir.name, config_path=config.path, args=dataclasses.asdict(args), start=None, end=time.time(),
+        finished=0, reason=Termination.SETUP_FAILED.reason, failed_process=None, error=error, processes=[],
+        gpus=gpus, num_steps=num_steps, notes=[]))
+    print(f"benchmark.py: {error}", file=sys.stderr)
+    print(f"job log: {job_dir}")
+    return 1
 
 
 def _error_sentence(reason: Termination, supervisor: Supervisor, args: RunArgs) -> str | None:

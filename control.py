@@ -26,6 +26,7 @@ class Termination(IntEnum):
     INTER_STEP_QUEUE_FULL = 3
     PROCESS_FAILED = 4
     INTERRUPTED = 5
+    SETUP_FAILED = 6  # the main process could not build the queues or shared tensors
 
     @property
     def reason(self) -> str:
@@ -40,6 +41,7 @@ _REASONS = {
     Termination.INTER_STEP_QUEUE_FULL: "inter-step queue full",
     Termination.PROCESS_FAILED: "process failed",
     Termination.INTERRUPTED: "interrupted",
+    Termination.SETUP_FAILED: "setup failed",
 }
 
 
@@ -115,12 +117,44 @@ class SharedSlot:
             slot[: output.shape[0]].copy_(output, non_blocking=True)
             self.sizes[index] = output.shape[0]
 
-    def read(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """Copies of the valid rows on `device`; the caller syncs, then releases the slot."""
+    def read(self, device: torch.device, buffers: LocalBuffers | None = None) -> tuple[torch.Tensor, ...]:
+        """Copies of the valid rows on `device`; the caller syncs, then releases the slot.
+
+        With `buffers` the copies land in the consumer's reused buffers (views
+        of them are returned, valid until the next read into the same
+        buffers); without, each read allocates new tensors.
+        """
         # Only a copy onto a CUDA device runs on the caller's stream, which the caller syncs;
         # a copy to the CPU must be complete when it returns.
-        return tuple(slot[: int(size)].to(device, copy=True, non_blocking=device.type == "cuda")
-                     for slot, size in zip(self.tensors, self.sizes.tolist()))
+        non_blocking = device.type == "cuda"
+        copies = []
+        for index, (slot, size) in enumerate(zip(self.tensors, self.sizes.tolist())):
+            if buffers is None:
+                copies.append(slot[:size].to(device, copy=True, non_blocking=non_blocking))
+            else:
+                copies.append(buffers.like(index, slot)[:size].copy_(slot[:size], non_blocking=non_blocking))
+        return tuple(copies)
+
+
+class LocalBuffers:
+    """A consumer's private copies of its producers' slots, allocated once per tensor and reused.
+
+    Reading a slot into a fresh tensor costs an allocation per item, and for
+    tensors of many MB the page faults of new memory cost as much as the copy
+    itself.  One buffer per (tensor position, shape, dtype) serves every
+    producer slot of that form, since a runner handles one item at a time.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffers: dict[tuple[int, torch.Size, torch.dtype], torch.Tensor] = {}
+
+    def like(self, index: int, slot: torch.Tensor) -> torch.Tensor:
+        """The buffer for tensor `index` of a slot shaped like `slot`, on this consumer's device."""
+        key = (index, slot.shape, slot.dtype)
+        if key not in self._buffers:
+            self._buffers[key] = torch.empty(slot.shape, dtype=slot.dtype, device=self.device)
+        return self._buffers[key]
 
 
 @dataclass(frozen=True)

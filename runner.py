@@ -1,9 +1,10 @@
 """The generic runner: one process per (step, queue group, gpus entry).
 
-It loads its step's model on its device, then loops: take a signal, copy the
-input tensors out of the producer's shared slot and release it, call the
-model, write the outputs into a free slot of its own, and signal the next
-step on the queue its selector picks.  The final step counts finished items
+It sets its torch thread counts (rnb.plan decides them), loads its step's
+model on its device, then loops: take a signal, copy the input tensors out of
+the producer's shared slot into its own reused buffers and release the slot,
+call the model, write the outputs into a free slot of its own, and signal the
+next step on the queue its selector picks.  The final step counts finished items
 and raises the termination flag at the target.  Every move is stamped on the
 item's time card.
 """
@@ -12,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import queue
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
 
-from control import POLL_S, Plumbing, SharedSlot, Signal, Termination
+from control import POLL_S, LocalBuffers, Plumbing, SharedSlot, Signal, Termination
 from rnb.child import child_main
 from rnb.dotted import load_object
 from rnb.timecard import TimeCard, as_cards
@@ -42,6 +43,8 @@ class RunnerSpec:
     target: int                       # -v: items the final step must finish
     slots: tuple[SharedSlot, ...]     # this runner's own output slots
     sources: Mapping[tuple[int, int], tuple[SharedSlot, ...]]  # (group, instance) of step-1 -> slots
+    selector_kwargs: Mapping[str, Any] = field(default_factory=dict)  # keywords of the selector's constructor
+    threads: int | None = None        # torch intra-op and inter-op threads; None = torch's default
 
 
 def main(spec: RunnerSpec, plumbing: Plumbing) -> None:
@@ -54,7 +57,12 @@ class Runner:
     def __init__(self, spec: RunnerSpec, plumbing: Plumbing) -> None:
         self.spec = spec
         self.plumbing = plumbing
+        if spec.threads is not None:
+            # Before the model loads: inter-op threads can only be set before any parallel work.
+            torch.set_num_threads(spec.threads)
+            torch.set_num_interop_threads(spec.threads)
         self.device = torch.device(spec.device)
+        self.inputs = LocalBuffers(self.device)
         self.stream: torch.cuda.Stream | None = None
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -66,7 +74,7 @@ class Runner:
         with self._on_stream():
             self.model = load_object(spec.model)(self.device, **spec.model_kwargs)
         selector_class = load_object(spec.selector) if spec.selector else RoundRobinSelector
-        self.selector = None if self.is_final else selector_class(len(self.outboxes))
+        self.selector = None if self.is_final else selector_class(len(self.outboxes), **spec.selector_kwargs)
 
     def _on_stream(self) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
@@ -98,7 +106,7 @@ class Runner:
         else:
             signal: Signal = message
             slot = self.spec.sources[(signal.group, signal.instance)][signal.slot]
-            tensors = slot.read(self.device)
+            tensors = slot.read(self.device, self.inputs)
             self._sync()
             slot.free.set()
             non_tensors, time_card = signal.non_tensors, signal.time_card
@@ -143,6 +151,9 @@ class Runner:
             index = self.acquire_slot()
             if index is None:
                 return
+            # Separates waiting for a free slot (back-pressure from the next step) from the copy itself.
+            for card in as_cards(segment_card):
+                card.record(f"slot{self.spec.step}_acquired")
             self.spec.slots[index].write(segment_tensors, f"{self.spec.name} ({self.spec.model})")
             self._sync()
             for card in as_cards(segment_card):

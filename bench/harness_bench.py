@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 
 import benchmark
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
-from control import SharedSlot
+from control import LocalBuffers, SharedSlot
 from rnb.dotted import load_object
 from rnb.timecard import TimeCard
 
@@ -224,9 +224,10 @@ class _Peer:
 def _slot_peer(ctx: Any, fresh: bool) -> _Peer:
     slots = tuple(SharedSlot.allocate(ctx, (HANDOFF_SHAPE,), torch.device("cpu")) for _ in range(DEPTH))
     signals = ctx.Queue()
+    buffers = LocalBuffers(torch.device("cpu"))  # what a runner does: one reused buffer, no allocation per item
 
     def receive(index: int) -> torch.Tensor:
-        (data,) = slots[index].read(torch.device("cpu"))
+        (data,) = slots[index].read(torch.device("cpu"), buffers)
         slots[index].free.set()
         return data
     return _Peer(ctx, _slot_producer, receive, signals, slots, signals, fresh)

@@ -5,4 +5,10 @@ Every model follows one contract so the generic runner can drive it:
 the maximum shape of each output tensor (None when it has no tensor output),
 and `__call__(tensors, non_tensors, time_card) -> (tensors, non_tensors,
 time_card)`, where a None time card means "no output yet".
+
+Input tensors are valid only during the call: the runner copies each input
+out of the producer's shared slot into buffers it reuses for the next item,
+so a model that keeps an input beyond the call (a batcher, an aggregator of
+segments) must clone it.  Outputs are copied into the runner's shared slot
+before the model is called again.
 """

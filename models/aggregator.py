@@ -37,7 +37,7 @@ class Aggregator:
             return self._predict(sums, non_tensors, tuple(time_card))
         if time_card.segments:
             parts = self.pending.setdefault(time_card.segment_key, [])
-            parts.append((time_card, logits))
+            parts.append((time_card, logits.clone()))  # inputs live only during the call
             if len(parts) < time_card.segments[-1][1]:
                 return (), non_tensors, None
             del self.pending[time_card.segment_key]

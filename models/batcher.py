@@ -38,7 +38,8 @@ class Batcher:
                  time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
         if not self.pending:
             self.first_arrival = time.monotonic()
-        self.pending.append((tensors, non_tensors, time_card))
+        # Inputs live only during the call (the runner reuses their buffers), so held items are copied.
+        self.pending.append((tuple(tensor.clone() for tensor in tensors), non_tensors, time_card))
         if len(self.pending) < self.batch:
             return (), {}, None
         return self._hand_over()

@@ -96,7 +96,8 @@ class EpisodeReader:
     """The part every episode step shares: one cache per dataset, clip sampling and prefetching."""
 
     def __init__(self, dataset: str | None, camera: str | None, num_clips: int | Mapping[str, Any],
-                 clip_length: int, prefetch: int, byte_budget: int, workers: int, seed: int) -> None:
+                 clip_length: int, prefetch: int, byte_budget: int, workers: int | None, seed: int,
+                 decode_threads: int | None = None) -> None:
         if clip_length < 1 or prefetch < 0:
             raise ValueError(f"clip_length must be >= 1 and prefetch >= 0, got {clip_length} and {prefetch}")
         self.dataset = dataset
@@ -105,14 +106,18 @@ class EpisodeReader:
         self.clip_length = clip_length
         self.prefetch = prefetch
         self.byte_budget = byte_budget
-        self.workers = workers
+        # By default as many fetch and decode threads as the runner's torch threads: its share of the
+        # cores (rnb.plan), so that replicas side by side do not oversubscribe the machine.
+        self.workers = torch.get_num_threads() if workers is None else workers
+        self.decode_threads = torch.get_num_threads() if decode_threads is None else decode_threads
         self.seed = seed
         self._open: dict[tuple[str, str], tuple[Any, EpisodeByteCache]] = {}
 
     def _dataset(self, kind: str, root: str) -> tuple[Any, EpisodeByteCache]:
         if (kind, root) not in self._open:
             ds = open_episodes(kind, root)
-            self._open[(kind, root)] = ds, EpisodeByteCache(ds, byte_budget=self.byte_budget, workers=self.workers)
+            self._open[(kind, root)] = ds, EpisodeByteCache(ds, byte_budget=self.byte_budget, workers=self.workers,
+                                                            decode_threads=self.decode_threads)
         return self._open[(kind, root)]
 
     def plan(self, request: Any, item_id: int) -> ClipPlan:
@@ -168,11 +173,12 @@ class EpisodeLoader:
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
                  num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
                  tabular: list[str] | None = None, prefetch: int = 2, byte_budget: int = 2**30,
-                 workers: int = 4, seed: int = 0) -> None:
+                 workers: int | None = None, seed: int = 0, decode_threads: int | None = None) -> None:
         self.device = device
         self.size = size
         self.tabular = list(tabular or [])
-        self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed)
+        self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed,
+                                    decode_threads)
 
     @staticmethod
     def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
@@ -208,7 +214,7 @@ class EpisodeFetcher:
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
                  num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, prefetch: int = 2,
-                 byte_budget: int = 2**30, workers: int = 4, seed: int = 0, max_bytes: int = 2**24) -> None:
+                 byte_budget: int = 2**30, workers: int | None = None, seed: int = 0, max_bytes: int = 2**24) -> None:
         self.max_bytes = max_bytes
         self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed)
 

@@ -124,7 +124,7 @@ class SegmentMerger:
         if not time_card.segments:
             return tensors, non_tensors, time_card
         parts = self.pending.setdefault(time_card.segment_key, [])
-        parts.append((time_card, tensors))
+        parts.append((time_card, tuple(tensor.clone() for tensor in tensors)))  # inputs live only during the call
         if len(parts) < time_card.segments[-1][1]:
             return (), non_tensors, None
         del self.pending[time_card.segment_key]

@@ -2,7 +2,8 @@
 
 Centralised so that failure reporting behaves identically everywhere: the
 main process learns the error as one line, the job stops at once, and the
-child's peak memory reaches the job log even when it failed.
+child's peak memory and the torch thread counts it ran with reach the job
+log even when it failed.
 """
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ def child_main(name: str, plumbing: Plumbing, work: Callable[[], None], device: 
     if device is not None and device.type == "cuda":
         peak_device = torch.cuda.max_memory_allocated(device)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    plumbing.status.put(("exit", name, {"peak_rss_bytes": peak_rss, "peak_device_bytes": peak_device}))
+    plumbing.status.put(("exit", name, {"peak_rss_bytes": peak_rss, "peak_device_bytes": peak_device,
+                                        "intra_op_threads": torch.get_num_threads(),
+                                        "interop_threads": torch.get_num_interop_threads()}))
     pipeline_queues = [plumbing.requests, *(q for step in plumbing.step_queues for q in step.values())]
     for queue in [plumbing.status, plumbing.results, *pipeline_queues]:
         if plumbing.flag.is_set and queue in pipeline_queues:

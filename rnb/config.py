@@ -33,6 +33,7 @@ class QueueGroup:
     out_queues: tuple[int, ...]     # empty only for the final step
     queue_selector: str | None      # dotted class path; None = round robin
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)  # step keywords, group ones on top
+    queue_selector_kwargs: Mapping[str, Any] = field(default_factory=dict)  # keywords of its constructor
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,12 @@ DEFAULT_NUM_SHARED_TENSORS = 10
 
 _TOP_KEYS = ("pipeline", "source", "run", "video_path_iterator", "description")
 _STEP_KEYS = frozenset({"model", "queue_groups", "num_shared_tensors", "num_segments"})
-_GROUP_KEYS = frozenset({"gpus", "in_queue", "out_queues", "queue_selector"})
+_GROUP_KEYS = frozenset({"gpus", "in_queue", "out_queues", "queue_selector", "queue_selector_kwargs"})
 # multiprocessing queues count items with a semaphore, which stops at this value
 MAX_QUEUE_SIZE = 2**31 - 1
-# run key -> (integers only?, minimum, maximum); the CLI defaults live in benchmark.py.
-_RUN_KEYS: dict[str, tuple[bool, int, int | None]] = {
+# run key -> (integers only?, minimum, maximum); benchmark.py checks the CLI values against it too
+# and holds their defaults.
+RUN_KEYS: dict[str, tuple[bool, int, int | None]] = {
     "videos": (True, 1, None),
     "mean_interval_ms": (False, 0, None),
     "batch_size": (True, 1, None),
@@ -135,9 +137,9 @@ def parse_config(document: Any, file: str, path: str | None = None) -> PipelineC
 def _parse_run(check: _Checker, value: Any) -> dict[str, Any]:
     run = check.as_object(value, "run")
     for key, item in run.items():
-        if key not in _RUN_KEYS:
-            check.fail(f"run.{key}", f"expected one of the run keys ({', '.join(_RUN_KEYS)}), found an unknown key")
-        integral, minimum, maximum = _RUN_KEYS[key]
+        if key not in RUN_KEYS:
+            check.fail(f"run.{key}", f"expected one of the run keys ({', '.join(RUN_KEYS)}), found an unknown key")
+        integral, minimum, maximum = RUN_KEYS[key]
         if integral:
             check.as_integer(item, f"run.{key}", minimum, maximum)
         else:
@@ -227,13 +229,19 @@ def _parse_group(
     selector = None
     if "queue_selector" in raw:
         selector = check.as_class_path(raw["queue_selector"], f"{where}.queue_selector", "select")
+    selector_kwargs = check.as_object(raw.get("queue_selector_kwargs", {}), f"{where}.queue_selector_kwargs")
     group_kwargs = {key: item for key, item in raw.items() if key not in _GROUP_KEYS}
+    model_kwargs = {**step_kwargs, **group_kwargs}
+    if "threads" in model_kwargs:  # consumed by the harness (rnb.plan), not passed to the model
+        where_threads = f"{where}.threads" if "threads" in group_kwargs else f"pipeline[{k}].threads"
+        check.as_integer(model_kwargs["threads"], where_threads, 1)
     return QueueGroup(
         gpus=gpus,
         in_queue=in_queue,
         out_queues=out_queues,
         queue_selector=selector,
-        model_kwargs=copy.deepcopy({**step_kwargs, **group_kwargs}),
+        queue_selector_kwargs=copy.deepcopy(selector_kwargs),
+        model_kwargs=copy.deepcopy(model_kwargs),
     )
 
 

@@ -6,6 +6,7 @@ what it outputs is a config error (exit 2), not a failed job.
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -27,12 +28,26 @@ class Placement:
     model: str
     model_kwargs: Mapping[str, Any]
     selector: str | None
+    selector_kwargs: Mapping[str, Any]
     in_queue: int | None
     out_queues: tuple[int, ...]
     num_segments: int
     num_slots: int
     output_shapes: tuple[tuple[int, ...], ...]  # empty for the final step
     output_dtypes: tuple[torch.dtype, ...] = ()  # empty = all float32
+    threads: int | None = None  # torch intra-op and inter-op threads; None = torch's default
+
+
+def cpu_threads(config: PipelineConfig) -> int:
+    """Intra-op threads of each CPU runner without a "threads" keyword: an equal share of this process's cores.
+
+    Every runner busy at once with torch's default (all cores each) would
+    oversubscribe the machine, and adding a replica would only add contention.
+    A CUDA runner keeps torch's default: its arithmetic runs on the device.
+    """
+    cores = len(os.sched_getaffinity(0))
+    runners = sum(1 for step in config.steps for group in step.queue_groups for gpu in group.gpus if gpu < 0)
+    return max(1, cores // max(1, runners))
 
 
 def runner_name(step: int, group: int, instance: int) -> str:
@@ -43,10 +58,14 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
     """One placement per gpus entry of every queue group, in step order."""
     placements = []
     last = len(config.steps) - 1
+    share = cpu_threads(config)
     for k, step in enumerate(config.steps):
         model = load_object(step.model)
         for g, group in enumerate(step.queue_groups):
             kwargs = dict(group.model_kwargs)
+            threads = kwargs.pop("threads", None)
+            if group.queue_selector is not None and len(group.out_queues) > 0:
+                _check_selector(config, k, g, group.queue_selector, len(group.out_queues), group.queue_selector_kwargs)
             # -b is the default `batch` of batching steps: models that take one get it unless the config sets it.
             if "batch" in inspect.signature(model.__init__).parameters and "batch" not in kwargs:
                 kwargs["batch"] = batch_size
@@ -57,11 +76,22 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
                     name=runner_name(k, g, i), step=k, group=g, instance=i,
                     device="cpu" if gpu < 0 else f"cuda:{gpu}",
                     model=step.model, model_kwargs=kwargs, selector=group.queue_selector,
-                    in_queue=group.in_queue, out_queues=tuple(group.out_queues),
-                    num_segments=step.num_segments, num_slots=step.num_shared_tensors, output_shapes=shapes,
-                    output_dtypes=dtypes,
+                    selector_kwargs=dict(group.queue_selector_kwargs), in_queue=group.in_queue,
+                    out_queues=tuple(group.out_queues), num_segments=step.num_segments,
+                    num_slots=step.num_shared_tensors, output_shapes=shapes, output_dtypes=dtypes,
+                    threads=threads if threads is not None else (share if gpu < 0 else None),
                 ))
     return placements
+
+
+def _check_selector(config: PipelineConfig, k: int, g: int, selector: str, num_queues: int,
+                    kwargs: Mapping[str, Any]) -> None:
+    """Build the selector once here, so a keyword it rejects is a config error (exit 2), not a failed job."""
+    try:
+        load_object(selector)(num_queues, **kwargs)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(config.path, f"pipeline[{k}].queue_groups[{g}].queue_selector_kwargs",
+                          f"expected keywords that {selector} accepts, found {type(error).__name__}: {error}") from None
 
 
 def _output_shapes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str, Any]) -> tuple[tuple[int, ...], ...]:

@@ -77,6 +77,8 @@ CASES: dict[str, tuple[str, str]] = {
     "selector_missing_class": ("pipeline[0].queue_groups[0].queue_selector", 'class "NoSuchSelector"'),
     "selector_not_string": ("pipeline[0].queue_groups[0].queue_selector", 'found the list ["round robin"]'),
     "selector_without_select": ("pipeline[0].queue_groups[0].queue_selector", "to have a callable select, found none"),
+    "selector_kwargs_not_object": ("pipeline[0].queue_groups[0].queue_selector_kwargs", "expected an object, found the list [4]"),
+    "threads_zero": ("pipeline[0].threads", "expected an integer >= 1, found 0"),
     "source_not_object": ("source", 'expected an object, found the string "data/synthetic"'),
     "step_not_object": ("pipeline[1]", 'expected an object, found the string "models.toy.TinyConvNet"'),
     "third_step_in_queue_mismatch": ("pipeline[2].queue_groups[1].in_queue", "out_queues of pipeline[1] {0, 1}, found 2"),

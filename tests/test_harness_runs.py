@@ -58,6 +58,9 @@ def test_toy_pipeline_finishes_exactly_the_target(tmp_path, mode):
     assert [(p["name"], p["status"], p["exitcode"]) for p in meta["processes"]] == [
         ("client", "ok", 0), ("step0-g0-r0", "ok", 0), ("step1-g0-r0", "ok", 0)]
     assert all(p["peak_rss_bytes"] > 0 for p in meta["processes"])
+    share = max(1, len(os.sched_getaffinity(0)) // 2)  # two CPU runners divide the cores
+    runners = meta["processes"][1:]
+    assert [(p["threads"], p["intra_op_threads"], p["interop_threads"]) for p in runners] == [(share, share, share)] * 2
     assert meta["job_id"].endswith("-c3" if "--concurrency" in mode else "-qs50000")
     assert meta["gpus"] == [] and meta["num_steps"] == 2
     assert_no_child_left(meta)

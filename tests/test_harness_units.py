@@ -126,7 +126,7 @@ def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
     assert plumbing.finished.value == 2 and plumbing.flag.reason == Termination.TARGET_REACHED
     for card in finished:
         assert [name for name in card.events] == ["enqueue", "runner0_start", "inference0_start", "inference0_finish",
-                                                  "runner0_finish", "runner1_start", "inference1_start",
+                                                  "slot0_acquired", "runner0_finish", "runner1_start", "inference1_start",
                                                   "inference1_finish", "runner1_finish"]
         assert sorted(card.events.values()) == list(card.events.values())
         assert card.devices == {0: "cpu", 1: "cpu"} and card.fields == {"frames_decoded": 4}
