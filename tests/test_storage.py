@@ -11,7 +11,7 @@ import pytest
 
 from episodes.errors import DatasetFormatError, FetchError
 from episodes.storage import FileInfo, Storage, relative_path
-from tests.http_server import serve_directory
+from episodes.testing_server import serve_directory
 
 PAYLOAD = bytes(range(256)) * 40  # 10240 bytes, every offset identifiable
 

@@ -1,22 +1,23 @@
-"""A real HTTP server for tests: Debian's nginx serving one directory on loopback.
+"""A real HTTP server for a dataset directory: Debian's nginx on a free loopback port.
 
-Byte ranges are nginx's default for static files. Two extra locations inject
+It lives in `episodes/`, next to the storage layer it exercises, because both
+the tests and the benchmarks (bench/) serve datasets with it: benchmark code
+must not import the test tree, and tests must not import bench/.
+
+Byte ranges are nginx's default for static files. Extra locations inject
 faults: `/fault503/...` always answers 503, and `/slow/...` serves the same
-files at one byte per second, so a client timeout fires. `/nolist/...` serves
-the files without directory listings, like most CDNs.
+files at one byte per second, so a client timeout fires. `/nolist/...`
+serves the files without directory listings, like most CDNs.
 """
 from __future__ import annotations
 
 import contextlib
-import shutil
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 NGINX = "/usr/sbin/nginx"
 
@@ -69,9 +70,9 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def serve_directory(root: Path, tmp: Path, timeout_s: float = 10.0) -> Iterator[NginxServer]:
-    """Run nginx on a free loopback port serving `root` until the block exits."""
-    if not Path(NGINX).exists() and shutil.which("nginx") is None:
-        pytest.skip("Debian's nginx is not installed")
+    """Run nginx on a free loopback port serving `root` until the block exits; its files go under `tmp`."""
+    if not Path(NGINX).exists():
+        raise FileNotFoundError(f"{NGINX} does not exist: install Debian's nginx package to serve datasets over HTTP")
     tmp.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     config = tmp / "nginx.conf"
