@@ -1,24 +1,31 @@
-"""Benchmarks of the episode byte-range path, each A/B pair measured interleaved in one run.
+"""The episode byte-range path against what a user would otherwise do: rows P2, P3, P4 and P7 of bench/run.py.
 
-    .venv/bin/python bench/episode_bench.py [--reps 5] [--workdir /tmp/rnb_episode_bench]
+The dataset looks like one LeRobot v3.0 video file: a single camera whose
+episodes (each 7-10 s at 30 fps) sit back to back in one h264 MP4 with
+B-frames and the moov at the end, about 160 MB, because v3.0 packs episodes
+into files of a few hundred MB and a small file would flatter the baseline
+that reads the whole file.  Synthetic frames alone compress to almost
+nothing, so every frame carries random grain to weigh what camera frames do.
+Generating it takes one to two minutes here, so it is kept under a cache
+directory and reused by later runs; `--quick` uses half the episodes (a file
+of about 80 MB, generated in half the time) and the rows' notes give the
+file size.  Every timed figure is the median of paired, alternating
+repetitions (bench.common.paired).
 
-Every timed figure is the median of `reps` interleaved A/B repetitions, with
-min and max. The datasets are generated on the spot (synthetic, h264 with
-B-frames, 20+ episodes per file) and served by nginx on loopback.
+No row models a slower link than loopback: nginx's `limit_rate` lets each
+request burst a full second's worth of bytes before it throttles, so the
+5 MB range requests of both sides would never be slowed.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import hashlib
+import os
 import re
-import statistics
+import shutil
 import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import fsspec
@@ -26,89 +33,25 @@ import numpy as np
 import torch
 from torchcodec.decoders import VideoDecoder
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import Effort, Goal, Row, Side, compare, measure_pair
+from episodes import EpisodeByteCache, open_dataset
+from episodes._mp4 import episode_span
+from episodes.decode import open_decoder
+from episodes.synthetic import SyntheticSpec, camera_keys, draw_frames, encode_video, make_dataset
+from episodes.testing_server import NginxServer
+from episodes.verify import FullFileReference
 
-from episodes import EpisodeByteCache, open_dataset  # noqa: E402
-from episodes._mp4 import episode_span  # noqa: E402
-from episodes.decode import open_decoder  # noqa: E402
-from episodes.synthetic import SyntheticSpec, _encode, camera_keys, draw_frames, make_dataset  # noqa: E402
-from episodes.verify import FullFileReference  # noqa: E402
-from tests.http_server import serve_directory  # noqa: E402
-
-SPEC = SyntheticSpec(codec="h264", gop=30, bframes=2, episodes=40, cameras=1, episodes_per_file=40,
-                     min_length=30, max_length=60, width=192, height=192, seed=11)
-NOISE = 64  # grain amplitude: synthetic blocks alone compress to almost nothing, real camera frames do not
-KEY = "observation.images.cam0"
-
-
-@dataclass(frozen=True)
-class Spread:
-    median: float
-    min: float
-    max: float
-
-    @classmethod
-    def of(cls, values: list[float]) -> Spread:
-        return cls(statistics.median(values), min(values), max(values))
-
-    def __str__(self) -> str:
-        return f"{self.median:.4g} (min {self.min:.4g}, max {self.max:.4g})"
+SPEC = SyntheticSpec(codec="h264", gop=30, bframes=2, episodes=32, cameras=1, episodes_per_file=32,
+                     min_length=220, max_length=300, width=256, height=256, seed=11)
+QUICK_SPEC = dataclasses.replace(SPEC, episodes=16, episodes_per_file=16)
+GRAIN = 128  # amplitude of the uniform grain added to every pixel (mod 256)
+KEY = camera_keys(1)[0]
+EPISODE = 12  # in the middle of the file, so neither side starts at its beginning
+CLIP = 8  # frames in an episode's first clip, what a loader needs before the first model call
+SPEED_GOAL = Goal(">=", 10)
 
 
-@dataclass(frozen=True)
-class BytesRatio:
-    """Bytes per episode over the episode's own sample bytes, across every episode of a dataset."""
-
-    episodes: int
-    fetched: Spread  # the fetched range, keyframe widening included
-    unwidened: Spread  # the smallest range holding the episode's own samples
-    mini_mp4: Spread  # the whole mini-MP4 (range + new moov) over own bytes
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """A/B seconds and B/A per repetition (the speed-up of A over B)."""
-
-    a_s: Spread
-    b_s: Spread
-    ratio: Spread
-
-
-@dataclass(frozen=True)
-class DecodeRate:
-    frames: int
-    ours_fps: Spread
-    ffmpeg_fps: Spread
-    ratio: Spread  # ours / ffmpeg per repetition
-
-
-@dataclass(frozen=True)
-class SidecarFigures:
-    files: int
-    first_run_header_bytes: int  # per file, without a sidecar
-    first_sidecar_run_header_bytes: int
-    second_run_header_bytes: int
-    second_run_header_reads: int
-    build_s: Spread
-
-
-def interleave(a: Callable[[], object], b: Callable[[], object], reps: int) -> tuple[list[float], list[float]]:
-    """Seconds of a and of b, run a, b, a, b, ... `reps` times each."""
-    a_times, b_times = [], []
-    for _ in range(reps):
-        for fn, out in ((a, a_times), (b, b_times)):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    return a_times, b_times
-
-
-def paired(a: Callable[[], object], b: Callable[[], object], reps: int) -> Comparison:
-    a_times, b_times = interleave(a, b, reps)
-    return Comparison(Spread.of(a_times), Spread.of(b_times), Spread.of([y / x for x, y in zip(a_times, b_times)]))
-
-
-def make_grainy_dataset(out_dir: Path, spec: SyntheticSpec = SPEC, noise: int = NOISE) -> Path:
+def make_grainy_dataset(out_dir: Path, spec: SyntheticSpec = SPEC, grain: int = GRAIN) -> Path:
     """make_dataset, then each video re-encoded with random grain so that files weigh what camera files do.
 
     Frame counts, timestamps and metadata stay those make_dataset wrote.
@@ -123,160 +66,214 @@ def make_grainy_dataset(out_dir: Path, spec: SyntheticSpec = SPEC, noise: int = 
             files.setdefault(record.videos[key].path, []).extend([record.dataset_from_index, record.dataset_to_index])
         for rel, bounds in files.items():
             frames = draw_frames(min(bounds), max(bounds) - min(bounds), camera, spec.height, spec.width)
-            frames += torch.randint(0, noise, frames.shape, dtype=torch.uint8, generator=generator)
-            _encode(frames, root / rel, spec)
+            frames += torch.randint(0, grain, frames.shape, dtype=torch.uint8, generator=generator)
+            encode_video(frames, root / rel, spec)
     return root
 
 
-def bytes_ratio(root: Path | str) -> BytesRatio:
-    """(a): how many bytes an episode costs over what its own frames weigh."""
+def cached_dataset_name(spec: SyntheticSpec, grain: int) -> str:
+    """A directory name that changes whenever anything that shapes the generated bytes changes."""
+    digest = hashlib.sha256(repr((spec, grain)).encode()).hexdigest()[:12]
+    return f"grainy-{spec.codec}-{spec.width}x{spec.height}-{spec.episodes}ep-{digest}"
+
+
+def grainy_dataset(cache_dir: Path, spec: SyntheticSpec = SPEC, grain: int = GRAIN) -> Path:
+    """The grainy dataset of `spec` under `cache_dir`, generated on first use and reused afterwards.
+
+    It is written beside its final name and renamed into place, so an
+    interrupted generation is never mistaken for a finished one.
+    """
+    root = cache_dir / cached_dataset_name(spec, grain)
+    if root.is_dir():
+        return root
+    partial = cache_dir / f"{root.name}.partial"
+    make_grainy_dataset(partial, spec, grain)
+    os.replace(partial, root)
+    return root
+
+
+def video_megabytes(root: Path) -> float:
+    return sum(path.stat().st_size for path in root.glob("videos/*/*/*.mp4")) / 1e6
+
+
+# ---- P2: bytes ----------------------------------------------------------------
+
+
+def bytes_rows(root: Path) -> list[Row]:
+    """Bytes an episode costs over its own sample bytes, for every episode-camera of the dataset (exact counts)."""
     ds = open_dataset(str(root))
-    fetched, unwidened, mini = [], [], []
+    tight, fetched, mini, own = [], [], [], []
     with EpisodeByteCache(ds, use_sidecar=False) as cache:
         for ep in range(ds.num_episodes):
             for key in ds.video_keys:
                 seg = ds.episode(ep).videos[key]
                 index = cache.mp4_index(seg.path)
                 span = episode_span(index, seg.from_timestamp, seg.to_timestamp, expected_frames=ds.episode_length(ep))
-                own = np.array(span.frames)
-                own_bytes = int(index.size[own].sum())
-                tight = int((index.offset[own] + index.size[own]).max() - index.offset[own].min())
-                fetched.append(span.num_bytes / own_bytes)
-                unwidened.append(tight / own_bytes)
-                mini.append(len(cache.get_mini_mp4(ep, key).data) / own_bytes)
-    return BytesRatio(len(fetched), Spread.of(fetched), Spread.of(unwidened), Spread.of(mini))
+                samples = np.array(span.frames)
+                own.append(int(index.size[samples].sum()))
+                tight.append(int((index.offset[samples] + index.size[samples]).max() - index.offset[samples].min()))
+                fetched.append(span.num_bytes)
+                mini.append(len(cache.get_mini_mp4(ep, key).data))
+    own_side = Side.of("own samples", "bytes", own)
+    note = (f"exact byte counts; median [min, max] over all {len(own)} episode-cameras of a "
+            f"{video_megabytes(root):.3g} MB file, not repetitions")
+    what = "bytes per episode / its own sample bytes, {}"
+    return [
+        compare("P2", what.format("range without keyframe widening"), Goal("<=", 1.05),
+                Side.of("range", "bytes", tight), own_side, note),
+        compare("P2w", what.format("fetched range (widened back to the keyframe)"), None,
+                Side.of("fetched", "bytes", fetched), own_side),
+        compare("P2m", what.format("whole mini-MP4 (range + new moov)"), None,
+                Side.of("mini-MP4", "bytes", mini), own_side),
+    ]
 
 
-@contextmanager
-def served(root: Path, workdir: Path) -> Iterator[str]:
-    with serve_directory(root, workdir / "nginx") as server:
-        yield server.url
+# ---- P3: time to an episode's frames over HTTP ----------------------------------
 
 
-def http_time_to_frames(url: str, workdir: Path, reps: int = 5, episode: int = 12) -> dict[str, Comparison]:
-    """(b): all frames of one episode over HTTP, byte-range path (cold cache) vs full remote file in torchcodec.
+def _timed(run: Callable[[], object]) -> Callable[[], float]:
+    def measure() -> float:
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+    return measure
 
-    "with_sidecar": the cold cache finds the file's index in the sidecar;
-    "without_sidecar": it reads the MP4 headers first. The full-file side
-    opens fsspec.open(url) and lets VideoDecoder (exact mode) scan it.
-    """
+
+def byte_range_frames(url: str, sidecar_dir: Path, use_sidecar: bool, numbers: Sequence[int]) -> Callable[[], torch.Tensor]:
+    """Our path from cold: a fresh cache (index from the sidecar, or from the MP4 headers), one episode's frames."""
     ds = open_dataset(url)
-    seg = ds.episode(episode).videos[KEY]
-    numbers = list(range(ds.episode_length(episode)))
-    reference = FullFileReference(ds)
-    indices = reference.global_indices(episode, KEY, numbers)
-    reference.close()
+
+    def run() -> torch.Tensor:
+        with EpisodeByteCache(ds, sidecar_dir=sidecar_dir, use_sidecar=use_sidecar) as cache:
+            return cache.get_episode_frames(EPISODE, KEY, numbers)
+    return run
+
+
+def full_file_frames(file_url: str, indices: Sequence[int]) -> Callable[[], torch.Tensor]:
+    """What a user does without us: torchcodec's default exact mode over the remote file opened with fsspec."""
+    def run() -> torch.Tensor:
+        with fsspec.open(file_url, "rb") as f:
+            return VideoDecoder(f, seek_mode="exact").get_frames_at(list(indices)).data
+    return run
+
+
+def remote_rows(server: NginxServer, root: Path, workdir: Path, effort: Effort) -> list[Row]:
+    """Seconds to an episode's first clip, and to all its frames, over HTTP: full remote file / byte-range path.
+
+    Before timing, both paths must return identical frames, so the figure
+    compares equal work.
+    """
+    local = open_dataset(str(root))
+    rel = local.episode(EPISODE).videos[KEY].path
+    every = list(range(local.episode_length(EPISODE)))
+    reference = FullFileReference(local)
+    try:
+        indices = reference.global_indices(EPISODE, KEY, every)
+    finally:
+        reference.close()
     sidecar_dir = workdir / "sidecar"
-    with EpisodeByteCache(ds, sidecar_dir=sidecar_dir) as warm:
-        warm.mp4_index(seg.path)
+    with EpisodeByteCache(open_dataset(server.url), sidecar_dir=sidecar_dir) as warm:
+        warm.mp4_index(rel)
+    ours = byte_range_frames(server.url, sidecar_dir, True, every)()
+    theirs = full_file_frames(f"{server.url}/{rel}", indices)()
+    if not torch.equal(ours, theirs):
+        raise AssertionError(f"episode {EPISODE}: the byte-range path and the full file decode different frames")
 
-    def ours(use_sidecar: bool) -> Callable[[], object]:
-        def run() -> object:
-            with EpisodeByteCache(ds, sidecar_dir=sidecar_dir, use_sidecar=use_sidecar) as cache:
-                return cache.get_episode_frames(episode, KEY, numbers)
-        return run
+    cases = (
+        ("P3", f"first {CLIP} frames, index from the sidecar", True, CLIP, SPEED_GOAL,
+         f"nginx on loopback, cold cache; episode {EPISODE} of {local.num_episodes} ({len(every)} frames) in one "
+         f"{video_megabytes(root):.3g} MB file; both sides return identical frames"),
+        ("P3h", f"first {CLIP} frames, MP4 headers read", False, CLIP, SPEED_GOAL, ""),
+        ("P3a", f"all {len(every)} frames, index from the sidecar", True, len(every), None,
+         "decoding the whole episode dominates both sides, so this row shows what is left of the fetch saving"),
+    )
+    return [measure_pair(id, f"s to an episode's {when} over HTTP: full remote file / byte range", goal,
+                         ("full file", "s", _timed(full_file_frames(f"{server.url}/{rel}", indices[:count]))),
+                         ("byte range", "s", _timed(byte_range_frames(server.url, sidecar_dir, use_sidecar,
+                                                                        every[:count]))),
+                         effort.reps, note=note)
+            for id, when, use_sidecar, count, goal, note in cases]
 
-    def full_file() -> object:
-        with fsspec.open(f"{url}/{seg.path}", "rb") as f:
-            return VideoDecoder(f, seek_mode="exact", num_ffmpeg_threads=1).get_frames_at(indices).data
 
-    return {"with_sidecar": paired(ours(True), full_file, reps),
-            "without_sidecar": paired(ours(False), full_file, reps)}
+# ---- P4: decode ------------------------------------------------------------------
 
 
-def _ffmpeg_seconds(path: Path) -> float:
-    out = subprocess.run(["ffmpeg", "-hide_banner", "-nostats", "-benchmark", "-threads", "1", "-i", str(path),
-                          "-f", "null", "-"], capture_output=True, text=True, check=True)
-    match = re.search(r"rtime=([\d.]+)s", out.stdout + out.stderr)
+def ffmpeg_command(path: Path) -> list[str]:
+    """ffmpeg decoding every frame of `path` on one thread into RGB, as torchcodec hands frames to callers.
+
+    `-pix_fmt rgb24` makes ffmpeg do the same colour conversion ours does
+    (decoding to null alone would skip it), `-fps_mode passthrough` keeps
+    it from dropping or duplicating frames, and one thread serves both the
+    decoder and the filters.
+    """
+    return ["ffmpeg", "-hide_banner", "-nostats", "-benchmark", "-threads", "1", "-filter_threads", "1",
+            "-i", str(path), "-fps_mode", "passthrough", "-pix_fmt", "rgb24", "-f", "null", "-"]
+
+
+def benchmark_seconds(output: str) -> float:
+    """The real time `ffmpeg -benchmark` reports for its decode loop."""
+    match = re.search(r"bench: .*rtime=([\d.]+)s", output)
     if match is None:
-        raise RuntimeError(f"ffmpeg -benchmark printed no rtime for {path}")
+        raise ValueError(f"ffmpeg -benchmark printed no 'bench: ... rtime=' line in: {output[-300:]!r}")
     return float(match.group(1))
 
 
-def decode_rate(root: Path | str, workdir: Path, reps: int = 5, episode: int = 12) -> DecodeRate:
-    """(c): frames/s decoding one episode's mini-MP4, ours (torchcodec, 1 thread) vs `ffmpeg -benchmark -threads 1`.
-
-    Both decode the whole mini-MP4; the ratio is ours/ffmpeg in frames per
-    second (so >= 0.9 meets the goal). Ours also converts to RGB, as callers need.
-    """
+def decode_rows(root: Path, workdir: Path, effort: Effort) -> list[Row]:
+    """Frames/s decoding every sample of one episode's mini-MP4 on one thread: ours / ffmpeg."""
     ds = open_dataset(str(root))
     with EpisodeByteCache(ds, use_sidecar=False) as cache:
-        mini = cache.get_mini_mp4(episode, KEY)
+        mini = cache.get_mini_mp4(EPISODE, KEY)
     path = workdir / "episode.mp4"
     path.write_bytes(mini.data)
     every = list(range(len(mini.pts)))
-    ffmpeg_s: list[float] = []
 
-    def ours() -> object:
-        return open_decoder(mini, "cpu", num_threads=1).get_frames_at(every).data
+    def ours() -> float:
+        start = time.perf_counter()
+        open_decoder(mini, "cpu", num_threads=1).get_frames_at(every)
+        return len(every) / (time.perf_counter() - start)
 
-    def ffmpeg() -> None:
-        ffmpeg_s.append(_ffmpeg_seconds(path))
+    def ffmpeg() -> float:
+        done = subprocess.run(ffmpeg_command(path), capture_output=True, text=True, check=True)
+        return len(every) / benchmark_seconds(done.stderr)
 
-    ours_s, _ = interleave(ours, ffmpeg, reps)
-    frames = len(every)
-    ours_fps = [frames / t for t in ours_s]
-    ffmpeg_fps = [frames / t for t in ffmpeg_s]
-    return DecodeRate(frames, Spread.of(ours_fps), Spread.of(ffmpeg_fps),
-                      Spread.of([x / y for x, y in zip(ours_fps, ffmpeg_fps)]))
+    note = (f"{len(every)} frames (the episode plus its keyframe widening); both convert to RGB (ffmpeg "
+            "-pix_fmt rgb24); ours also opens its decoder each time, ffmpeg's rtime excludes its start-up")
+    return [measure_pair("P4", "decode frames/s of one episode, 1 thread: loader (torchcodec) / ffmpeg -benchmark",
+                         Goal(">=", 0.9), ("loader", "frames/s", ours), ("ffmpeg", "frames/s", ffmpeg),
+                         effort.reps, note=note)]
 
 
-def sidecar_probes(url: str, workdir: Path, reps: int = 5) -> SidecarFigures:
-    """(d): header bytes a second run reads (goal 0), and index build time per file on a first run."""
+# ---- P7: sidecar ----------------------------------------------------------------
+
+
+def sidecar_rows(url: str, workdir: Path, effort: Effort) -> list[Row]:
+    """MP4 header bytes a second run reads (goal 0), and index time per file from headers / from the sidecar."""
     sidecar_dir = workdir / "sidecar_probe"
+    shutil.rmtree(sidecar_dir, ignore_errors=True)
     ds = open_dataset(url)
     paths = sorted({ds.episode(e).videos[k].path for e in range(ds.num_episodes) for k in ds.video_keys})
-    build_s = []
-    for _ in range(reps):
-        for rel in paths:
-            with EpisodeByteCache(open_dataset(url), use_sidecar=False) as cache:
-                start = time.perf_counter()
-                cache.mp4_index(rel)
-                build_s.append(time.perf_counter() - start)
-                first_bytes = cache.stats().header_bytes
-    runs = []
+    header_bytes, header_reads = [], []
     for _ in range(2):
-        with EpisodeByteCache(open_dataset(url), sidecar_dir=sidecar_dir) as cache:
+        with EpisodeByteCache(ds, sidecar_dir=sidecar_dir) as cache:
             for rel in paths:
                 cache.mp4_index(rel)
-            runs.append(cache.stats())
-    return SidecarFigures(len(paths), first_bytes, runs[0].header_bytes, runs[1].header_bytes,
-                          runs[1].header_reads, Spread.of(build_s))
+            header_bytes.append(cache.stats().header_bytes)
+            header_reads.append(cache.stats().header_reads)
 
+    def index_seconds(use_sidecar: bool) -> Callable[[], float]:
+        def measure() -> float:
+            with EpisodeByteCache(ds, sidecar_dir=sidecar_dir, use_sidecar=use_sidecar) as cache:
+                start = time.perf_counter()
+                for rel in paths:
+                    cache.mp4_index(rel)
+                return (time.perf_counter() - start) / len(paths)
+        return measure
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5, help="paired repetitions per figure (>= 5)")
-    parser.add_argument("--episodes", type=int, default=SPEC.episodes,
-                        help="episodes, all in one file per camera: the full-file side grows with it, ours does not")
-    parser.add_argument("--workdir", type=Path, default=None, help="where datasets go (default: a temp dir)")
-    args = parser.parse_args(argv)
-    if args.reps < 5:
-        parser.error("--reps must be at least 5")
-    with tempfile.TemporaryDirectory(prefix="rnb_episode_bench_") as tmp:
-        workdir = args.workdir or Path(tmp)
-        spec = dataclasses.replace(SPEC, episodes=args.episodes, episodes_per_file=args.episodes)
-        root = make_grainy_dataset(workdir / "ds", spec)
-        size = sum(p.stat().st_size for p in root.glob("videos/*/*/*.mp4"))
-        print(f"dataset: {spec.episodes} episodes of {spec.min_length}-{spec.max_length} frames, "
-              f"{spec.width}x{spec.height} {spec.codec} gop {spec.gop} bframes {spec.bframes}, "
-              f"{spec.episodes_per_file} episodes per file, grain {NOISE}, {size / 2**20:.2f} MiB of video")
-        r = bytes_ratio(root)
-        print(f"(a) bytes / own sample bytes over {r.episodes} episodes: fetched range {r.fetched}; "
-              f"without keyframe widening {r.unwidened}; whole mini-MP4 {r.mini_mp4}")
-        with served(root, workdir) as url:
-            for name, c in http_time_to_frames(url, workdir, args.reps).items():
-                print(f"(b) HTTP time to an episode's frames, cold cache {name.replace('_', ' ')}: "
-                      f"ours {c.a_s} s, full remote file {c.b_s} s, speed-up {c.ratio}x (goal >= 10)")
-            d = decode_rate(root, workdir, args.reps)
-            print(f"(c) decode of {d.frames} frames, 1 thread: ours {d.ours_fps} frames/s, "
-                  f"ffmpeg -benchmark {d.ffmpeg_fps} frames/s, ratio {d.ratio} (goal >= 0.9)")
-            s = sidecar_probes(url, workdir, args.reps)
-            print(f"(d) sidecar over HTTP, {s.files} files: header bytes per file without sidecar {s.first_run_header_bytes}, "
-                  f"second run {s.second_run_header_bytes} in {s.second_run_header_reads} reads (goal 0); "
-                  f"index build per file {s.build_s} s")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return [
+        compare("P7", "MP4 header bytes read over HTTP: second run / first run (sidecar written)", Goal("==", 0),
+                Side.of("second run", "bytes", [header_bytes[1]]), Side.of("first run", "bytes", [header_bytes[0]]),
+                f"exact counts over {len(paths)} file(s); {header_reads[1]} header reads on the second run, "
+                f"{header_reads[0]} on the first"),
+        measure_pair("P7b", "s per file to index an MP4 over HTTP: from its headers / from the sidecar", None,
+                     ("headers", "s", index_seconds(False)), ("sidecar", "s", index_seconds(True)), effort.reps),
+    ]

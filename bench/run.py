@@ -18,84 +18,59 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Effort, Goal, Report, Row, Side, table_text, write_json  # noqa: E402
+from bench.common import Effort, Goal, Report, Row, table_text, write_json  # noqa: E402
 
-HTTP_GOAL = Goal(">=", 10)
+if TYPE_CHECKING:
+    from episodes.testing_server import NginxServer
+
+DATA_CACHE = Path(__file__).resolve().parents[1] / "data" / "bench"
 
 
 class Workspace:
-    """What several benchmarks share, built on first use: a temp dir, the episode dataset, its nginx URL."""
+    """What several benchmarks share, built on first use: a temp dir, the episode dataset, its nginx server.
 
-    def __init__(self, stack: contextlib.ExitStack) -> None:
+    The dataset is kept under DATA_CACHE (ignored by git) because generating
+    it takes a minute or two; everything else goes with the temp dir.
+    """
+
+    def __init__(self, stack: contextlib.ExitStack, effort: Effort) -> None:
         self.stack = stack
+        self.effort = effort
         self.dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rnb-bench-")))
 
     @functools.cached_property
     def dataset(self) -> Path:
-        from bench.episode_bench import make_grainy_dataset
-        return make_grainy_dataset(self.dir / "ds")
+        from bench.episode_bench import QUICK_SPEC, SPEC, grainy_dataset
+        return grainy_dataset(DATA_CACHE, QUICK_SPEC if self.effort.quick else SPEC)
 
     @functools.cached_property
-    def url(self) -> str:
-        from bench.episode_bench import served
-        return self.stack.enter_context(served(self.dataset, self.dir))
-
-
-def _spread_row(id: str, what: str, goal: Goal | None, spread: object, reps: int, note: str = "",
-                a: Side | None = None, b: Side | None = None) -> Row:
-    return Row(id, what, goal, a, b, spread.median, spread.min, spread.max, reps, note)
+    def server(self) -> NginxServer:
+        from episodes.testing_server import serve_directory
+        return self.stack.enter_context(serve_directory(self.dataset, self.dir / "nginx"))
 
 
 def p2_bytes(effort: Effort, space: Workspace) -> list[Row]:
-    from bench.episode_bench import bytes_ratio
-    r = bytes_ratio(space.dataset)
-    note = f"exact byte counts; median and [min, max] over {r.episodes} episode-cameras"
-    return [
-        _spread_row("P2", "bytes per episode / its own sample bytes, without keyframe widening", Goal("<=", 1.05),
-                    r.unwidened, r.episodes, note),
-        _spread_row("P2w", "same, the fetched range (widened back to the keyframe)", None, r.fetched, r.episodes),
-        _spread_row("P2m", "same, the whole mini-MP4 (range + new moov)", None, r.mini_mp4, r.episodes),
-    ]
+    from bench.episode_bench import bytes_rows
+    return bytes_rows(space.dataset)
 
 
 def p3_remote(effort: Effort, space: Workspace) -> list[Row]:
-    from bench.episode_bench import http_time_to_frames
-    figures = http_time_to_frames(space.url, space.dir, effort.reps)
-    what = "an episode's frames over HTTP (nginx): byte-range path ({}) / torchcodec on the full remote file"
-    return [
-        _spread_row(id, what.format(when), Goal(">=", 10), c.ratio, effort.reps,
-                    a=Side("byte range", "episodes/s", 1 / c.a_s.median),
-                    b=Side("full file", "episodes/s", 1 / c.b_s.median))
-        for id, c, when in (("P3", figures["without_sidecar"], "cold cache, MP4 headers read"),
-                            ("P3s", figures["with_sidecar"], "cold cache, index from the sidecar"))
-    ]
+    from bench.episode_bench import remote_rows
+    return remote_rows(space.server, space.dataset, space.dir, effort)
 
 
 def p4_decode(effort: Effort, space: Workspace) -> list[Row]:
-    from bench.episode_bench import decode_rate
-    d = decode_rate(space.dataset, space.dir, effort.reps)
-    return [_spread_row("P4", "decode frames/s of one episode: loader (torchcodec) / ffmpeg -benchmark, 1 thread each",
-                        Goal(">=", 0.9), d.ratio, effort.reps, note=f"{d.frames} frames per repetition",
-                        a=Side("loader", "frames/s", d.ours_fps.median),
-                        b=Side("ffmpeg", "frames/s", d.ffmpeg_fps.median))]
+    from bench.episode_bench import decode_rows
+    return decode_rows(space.dataset, space.dir, effort)
 
 
 def p7_sidecar(effort: Effort, space: Workspace) -> list[Row]:
-    from bench.episode_bench import sidecar_probes
-    s = sidecar_probes(space.url, space.dir, effort.reps)
-    return [
-        Row("P7", "MP4 header bytes read over HTTP: second run / first run (sidecar written)", Goal("==", 0),
-            Side("second run", "bytes", s.second_run_header_bytes),
-            Side("first run", "bytes", s.first_sidecar_run_header_bytes),
-            s.second_run_header_bytes / s.first_sidecar_run_header_bytes, reps=1,
-            note=f"exact counts over {s.files} files; {s.second_run_header_reads} header reads on the second run"),
-        _spread_row("P7b", "MP4 index build time per file on a first run, seconds (not a ratio)", None,
-                    s.build_s, effort.reps * s.files),
-    ]
+    from bench.episode_bench import sidecar_rows
+    return sidecar_rows(space.server.url, space.dir, effort)
 
 
 def p8_gpu(effort: Effort, space: Workspace) -> list[Row]:
@@ -146,7 +121,7 @@ def run_benchmarks(names: list[str], effort: Effort) -> tuple[list[Row], bool]:
     rows: list[Row] = []
     all_ran = True
     with contextlib.ExitStack() as stack:
-        space = Workspace(stack)
+        space = Workspace(stack, effort)
         for name in names:
             started = time.perf_counter()
             print(f"bench/run.py: {name} ...", file=sys.stderr, flush=True)

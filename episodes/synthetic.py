@@ -96,7 +96,12 @@ def _encoder_options(spec: SyntheticSpec) -> dict:
     return dict(codec="libsvtav1", crf=spec.crf + 10, preset=10, extra_options={"g": str(spec.gop)})
 
 
-def _encode(frames: torch.Tensor, path: Path, spec: SyntheticSpec) -> None:
+def encode_video(frames: torch.Tensor, path: Path, spec: SyntheticSpec) -> None:
+    """Write uint8 (N, 3, H, W) frames as one MP4 with the spec's codec, GOP, B-frames and faststart.
+
+    Public so that other generators (the benchmarks' grainy datasets) encode
+    exactly the way make_dataset does.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     VideoEncoder(frames, frame_rate=spec.fps).to_file(path, pixel_format="yuv420p", **_encoder_options(spec))
     if spec.faststart:
@@ -156,7 +161,7 @@ def make_dataset(out_dir: str | os.PathLike, spec: SyntheticSpec | None = None, 
         lo, hi = int(starts[eps[0]]), int(starts[eps[-1] + 1])
         for camera, key in enumerate(keys):
             frames = draw_frames(lo, hi - lo, camera, spec.height, spec.width)
-            _encode(frames, root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file_index), spec)
+            encode_video(frames, root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file_index), spec)
 
         frame_index = np.concatenate([np.arange(lengths[e]) for e in eps])
         episode_index = np.concatenate([np.full(lengths[e], e) for e in eps])
