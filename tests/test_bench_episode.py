@@ -94,6 +94,7 @@ def test_grainy_dataset_is_generated_once_then_reused(tmp_path: Path, monkeypatc
     assert grainy_dataset(tmp_path, spec) == root
 
 
+@pytest.mark.nginx
 def test_remote_and_sidecar_rows_over_nginx(root: Path, tmp_path: Path) -> None:
     with serve_directory(root, tmp_path / "nginx") as server:
         remote = remote_rows(server, root, tmp_path, EFFORT)

@@ -99,6 +99,7 @@ class RoutedStorage(Storage):
     ("fault503", r"info failed after 2 attempts \(HTTP 503"),
     ("slow", r"(info|read of bytes \[\d+, \d+\)) failed after 2 attempts \((TimeoutError|ServerTimeoutError)"),
 ])
+@pytest.mark.nginx
 def test_http_errors_are_retried_then_reported(root: Path, tmp_path: Path, location: str, reason: str) -> None:
     with serve_directory(root, tmp_path / "nginx") as server:
         ds = open_dataset(server.url)

@@ -85,6 +85,7 @@ def test_corrupt_sidecar_is_ignored_and_rewritten(root: Path, damage: bytes) -> 
     assert third.stats().header_reads == 0
 
 
+@pytest.mark.nginx
 def test_remote_root_keeps_its_sidecar_in_the_cache_dir(root: Path, tmp_path: Path) -> None:
     cache_dir = tmp_path / "cache"
     with serve_directory(root, tmp_path / "nginx") as server:
