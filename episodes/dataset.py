@@ -58,6 +58,13 @@ def _field(info: dict, name: str, kind: type | tuple[type, ...], where: str) -> 
     return value
 
 
+def checked_episode(ep: Any, count: int, where: str, extent: str) -> int:
+    """`ep` as an int when it indexes one of `count` episodes; else the error naming `where`."""
+    if isinstance(ep, bool) or not isinstance(ep, (int, np.integer)) or not 0 <= ep < count:
+        raise DatasetFormatError(f"{where}: episode index {ep!r} is out of range ({extent.format(count=count)})")
+    return int(ep)
+
+
 class LeRobotDataset:
     """The metadata of a LeRobot v3.0 dataset, read through one Storage.
 
@@ -154,11 +161,7 @@ class LeRobotDataset:
         return len(self._columns["episode_index"])
 
     def _check(self, ep: int) -> int:
-        if isinstance(ep, bool) or not isinstance(ep, (int, np.integer)) or not 0 <= ep < self.num_episodes:
-            raise DatasetFormatError(
-                f"{self.root}: episode index {ep!r} is out of range (the dataset has {self.num_episodes} episodes)"
-            )
-        return int(ep)
+        return checked_episode(ep, self.num_episodes, self.root, "the dataset has {count} episodes")
 
     def episode_length(self, ep: int) -> int:
         return int(self._columns["length"][self._check(ep)])

@@ -17,7 +17,7 @@ from fsspec.core import has_magic
 import numpy as np
 
 from episodes._mp4 import Mp4Index, build_index
-from episodes.dataset import EpisodeRecord, VideoSegment
+from episodes.dataset import EpisodeRecord, VideoSegment, checked_episode
 from episodes.errors import DatasetFormatError
 from episodes.storage import Storage
 
@@ -47,11 +47,7 @@ class VideoFilesDataset:
         return index.timescale / float(np.median(index.duration))
 
     def _check(self, ep: int) -> int:
-        if isinstance(ep, bool) or not isinstance(ep, (int, np.integer)) or not 0 <= ep < self.num_episodes:
-            raise DatasetFormatError(
-                f"{self.root}: episode index {ep!r} is out of range (there are {self.num_episodes} video files)"
-            )
-        return int(ep)
+        return checked_episode(ep, self.num_episodes, self.root, "there are {count} video files")
 
     def _index(self, ep: int) -> Mp4Index:
         ep = self._check(ep)
