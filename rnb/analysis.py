@@ -26,7 +26,7 @@ from rnb.summary import stage_latencies
 TARGET_REACHED = "target reached"
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 STAT_NAMES: tuple[str, ...] = ("min", "mean", *(f"p{q:g}".replace(".", "_") for q in PERCENTILES), "max")
-STAGE_PARTS: tuple[str, ...] = ("queue", "copy", "inside")
+STAGE_PARTS: tuple[str, ...] = ("queue", "copy", "slotwait", "inside")
 ARG_KEYS: tuple[str, ...] = (
     "mean_interval_ms", "videos", "batch_size", "queue_size",
     "concurrency", "warmup", "seed", "cpu", "log_dir",
@@ -143,7 +143,7 @@ def _column(table: pa.Table, name: str) -> np.ndarray:
 def derived_latencies(timings: pa.Table, num_steps: int) -> dict[str, np.ndarray]:
     """End-to-end and per-stage latencies of each item in seconds, under this module's column prefixes.
 
-    The stages partition the end-to-end time exactly: queue wait + copy +
+    The stages partition the end-to-end time exactly: queue wait + copy + slot wait +
     inside, summed over the steps, equals the end-to-end latency.
     """
     stages = stage_latencies(timings, num_steps)
@@ -151,6 +151,7 @@ def derived_latencies(timings: pa.Table, num_steps: int) -> dict[str, np.ndarray
     for k in range(num_steps):
         out[f"queue{k}"] = stages[f"step {k} queue wait"]
         out[f"copy{k}"] = stages[f"step {k} copy"]
+        out[f"slotwait{k}"] = stages.get(f"step {k} slot wait", np.zeros_like(out["e2e"]))
         out[f"inside{k}"] = stages[f"step {k} inference"]
     return out
 

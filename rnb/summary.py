@@ -13,13 +13,19 @@ import pyarrow.compute as pc
 def stage_latencies(table: pa.Table, num_steps: int) -> dict[str, np.ndarray]:
     """Per-stage latencies in seconds, one value per item, in the job log's derived definitions."""
     col = {name: table.column(name).to_numpy(zero_copy_only=False).astype(float) for name in table.column_names
-           if name == "enqueue" or name.startswith(("runner", "inference"))}
+           if name == "enqueue" or name.startswith(("runner", "inference", "slot"))}
     stages: dict[str, np.ndarray] = {}
     for k in range(num_steps):
         before = col["enqueue"] if k == 0 else col[f"runner{k - 1}_finish"]
         stages[f"step {k} queue wait"] = col[f"runner{k}_start"] - before
         stages[f"step {k} copy"] = (col[f"inference{k}_start"] - col[f"runner{k}_start"]) + (
             col[f"runner{k}_finish"] - col[f"inference{k}_finish"])
+        if f"slot{k}_acquired" in col:  # steps that hand over through slots
+            # Waiting for a free output slot is back-pressure from the next step, not copying.
+            acquired = col[f"slot{k}_acquired"]
+            slot_wait = np.where(np.isnan(acquired), 0.0, acquired - col[f"inference{k}_finish"])
+            stages[f"step {k} copy"] -= slot_wait
+            stages[f"step {k} slot wait"] = slot_wait
         stages[f"step {k} inference"] = col[f"inference{k}_finish"] - col[f"inference{k}_start"]
     stages["end to end"] = col[f"runner{num_steps - 1}_finish"] - col["enqueue"]
     return stages

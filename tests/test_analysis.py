@@ -92,11 +92,16 @@ def test_latency_statistics_equal_numpy_on_the_same_timings(real_job: Path) -> N
     for k in range(2):
         start, finish = seconds(t, f"runner{k}_start"), seconds(t, f"runner{k}_finish")
         inside = seconds(t, f"inference{k}_finish") - seconds(t, f"inference{k}_start")
+        # Step 0 hands over through a slot; the final step has none, so its slot wait is 0.
+        slot_wait = (seconds(t, "slot0_acquired") - seconds(t, "inference0_finish")) if k == 0 else 0.0 * inside
         assert stats_of(row, f"queue{k}") == pytest.approx(numpy_stats(start - previous), rel=1e-12, abs=1e-9)
         assert stats_of(row, f"inside{k}") == pytest.approx(numpy_stats(inside), rel=1e-12, abs=1e-9)
-        assert stats_of(row, f"copy{k}") == pytest.approx(numpy_stats(finish - start - inside), rel=1e-9, abs=1e-9)
+        assert stats_of(row, f"slotwait{k}") == pytest.approx(numpy_stats(slot_wait), rel=1e-9, abs=1e-9)
+        assert stats_of(row, f"copy{k}") == pytest.approx(
+            numpy_stats(finish - start - inside - slot_wait), rel=1e-9, abs=1e-9)
         previous = finish
-    stage_means = sum(row[stat_column(f"{part}{k}", "mean")] for k in range(2) for part in ("queue", "copy", "inside"))
+    stage_means = sum(row[stat_column(f"{part}{k}", "mean")] for k in range(2)
+                      for part in ("queue", "copy", "slotwait", "inside"))
     assert stage_means == pytest.approx(row[stat_column("e2e", "mean")], rel=1e-9)
 
 
