@@ -47,25 +47,22 @@ def _count(payload: bytes, offset: int, box: str, name: str) -> int:
 
 def parse_mdhd(payload: bytes, name: str) -> int:
     """The media timescale (ticks per second) of the track."""
-    version = _version(payload, "mdhd", name)
-    offset = 20 if version == 1 else 12
-    if len(payload) < offset + 4:
-        raise Mp4FormatError(f"{name}: 'mdhd' box is too short to hold its timescale")
-    (timescale,) = struct.unpack_from(">I", payload, offset)
-    if timescale == 0:
-        raise Mp4FormatError(f"{name}: 'mdhd' box has a timescale of 0")
-    return timescale
+    return _timescale(payload, "mdhd", name)
 
 
 def parse_mvhd_timescale(payload: bytes, name: str) -> int:
     """The movie timescale, in which edit durations are expressed."""
-    version = _version(payload, "mvhd", name)
-    offset = 20 if version == 1 else 12
+    return _timescale(payload, "mvhd", name)
+
+
+def _timescale(payload: bytes, box: str, name: str) -> int:
+    """mdhd and mvhd keep their timescale at the same place: after two times of 4 or 8 bytes."""
+    offset = 20 if _version(payload, box, name) == 1 else 12
     if len(payload) < offset + 4:
-        raise Mp4FormatError(f"{name}: 'mvhd' box is too short to hold its timescale")
+        raise Mp4FormatError(f"{name}: '{box}' box is too short to hold its timescale")
     (timescale,) = struct.unpack_from(">I", payload, offset)
     if timescale == 0:
-        raise Mp4FormatError(f"{name}: 'mvhd' box has a timescale of 0")
+        raise Mp4FormatError(f"{name}: '{box}' box has a timescale of 0")
     return timescale
 
 
