@@ -7,10 +7,13 @@ every failure reported as one `FetchError` that names the URL.
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import io
 import posixpath
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -47,6 +50,25 @@ def relative_path(rel: str) -> str:
     if norm == "." or norm == ".." or norm.startswith("../"):
         raise DatasetFormatError(f"path {rel!r} resolves outside the dataset root")
     return norm
+
+
+def coalesce_ranges(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) sorted and merged wherever at most `gap` bytes separate them.
+
+    Overlapping and touching ranges always merge; the result is what one
+    request per element would fetch.
+    """
+    if gap < 0:
+        raise ValueError(f"the coalescing gap must be >= 0 bytes, not {gap}")
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if not 0 <= start <= end:
+            raise ValueError(f"bad byte range [{start}, {end})")
+        if merged and start - merged[-1][1] <= gap:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -161,32 +183,25 @@ class Storage:
         return data
 
     def read_ranges(
-        self, rel: str, ranges: Sequence[tuple[int, int]], *, coalesce_gap: int = 64 * 1024
+        self, rel: str, ranges: Sequence[tuple[int, int]], *, coalesce_gap: int = 64 * 1024,
+        executor: Executor | None = None,
     ) -> list[bytes]:
         """Several ranges of one file, merging those closer than `coalesce_gap` into one request.
 
         Round trips dominate remote reads; fetching a small gap costs less than
-        another request.
+        another request. With an `executor` the merged requests run concurrently.
         """
-        order = sorted(range(len(ranges)), key=lambda i: ranges[i])
-        out: list[bytes] = [b""] * len(ranges)
-        group: list[int] = []
-
-        def flush() -> None:
-            lo = ranges[group[0]][0]
-            hi = max(ranges[i][1] for i in group)
-            blob = self.read_range(rel, lo, hi)
-            for i in group:
-                s, e = ranges[i]
-                out[i] = blob[s - lo : e - lo]
-
-        for i in order:
-            if group and ranges[i][0] - max(ranges[j][1] for j in group) > coalesce_gap:
-                flush()
-                group = []
-            group.append(i)
-        if group:
-            flush()
+        merged = coalesce_ranges(ranges, coalesce_gap)
+        read = functools.partial(self.read_range, rel)
+        if executor is None:
+            blobs = [read(start, end) for start, end in merged]
+        else:
+            blobs = list(executor.map(lambda r: read(*r), merged))
+        starts = [start for start, _ in merged]
+        out = []
+        for start, end in ranges:
+            k = bisect.bisect_right(starts, start) - 1
+            out.append(blobs[k][start - starts[k] : end - starts[k]])
         return out
 
     def info(self, rel: str) -> FileInfo:

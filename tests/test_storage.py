@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from episodes.errors import DatasetFormatError, FetchError
-from episodes.storage import FileInfo, Storage, relative_path
+from episodes.storage import FileInfo, Storage, coalesce_ranges, relative_path
 from episodes.testing_server import serve_directory
 
 PAYLOAD = bytes(range(256)) * 40  # 10240 bytes, every offset identifiable
@@ -59,6 +60,28 @@ def test_read_ranges_coalesces_close_ranges(root: Path, monkeypatch: pytest.Monk
     got = st.read_ranges("sub/blob.bin", ranges, coalesce_gap=100)
     assert got == [PAYLOAD[s:e] for s, e in ranges]
     assert [(c[1], c[2]) for c in calls] == [(0, 40), (5000, 5100), (9000, 9100)]
+
+
+def test_coalesce_ranges_merges_overlaps_and_gaps_up_to_the_limit() -> None:
+    ranges = [(300, 400), (0, 100), (50, 120), (150, 200), (401, 402), (1000, 1000)]
+    assert coalesce_ranges(ranges, 0) == [(0, 120), (150, 200), (300, 400), (401, 402), (1000, 1000)]
+    assert coalesce_ranges(ranges, 30) == [(0, 200), (300, 402), (1000, 1000)]
+    assert coalesce_ranges(ranges, 10**6) == [(0, 1000)]
+    assert coalesce_ranges([], 5) == []
+    with pytest.raises(ValueError, match=r"bad byte range \[9, 3\)"):
+        coalesce_ranges([(9, 3)], 0)
+    with pytest.raises(ValueError, match="gap must be >= 0 bytes, not -1"):
+        coalesce_ranges([(0, 1)], -1)
+
+
+def test_read_ranges_runs_merged_requests_on_an_executor(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = Storage(str(root))
+    calls = counting(st, monkeypatch, [])
+    ranges = [(9000, 9100), (0, 10), (5, 30), (5000, 5100)]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        got = st.read_ranges("sub/blob.bin", ranges, coalesce_gap=0, executor=pool)
+    assert got == [PAYLOAD[s:e] for s, e in ranges]
+    assert sorted((c[1], c[2]) for c in calls) == [(0, 30), (5000, 5100), (9000, 9100)]
 
 
 def test_missing_file_fails_at_once_naming_it(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
