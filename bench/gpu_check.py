@@ -35,12 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from bench.common import Effort, Goal, Report, Row, table_text, write_json  # noqa: E402
-from bench.harness_bench import chain_pipeline, harness_pair, loop_throughput  # noqa: E402
+from bench.common import Effort, Goal, Report, Row, table_text, write_json
+from bench.harness_bench import chain_pipeline, harness_pair, loop_throughput
 
 LOADER = ("models.episode.EpisodeLoader", {"num_clips": 4, "clip_length": 8, "size": 112})
 NETWORK = ("models.r2p1d.R2P1DRunner", {"start_index": 1, "end_index": 5, "num_clips": 4, "clip_length": 8,

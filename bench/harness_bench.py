@@ -2,7 +2,7 @@
 
 Each compares the harness with what a user would write instead, on the same
 work, so the ratio says what RnB's machinery costs or buys.  Harness runs go
-through `benchmark.main` in this process (its children are real spawned
+through `cli.main` in this process (its children are real spawned
 processes) and use the throughput the job log reports: items finished
 between the start gate and the termination flag, start-up excluded.
 """
@@ -21,11 +21,11 @@ import torch
 import pyarrow.parquet as pq
 import torch.multiprocessing as mp
 
-import benchmark
+from rnb.harness import cli
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
-from control import LocalBuffers, SharedSlot
-from rnb.dotted import load_object
-from rnb.timecard import TimeCard
+from rnb.harness.control import LocalBuffers, SharedSlot
+from rnb.pipeline.dotted import load_object
+from rnb.harness.timecard import TimeCard
 
 REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO / "data" / "synthetic"
@@ -51,7 +51,7 @@ def run_harness(config: dict[str, Any], items: int, workdir: Path, windows: int 
     log_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="logs-"))
     output = io.StringIO()
     with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
-        code = benchmark.main(["-c", str(config_path), "-mi", "0", "-v", str(items), "--log-dir", str(log_dir)])
+        code = cli.main(["-c", str(config_path), "-mi", "0", "-v", str(items), "--log-dir", str(log_dir)])
     (job_dir,) = log_dir.iterdir()
     meta = json.loads((job_dir / "meta.json").read_text(encoding="utf-8"))
     if code != 0 or meta["termination_reason"] != "target reached":

@@ -20,9 +20,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import Effort, Goal, Report, Row, table_text, write_json  # noqa: E402
+from bench.common import Effort, Goal, Report, Row, table_text, write_json
 
 if TYPE_CHECKING:
     from episodes.testing_server import NginxServer
@@ -137,7 +135,7 @@ def run_benchmarks(names: list[str], effort: Effort) -> tuple[list[Row], bool]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from rnb import joblog
+    from rnb.harness import joblog
     effort = Effort.of(args.quick)
     started = time.time()
     rows, all_ran = run_benchmarks(args.only or list(BENCHMARKS), effort)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rnb.timecard import TimeCard
+from rnb.harness.timecard import TimeCard
 
 
 class Aggregator:

@@ -25,8 +25,8 @@ from torchvision.transforms.v2 import functional as F
 
 from episodes import EpisodeByteCache, LeRobotDataset, MiniMp4, decode_frames
 from episodes.dataset import column_array
-from rnb.dataset_source import EpisodeRequest, open_episodes
-from rnb.timecard import TimeCard
+from rnb.pipeline.dataset_source import EpisodeRequest, open_episodes
+from rnb.harness.timecard import TimeCard
 
 KINETICS_MEAN = (0.43216, 0.394666, 0.37645)
 KINETICS_STD = (0.22803, 0.22145, 0.216989)
@@ -107,7 +107,7 @@ class EpisodeReader:
         self.prefetch = prefetch
         self.byte_budget = byte_budget
         # By default as many fetch and decode threads as the runner's torch threads: its share of the
-        # cores (rnb.plan), so that replicas side by side do not oversubscribe the machine.
+        # cores (rnb.pipeline.plan), so that replicas side by side do not oversubscribe the machine.
         self.workers = torch.get_num_threads() if workers is None else workers
         self.decode_threads = torch.get_num_threads() if decode_threads is None else decode_threads
         self.seed = seed

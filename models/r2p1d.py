@@ -17,7 +17,7 @@ from torch import nn
 from torchvision.models.video import r2plus1d_18
 
 from models.episode import EpisodeLoader, clip_shape
-from rnb.timecard import TimeCard
+from rnb.harness.timecard import TimeCard
 
 NUM_STAGES = 5
 # output channels of stages 1..4; stage 5 gives num_classes logits

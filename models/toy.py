@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rnb.timecard import TimeCard, as_cards
+from rnb.harness.timecard import TimeCard, as_cards
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent setup: Debian's ffmpeg (torchcodec links against it), nginx (the
-# HTTP tests serve datasets from a real server) and a pinned .venv at the repo
-# root. Safe to run again: each step is skipped when already done.
+# HTTP tests serve datasets from a real server), a pinned .venv at the repo
+# root and this project installed into it in editable mode (console commands
+# rnb-benchmark, rnb-analyze, ...). Safe to run again: each step is skipped
+# when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,10 +26,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.requirements.sha256
-want=$(sha256sum requirements.txt | cut -d' ' -f1)
+want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing pinned Python packages (first time: a few minutes)"
+  echo "setup: installing pinned Python packages and this project (first time: a few minutes)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements.txt
+  # Editable: the venv points at this checkout, so edits need no reinstall.
+  .venv/bin/python -m pip install -q -e . --no-deps
   echo "$want" > "$stamp"
 fi

@@ -1,12 +1,18 @@
-"""Shared pytest markers for the whole suite: skip what this machine cannot run."""
+"""Shared pytest setup for the whole suite: markers that skip what this machine cannot run."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from episodes.testing_server import NGINX
+
+REPO = Path(__file__).resolve().parents[1]
+# Scripts the tests start (scripts/*.py, bench/run.py) import the project through the venv's
+# editable install, which may point at another checkout: this one's code must come first.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -15,7 +15,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from rnb.analysis import (
+from rnb.analysis.jobs import (
     PERCENTILES, JobLogError, ValidityRules, load_jobs, read_job, stat_column, summarize_job,
 )
 

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from rnb.config import ConfigError, load_config
+from rnb.pipeline.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "broken_configs"

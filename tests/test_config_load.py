@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rnb.config import DEFAULT_CONFIG_PATH, ConfigError, PipelineConfig, QueueGroup, load_config, parse_config
+from rnb.pipeline.config import DEFAULT_CONFIG_PATH, ConfigError, PipelineConfig, QueueGroup, load_config, parse_config
 
 REPO = Path(__file__).resolve().parent.parent
 

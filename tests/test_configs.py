@@ -7,8 +7,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-import benchmark
-from rnb.config import load_config
+from rnb.harness import cli
+from rnb.pipeline.config import load_config
 from tests.test_models import tiny_dataset
 
 CONFIGS = sorted(Path("config").glob("*.json"))
@@ -58,7 +58,7 @@ def test_every_shipped_config_validates_and_says_what_it_is(path):
 def test_every_config_runs_on_the_cpu_with_the_target_count(path, dataset, tmp_path):
     # rnb batches by -b: 10 items in batches of 3 end with a partial batch that only an idle flush hands over
     videos, batch = (10, 3) if path.name == "r2p1d-rnb.json" else (4, 1)
-    code = benchmark.main(["-c", shrunk(path, tmp_path), "--cpu", "-v", str(videos), "-b", str(batch), "-mi", "0",
+    code = cli.main(["-c", shrunk(path, tmp_path), "--cpu", "-v", str(videos), "-b", str(batch), "-mi", "0",
                            "--dataset", dataset, "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
     meta, rows = job(tmp_path / "logs")
     assert code == 0, meta["error"]
@@ -74,11 +74,11 @@ def test_every_config_runs_on_the_cpu_with_the_target_count(path, dataset, tmp_p
 
 
 def test_dataset_flag_and_missing_dataset_are_one_sentence_config_errors(tmp_path, capsys):
-    assert benchmark.main(["-c", "config/toy.json", "--dataset", "x", "--check"]) == 2
+    assert cli.main(["-c", "config/toy.json", "--dataset", "x", "--check"]) == 2
     assert capsys.readouterr().err.strip() == (
         "command line: --dataset: expected a config whose source is a dataset or videos, but config/toy.json has a synthetic source")
     missing = str(tmp_path / "none")
-    assert benchmark.main(["-c", "config/r2p1d-whole.json", "--cpu", "--dataset", missing, "--check"]) == 2
+    assert cli.main(["-c", "config/r2p1d-whole.json", "--cpu", "--dataset", missing, "--check"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("config/r2p1d-whole.json: source.dataset: expected a LeRobot v3.0 dataset, found an error:")
     assert missing in err and "\n" not in err and not (tmp_path / "none").exists()
@@ -86,7 +86,7 @@ def test_dataset_flag_and_missing_dataset_are_one_sentence_config_errors(tmp_pat
 
 def test_no_arguments_runs_the_default_config_generating_its_missing_dataset(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert benchmark.main(["--log-dir", "logs"]) == 0
+    assert cli.main(["--log-dir", "logs"]) == 0
     err = capsys.readouterr().err
     assert "benchmark.py: dataset data/synthetic is missing: generating the synthetic dataset there" in err
     assert (tmp_path / "data/synthetic/meta/info.json").exists()
@@ -99,7 +99,7 @@ def test_no_arguments_runs_the_default_config_generating_its_missing_dataset(tmp
 @pytest.mark.parametrize("name", ["r2p1d-whole.json", "split-fetch-decode.json", "r2p1d-nopipeline.json"])
 def test_single_gpu_configs_run_on_gpu_0(name, dataset, tmp_path):
     """Decoding on NVDEC and CUDA slots, uint8 ones included, on one GPU as shipped (clips shrunk)."""
-    code = benchmark.main(["-c", shrunk(Path("config") / name, tmp_path), "-v", "4", "-mi", "0", "--dataset", dataset,
+    code = cli.main(["-c", shrunk(Path("config") / name, tmp_path), "-v", "4", "-mi", "0", "--dataset", dataset,
                            "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
     meta, rows = job(tmp_path / "logs")
     assert code == 0, meta["error"]

@@ -1,4 +1,4 @@
-"""GPU validation: NVML replaced by a fake at the rnb.gpus.Nvml seam, plus the real no-driver path."""
+"""GPU validation: NVML replaced by a fake at the rnb.pipeline.gpus.Nvml seam, plus the real no-driver path."""
 from __future__ import annotations
 
 import sys
@@ -7,8 +7,8 @@ from types import TracebackType
 import pytest
 import torch
 
-from rnb.config import ConfigError, PipelineConfig, parse_config
-from rnb.gpus import DeviceState, GpuInfo, GpuRequestError, apply_cpu_override, validate_gpus
+from rnb.pipeline.config import ConfigError, PipelineConfig, parse_config
+from rnb.pipeline.gpus import DeviceState, GpuInfo, GpuRequestError, apply_cpu_override, validate_gpus
 
 GIB = 2**30
 
@@ -33,7 +33,7 @@ def _device(i: int, used: int = 0, pids: tuple[int, ...] = ()) -> DeviceState:
 
 
 class FakeNvml:
-    """Stands in for rnb.gpus.Nvml: a fixed list of devices, and a log of what was asked."""
+    """Stands in for rnb.pipeline.gpus.Nvml: a fixed list of devices, and a log of what was asked."""
 
     def __init__(self, devices: list[DeviceState], fail: Exception | None = None) -> None:
         self.devices = devices
@@ -63,7 +63,7 @@ class FakeNvml:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     nvml = FakeNvml([_device(i) for i in range(4)])
-    monkeypatch.setattr("rnb.gpus.Nvml", nvml)
+    monkeypatch.setattr("rnb.pipeline.gpus.Nvml", nvml)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return nvml
 
@@ -159,7 +159,7 @@ def test_nvml_query_failure_is_one_sentence(fake: FakeNvml, monkeypatch: pytest.
 
 
 def test_nvml_init_failure_suggests_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("rnb.gpus.Nvml", FakeNvml([], fail=OSError("driver not loaded")))
+    monkeypatch.setattr("rnb.pipeline.gpus.Nvml", FakeNvml([], fail=OSError("driver not loaded")))
     with pytest.raises(GpuRequestError) as caught:
         validate_gpus(_config([[-1]], [[-1, 1]]), cpu_only=False)
     assert isinstance(caught.value, ConfigError)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-import benchmark
+from rnb.harness import cli
 
 # A hang guard only: stopping itself is measured against the moment the job ended.
 STOP_BOUND_S = 10.0
@@ -57,7 +57,7 @@ def read_log(log_dir: Path) -> tuple[dict, list[dict]]:
 ], ids=["init", "item", "os_exit"])
 def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path, capsys, step, faults, failed, error):
     config = toy_with(tmp_path, step, **faults)
-    code = benchmark.main(["-c", config, "-v", "50", "-mi", "0", "--log-dir", str(tmp_path / "logs")])
+    code = cli.main(["-c", config, "-v", "50", "-mi", "0", "--log-dir", str(tmp_path / "logs")])
     returned = time.time()
     meta, rows = read_log(tmp_path / "logs")
     assert code == 1
@@ -77,7 +77,7 @@ def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path,
 
 
 def test_a_full_request_queue_aborts_the_job_with_exit_1(tmp_path, capsys):
-    code = benchmark.main(["-c", "config/toy.json", "-v", "40", "-mi", "0", "-qs", "4", "--log-dir", str(tmp_path)])
+    code = cli.main(["-c", "config/toy.json", "-v", "40", "-mi", "0", "-qs", "4", "--log-dir", str(tmp_path)])
     meta, rows = read_log(tmp_path)
     assert code == 1
     assert meta["termination_reason"] == "request queue full" and meta["failed_process"] is None

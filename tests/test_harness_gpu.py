@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import benchmark
-from control import SharedSlot
+from rnb.harness import cli
+from rnb.harness.control import SharedSlot
 
 
 @pytest.mark.gpu
@@ -38,7 +38,7 @@ def test_toy_pipeline_on_gpu_0_uses_cuda_slots_and_reports_device_memory(tmp_pat
         step["queue_groups"][0]["gpus"] = [0]
     config = tmp_path / "gpu.json"
     config.write_text(json.dumps(document))
-    assert benchmark.main(["-c", str(config), "-v", "40", "-mi", "0", "--log-dir", str(tmp_path / "logs")]) == 0
+    assert cli.main(["-c", str(config), "-v", "40", "-mi", "0", "--log-dir", str(tmp_path / "logs")]) == 0
     (job_dir,) = (tmp_path / "logs").iterdir()
     meta = json.loads((job_dir / "meta.json").read_text())
     rows = pq.read_table(job_dir / "timings.parquet").to_pylist()

@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import benchmark
-from control import LocalBuffers, SharedSlot
+from rnb.harness import cli, job
+from rnb.harness.control import LocalBuffers, SharedSlot
 from models.aggregator import Aggregator
 from models.batcher import Batcher
-from rnb.config import ConfigError, parse_config
-from rnb.plan import plan_runners
-from rnb.timecard import TimeCard
+from rnb.pipeline.config import ConfigError, parse_config
+from rnb.pipeline.plan import plan_runners
+from rnb.harness.timecard import TimeCard
 
 CTX = mp.get_context("spawn")
 
@@ -103,8 +103,8 @@ def _toy_config(tmp_path: Path) -> str:
 def test_a_setup_failure_writes_meta_and_exits_1_with_one_sentence(tmp_path, monkeypatch, capsys):
     def out_of_memory(ctx, placement):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail")
-    monkeypatch.setattr(benchmark, "allocate_slots", out_of_memory)
-    code = benchmark.main(["-c", _toy_config(tmp_path), "-v", "3", "--log-dir", str(tmp_path / "logs")])
+    monkeypatch.setattr(job, "allocate_slots", out_of_memory)
+    code = cli.main(["-c", _toy_config(tmp_path), "-v", "3", "--log-dir", str(tmp_path / "logs")])
     assert code == 1
     (job_dir,) = (tmp_path / "logs").iterdir()
     meta = json.loads((job_dir / "meta.json").read_text())
@@ -121,10 +121,10 @@ def test_cuda_device_order_is_pci_bus_id_unless_the_user_chose(tmp_path, monkeyp
         monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     else:
         monkeypatch.setenv("CUDA_DEVICE_ORDER", preset)
-    assert benchmark.main(["-c", _toy_config(tmp_path), "--check"]) == 0
+    assert cli.main(["-c", _toy_config(tmp_path), "--check"]) == 0
     assert os.environ["CUDA_DEVICE_ORDER"] == (preset or "PCI_BUS_ID")
 
 
 def test_command_line_values_are_checked_against_the_config_table(tmp_path, capsys):
-    assert benchmark.main(["-c", _toy_config(tmp_path), "-qs", str(2**31), "--check"]) == 2
+    assert cli.main(["-c", _toy_config(tmp_path), "-qs", str(2**31), "--check"]) == 2
     assert capsys.readouterr().err == f"command line: -qs/--queue_size: expected at most {2**31 - 1}, found {2**31}\n"

@@ -8,13 +8,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-import benchmark
+from rnb.harness import cli
 
 STEP_COLUMNS = ["runner{k}_start", "inference{k}_start", "inference{k}_finish", "runner{k}_finish", "device{k}"]
 
 
 def run(tmp_path: Path, *argv: str) -> tuple[int, dict, list[dict]]:
-    code = benchmark.main([*argv, "--log-dir", str(tmp_path)])
+    code = cli.main([*argv, "--log-dir", str(tmp_path)])
     (job_dir,) = [path for path in tmp_path.iterdir() if path.is_dir()]
     meta = json.loads((job_dir / "meta.json").read_text())
     rows = pq.read_table(job_dir / "timings.parquet").to_pylist()
@@ -80,7 +80,7 @@ SEGMENTED = {
 
 def test_gpu_config_without_gpu_exits_2_and_cpu_flag_runs_replicas_and_merges_segments(tmp_path, capsys):
     config = write_config(tmp_path, SEGMENTED)
-    assert benchmark.main(["-c", config, "-v", "24", "-mi", "0", "--log-dir", str(tmp_path / "refused")]) == 2
+    assert cli.main(["-c", config, "-v", "24", "-mi", "0", "--log-dir", str(tmp_path / "refused")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pipeline[1].queue_groups[0].gpus" in err and "--cpu" in err
     assert not (tmp_path / "refused").exists()

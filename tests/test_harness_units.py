@@ -11,14 +11,14 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import benchmark
-from control import Plumbing, SharedSlot, Signal, Termination
+from rnb.harness import cli
+from rnb.harness.control import Plumbing, SharedSlot, Signal, Termination
 from models.toy import SyntheticFrames
-from rnb import joblog
-from rnb.config import ConfigError, parse_config
-from rnb.sources import open_source
-from rnb.timecard import TimeCard, as_cards
-from runner import Runner, RunnerSpec
+from rnb.harness import joblog
+from rnb.pipeline.config import ConfigError, parse_config
+from rnb.pipeline.sources import open_source
+from rnb.harness.timecard import TimeCard, as_cards
+from rnb.harness.runner import Runner, RunnerSpec
 
 CTX = mp.get_context("spawn")
 
@@ -157,7 +157,7 @@ def _toy_config(run: dict) -> object:
 
 def test_command_line_overrides_config_run_which_overrides_defaults():
     config = _toy_config({"videos": 40, "mean_interval_ms": 0})
-    args = benchmark.resolve_args(benchmark.parse_args(["-v", "7", "--warmup", "0"]), config)
+    args = cli.resolve_args(cli.parse_args(["-v", "7", "--warmup", "0"]), config)
     assert (args.videos, args.mean_interval_ms, args.warmup, args.queue_size, args.batch_size) == (7, 0, 0, 50000, 1)
     assert (args.concurrency, args.seed, args.cpu, args.log_dir) == (None, 0, False, "logs")
 
@@ -170,13 +170,13 @@ def test_command_line_overrides_config_run_which_overrides_defaults():
     (["-v", "ten"], "benchmark.py: argument -v/--videos: invalid int value: 'ten'"),
 ])
 def test_bad_argument_values_exit_2_with_one_sentence(argv, message, capsys, tmp_path):
-    assert benchmark.main(["-c", "config/toy.json", "--log-dir", str(tmp_path), *argv]) == 2
+    assert cli.main(["-c", "config/toy.json", "--log-dir", str(tmp_path), *argv]) == 2
     assert capsys.readouterr().err.strip() == message
     assert list(tmp_path.iterdir()) == []
 
 
 def test_check_prints_a_ready_line_and_spawns_nothing(capsys, tmp_path):
-    assert benchmark.main(["-c", "config/toy.json", "--check", "--log-dir", str(tmp_path)]) == 0
+    assert cli.main(["-c", "config/toy.json", "--check", "--log-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("ready: python ") and "config/toy.json is valid (2 steps, 2 runners)" in out
     assert list(tmp_path.iterdir()) == []

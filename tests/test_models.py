@@ -9,7 +9,7 @@ import pytest
 import torch
 from torchvision.models.video import r2plus1d_18
 
-from control import SharedSlot
+from rnb.harness.control import SharedSlot
 from episodes import EpisodeByteCache, open_dataset
 from episodes.synthetic import make_dataset
 from models.aggregator import Aggregator
@@ -17,10 +17,10 @@ from models.batcher import Batcher
 from models.episode import (EpisodeDecoder, EpisodeFetcher, EpisodeLoader, ClipCount, sample_clip_frames,
                             to_clips)
 from models.r2p1d import R2P1DRunner, stage_shape
-from rnb.config import ConfigError, parse_config
-from rnb.dataset_source import EpisodeRequest, SourceOptions, parse_options, requests
-from rnb.plan import plan_runners
-from rnb.timecard import TimeCard
+from rnb.pipeline.config import ConfigError, parse_config
+from rnb.pipeline.dataset_source import EpisodeRequest, SourceOptions, parse_options, requests
+from rnb.pipeline.plan import plan_runners
+from rnb.harness.timecard import TimeCard
 from selector import LargeSmallSelector
 
 CPU = torch.device("cpu")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rnb.analysis import ValidityRules, load_jobs, stat_column
-from rnb.analysis_sweep import RunOutcome, Trial, bisect_rate, format_interval, measure_trial, run_benchmark
+from rnb.analysis.jobs import ValidityRules, load_jobs, stat_column
+from rnb.analysis.sweep import RunOutcome, Trial, bisect_rate, format_interval, measure_trial, run_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = REPO / "scripts" / "sweep.py"

@@ -12,8 +12,8 @@ from typing import Any, Mapping
 
 import torch
 
-from rnb.config import ConfigError, PipelineConfig
-from rnb.dotted import load_object
+from rnb.pipeline.config import ConfigError, PipelineConfig
+from rnb.pipeline.dotted import load_object
 
 
 @dataclass(frozen=True)

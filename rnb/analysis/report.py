@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from rnb.analysis import STAGE_PARTS, stat_column
+from rnb.analysis.jobs import STAGE_PARTS, stat_column
 
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("job", "job_id"),

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from rnb.analysis import e2e_percentile_ms, read_job
+from rnb.analysis.jobs import e2e_percentile_ms, read_job
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmark.py"
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmark.py"
 INTERRUPT_GRACE_S = 30.0
 
 

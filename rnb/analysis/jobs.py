@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.joblog import STEP_EVENTS
-from rnb.summary import stage_latencies
+from rnb.harness.joblog import STEP_EVENTS
+from rnb.analysis.summary import stage_latencies
 
 TARGET_REACHED = "target reached"
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)

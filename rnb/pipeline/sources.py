@@ -12,21 +12,21 @@ import inspect
 import itertools
 from typing import Any, Iterable, Iterator, Mapping
 
-from rnb.config import ConfigError
-from rnb.dotted import load_object
+from rnb.pipeline.config import ConfigError
+from rnb.pipeline.dotted import load_object
 
 # first key of config.source -> dotted path of `factory(source, config_path) -> Iterable`
 SOURCE_FACTORIES: dict[str, str] = {
-    "synthetic": "rnb.sources.synthetic_source",
-    "video_path_iterator": "rnb.sources.path_iterator_source",
-    "dataset": "rnb.dataset_source.episode_source",
-    "videos": "rnb.dataset_source.episode_source",
+    "synthetic": "rnb.pipeline.sources.synthetic_source",
+    "video_path_iterator": "rnb.pipeline.sources.path_iterator_source",
+    "dataset": "rnb.pipeline.dataset_source.episode_source",
+    "videos": "rnb.pipeline.dataset_source.episode_source",
 }
 # first key -> dotted path of `check(source, config_path) -> None`, run by the main process before anything
 # starts, so that a source which cannot work is a config error (exit 2) rather than a failed client
 SOURCE_CHECKS: dict[str, str] = {
-    "dataset": "rnb.dataset_source.check_source",
-    "videos": "rnb.dataset_source.check_source",
+    "dataset": "rnb.pipeline.dataset_source.check_source",
+    "videos": "rnb.pipeline.dataset_source.check_source",
 }
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from control import Plumbing, Termination
+from rnb.harness.control import Plumbing, Termination
 
 
 def child_main(name: str, plumbing: Plumbing, work: Callable[[], None], device: torch.device | None = None) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Iterator
 
-from rnb.config import ConfigError, PipelineConfig
+from rnb.pipeline.config import ConfigError, PipelineConfig
 
 DEFAULT_MAX_MEMORY_FRACTION = 0.05
 

@@ -54,7 +54,7 @@ class PipelineConfig:
     raw: Mapping[str, Any]          # the parsed JSON as written, copied into the job log
 
 
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "default.json"
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config" / "default.json"
 DEFAULT_NUM_SHARED_TENSORS = 10
 
 _TOP_KEYS = ("pipeline", "source", "run", "video_path_iterator", "description")
@@ -113,7 +113,7 @@ def parse_config(document: Any, file: str, path: str | None = None) -> PipelineC
     if "video_path_iterator" in top:
         if "video_path_iterator" in source:
             check.fail("video_path_iterator", "expected it either at top level (the old form) or in source, found both")
-        # first, because a source's first key names its kind (rnb.sources)
+        # first, because a source's first key names its kind (rnb.pipeline.sources)
         source = {"video_path_iterator": top["video_path_iterator"], **source}
     if "video_path_iterator" in source:
         where = "video_path_iterator" if "video_path_iterator" in top else "source.video_path_iterator"
@@ -232,7 +232,7 @@ def _parse_group(
     selector_kwargs = check.as_object(raw.get("queue_selector_kwargs", {}), f"{where}.queue_selector_kwargs")
     group_kwargs = {key: item for key, item in raw.items() if key not in _GROUP_KEYS}
     model_kwargs = {**step_kwargs, **group_kwargs}
-    if "threads" in model_kwargs:  # consumed by the harness (rnb.plan), not passed to the model
+    if "threads" in model_kwargs:  # consumed by the harness (rnb.pipeline.plan), not passed to the model
         where_threads = f"{where}.threads" if "threads" in group_kwargs else f"pipeline[{k}].threads"
         check.as_integer(model_kwargs["threads"], where_threads, 1)
     return QueueGroup(

@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from control import POLL_S, Plumbing, Termination
-from rnb.joblog import process_record
-from rnb.timecard import TimeCard
+from rnb.harness.control import POLL_S, Plumbing, Termination
+from rnb.harness.joblog import process_record
+from rnb.harness.timecard import TimeCard
 
 
 @dataclass

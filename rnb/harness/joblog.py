@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rnb.timecard import TimeCard
+from rnb.harness.timecard import TimeCard
 
 STEP_EVENTS = ("runner{k}_start", "inference{k}_start", "inference{k}_finish", "runner{k}_finish")
 

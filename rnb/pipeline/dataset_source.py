@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from rnb.config import ConfigError, PipelineConfig, describe
+from rnb.pipeline.config import ConfigError, PipelineConfig, describe
 
 KINDS = ("dataset", "videos")
 _KEYS = {"dataset": ("dataset", "order", "seed", "episodes", "lookahead", "generate_if_missing"),

@@ -1,0 +1,1 @@
+"""Performance benchmarks: ratios measured side by side in one run (`python bench/run.py`, `rnb-bench`)."""

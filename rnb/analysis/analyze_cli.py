@@ -1,0 +1,91 @@
+"""Summarize RnB job logs: a terminal table, exports, plots and a two-job comparison.
+
+    python scripts/analyze.py                       # every job under logs/
+    python scripts/analyze.py logs/261130_0915* --csv jobs.csv --plot jobs.png
+    python scripts/analyze.py logs --compare JOB_A JOB_B
+
+Exit codes: 0 success, 2 bad arguments, no jobs, or an unreadable job file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from rnb.analysis.jobs import JSON_COLUMNS, JobLogError, JobTables, ValidityRules, load_jobs
+from rnb.analysis.report import format_compare, format_report, plot_jobs
+
+DEFAULTS = ValidityRules()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("paths", nargs="*", default=["logs"], help="log directories or job directories (default: logs)")
+    parser.add_argument("--min-duration", type=float, default=DEFAULTS.min_duration_s,
+                        help=f"seconds the measured window must last to be VALID (default {DEFAULTS.min_duration_s:g})")
+    parser.add_argument("--min-items", type=int, default=DEFAULTS.min_items,
+                        help=f"items after warm-up needed to be VALID (default {DEFAULTS.min_items})")
+    parser.add_argument("--csv", metavar="FILE", help="write the jobs table as CSV")
+    parser.add_argument("--json", metavar="FILE", help="write the jobs table as a JSON list of objects")
+    parser.add_argument("--parquet", metavar="FILE", help="write the jobs table as Parquet")
+    parser.add_argument("--items-parquet", metavar="FILE", help="write the per-item table of all jobs as Parquet")
+    parser.add_argument("--plot", metavar="FILE.png", help="write stacked stage latencies (and load curves) as PNG")
+    parser.add_argument("--compare", nargs=2, metavar=("JOB_A", "JOB_B"),
+                        help="show two jobs (ids under PATHS, or job directories) side by side with ratios B/A")
+    args = parser.parse_args(argv)
+    if args.min_duration < 0 or args.min_items < 0:
+        parser.error("--min-duration and --min-items must not be negative")
+    return args
+
+
+def load_compared(args: argparse.Namespace, rules: ValidityRules) -> JobTables:
+    """The two compared jobs, in order; each named by a job directory or an id under the given paths."""
+    named = [Path(name) for name in args.compare]
+    if all(path.is_dir() for path in named):
+        return load_jobs(named, rules=rules)
+    return load_jobs(args.paths, names=[path.name for path in named], rules=rules)
+
+
+def export(tables: JobTables, args: argparse.Namespace) -> None:
+    if args.csv:
+        pcsv.write_csv(tables.jobs, args.csv)
+    if args.parquet:
+        pq.write_table(tables.jobs, args.parquet)
+    if args.items_parquet:
+        pq.write_table(tables.items, args.items_parquet)
+    if args.json:
+        rows = tables.jobs.to_pylist()
+        for row in rows:
+            row.update({column: json.loads(row[column]) for column in JSON_COLUMNS if row.get(column) is not None})
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    if args.plot:
+        plot_jobs(tables.jobs, args.plot)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rules = ValidityRules(min_duration_s=args.min_duration, min_items=args.min_items)
+    try:
+        tables = load_compared(args, rules) if args.compare else load_jobs(args.paths, rules=rules)
+        export(tables, args)
+    except JobLogError as exc:
+        print(f"analyze: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"analyze: cannot write {exc.filename}: {exc.strerror}.", file=sys.stderr)
+        return 2
+    if args.compare:
+        job_a, job_b = tables.jobs.to_pylist()
+        print(format_compare(job_a, job_b))
+    else:
+        print(format_report(tables.jobs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

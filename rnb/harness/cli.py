@@ -1,0 +1,95 @@
+"""The benchmark's command line: parse, validate config and GPUs, plan, then run the job.
+
+    python benchmark.py -c config/toy.json -mi 3 -v 2000      (or: rnb-benchmark ...)
+
+Exit codes: 0 target reached, 1 failed job (a process failed, a queue was
+full, or the queues and shared tensors could not be set up), 2 invalid config,
+arguments or GPU request, 130 interrupted.
+
+CUDA_DEVICE_ORDER is set to PCI_BUS_ID (unless the environment already sets
+it) before anything touches CUDA, so CUDA numbers GPUs as NVML does and the
+GPU checked free by rnb.pipeline.gpus is the GPU the runner then uses.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+from typing import Any, NoReturn
+
+from rnb.harness import joblog
+from rnb.harness.job import RunArgs, run_job
+from rnb.pipeline.config import RUN_KEYS, ConfigError, PipelineConfig, load_config
+from rnb.pipeline.dataset_source import with_dataset
+from rnb.pipeline.gpus import apply_cpu_override, validate_gpus
+from rnb.pipeline.plan import plan_runners
+from rnb.pipeline.sources import check_source
+
+# What applies when neither the command line nor the config's "run" object sets a value.
+DEFAULTS: dict[str, Any] = {"mean_interval_ms": 3, "videos": 2000, "batch_size": 1, "queue_size": 50000,
+                            "concurrency": None, "warmup": 10, "seed": 0}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One sentence, not a usage dump: the flags are in --help.
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = _Parser(prog="benchmark.py", description="Benchmark a multi-step, multi-process video inference pipeline.")
+    parser.add_argument("-c", "--config_file_path", help="pipeline config JSON (default: the embedded default config)")
+    parser.add_argument("-mi", "--mean_interval_ms", type=float, help="Poisson mean inter-arrival in ms; 0 = bulk (default 3)")
+    parser.add_argument("-v", "--videos", type=int, help="number of requests to finish (default 2000)")
+    parser.add_argument("-b", "--batch_size", type=int, help="default batch of batching steps (default 1)")
+    parser.add_argument("-qs", "--queue_size", type=int, help="capacity of every queue (default 50000)")
+    parser.add_argument("--check", action="store_true", help="verify imports, environment and config, then exit")
+    parser.add_argument("--cpu", action="store_true", help="run every runner on the CPU whatever the config's gpus say")
+    parser.add_argument("--concurrency", type=int, help="closed loop: keep N requests in flight (-mi is then ignored)")
+    parser.add_argument("--warmup", type=int, help="first N items excluded from latency statistics (default 10)")
+    parser.add_argument("--log-dir", dest="log_dir", default="logs", help="where job logs go (default logs/)")
+    parser.add_argument("--seed", type=int, help="seed of the Poisson arrivals and of a random episode order (default 0)")
+    parser.add_argument("--dataset", help="replace the root (or video glob) of the config's dataset or videos source")
+    return parser.parse_args(argv)
+
+
+def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
+    """Command line over config "run" over DEFAULTS; a bad command-line value raises ConfigError."""
+    values = {}
+    flags = {"mean_interval_ms": "-mi/--mean_interval_ms", "videos": "-v/--videos", "batch_size": "-b/--batch_size",
+             "queue_size": "-qs/--queue_size", "concurrency": "--concurrency", "warmup": "--warmup", "seed": "--seed"}
+    for key, default in DEFAULTS.items():
+        given = getattr(ns, key)
+        _, minimum, maximum = RUN_KEYS[key]
+        if given is not None and (not math.isfinite(given) or given < minimum):
+            raise ConfigError("command line", flags[key], f"expected a number >= {minimum}, found {given:g}")
+        if given is not None and maximum is not None and given > maximum:
+            raise ConfigError("command line", flags[key], f"expected at most {maximum}, found {given}")
+        values[key] = given if given is not None else config.run.get(key, default)
+    return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    try:
+        ns = parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    try:
+        config = load_config(ns.config_file_path)
+        if ns.dataset is not None:
+            config = with_dataset(config, ns.dataset)
+        args = resolve_args(ns, config)
+        gpus = validate_gpus(config, cpu_only=args.cpu)
+        check_source(config.source, config.path)
+        placements = plan_runners(apply_cpu_override(config) if args.cpu else config, args.batch_size)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if ns.check:
+        versions = ", ".join(f"{name} {version}" for name, version in joblog.versions().items())
+        print(f"ready: {versions}; {config.path} is valid ({len(config.steps)} steps, {len(placements)} runners)")
+        return 0
+    return run_job(config, args, placements, [dataclasses.asdict(gpu) for gpu in gpus])

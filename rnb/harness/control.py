@@ -1,0 +1,208 @@
+"""Shared plumbing between the main process, the client and the runners.
+
+The main process builds all of it before spawning, so every child gets the
+same queues, flag and shared tensors as spawn arguments.  Tensors move only
+through preallocated `SharedSlot`s; queues carry small messages.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import torch
+
+# How long any blocking wait lasts before it re-checks the termination flag.
+POLL_S = 0.05
+
+
+class Termination(IntEnum):
+    """Values of the termination flag; RUNNING until the first reason wins."""
+
+    RUNNING = 0
+    TARGET_REACHED = 1
+    REQUEST_QUEUE_FULL = 2
+    INTER_STEP_QUEUE_FULL = 3
+    PROCESS_FAILED = 4
+    INTERRUPTED = 5
+    SETUP_FAILED = 6  # the main process could not build the queues or shared tensors
+
+    @property
+    def reason(self) -> str:
+        """The termination_reason written to meta.json."""
+        return _REASONS[self]
+
+
+_REASONS = {
+    Termination.RUNNING: "running",
+    Termination.TARGET_REACHED: "target reached",
+    Termination.REQUEST_QUEUE_FULL: "request queue full",
+    Termination.INTER_STEP_QUEUE_FULL: "inter-step queue full",
+    Termination.PROCESS_FAILED: "process failed",
+    Termination.INTERRUPTED: "interrupted",
+    Termination.SETUP_FAILED: "setup failed",
+}
+
+
+class TerminationFlag:
+    """A job-wide stop flag; the first reason raised wins, with the time it was raised.
+
+    The time matters: throughput ends when the final step counts the last
+    item, not when the main process gets around to noticing.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._value = ctx.Value("i", int(Termination.RUNNING))
+        self._when = ctx.Value("d", 0.0, lock=False)
+
+    def raise_(self, reason: Termination) -> bool:
+        """Set the flag unless another reason got there first; True if this call won."""
+        with self._value.get_lock():
+            if self._value.value != Termination.RUNNING:
+                return False
+            self._when.value = time.time()
+            self._value.value = int(reason)
+            return True
+
+    @property
+    def reason(self) -> Termination:
+        return Termination(self._value.value)
+
+    @property
+    def is_set(self) -> bool:
+        return self._value.value != Termination.RUNNING
+
+    @property
+    def raised_at(self) -> float:
+        return self._when.value
+
+
+@dataclass(frozen=True)
+class SharedSlot:
+    """One preallocated output buffer of a runner, reused for many items.
+
+    `free` is set while nobody needs the data: the producer clears it before
+    writing, the consumer sets it once it has copied the data out.  `sizes`
+    (shared, on the CPU) holds the valid first-dimension size of each tensor.
+    """
+
+    tensors: tuple[torch.Tensor, ...]
+    sizes: torch.Tensor
+    free: Any  # multiprocessing Event
+
+    @staticmethod
+    def allocate(ctx: Any, shapes: tuple[tuple[int, ...], ...], device: torch.device,
+                 dtypes: tuple[torch.dtype, ...] | None = None) -> SharedSlot:
+        """Zeroed shared buffers; float32 unless the model's output_dtypes() says otherwise."""
+        dtypes = dtypes or (torch.float32,) * len(shapes)
+        tensors = tuple(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in zip(shapes, dtypes))
+        if device.type == "cpu":
+            for tensor in tensors:
+                tensor.share_memory_()
+        else:
+            torch.cuda.synchronize(device)  # zeroed before any other process can see it
+        sizes = torch.zeros(len(shapes), dtype=torch.int64).share_memory_()
+        free = ctx.Event()
+        free.set()
+        return SharedSlot(tensors, sizes, free)
+
+    def write(self, outputs: tuple[torch.Tensor, ...], where: str) -> None:
+        """Copy outputs in (asynchronously on the current stream for CUDA); the caller syncs."""
+        if len(outputs) != len(self.tensors):
+            raise ValueError(f"{where}: the model returned {len(outputs)} output tensors but output_shape() declares {len(self.tensors)}")
+        for index, (output, slot) in enumerate(zip(outputs, self.tensors)):
+            if output.dim() != slot.dim() or output.shape[0] > slot.shape[0] or output.shape[1:] != slot.shape[1:]:
+                raise ValueError(f"{where}: output tensor {index} has shape {tuple(output.shape)}, which does not fit output_shape() {tuple(slot.shape)}")
+            slot[: output.shape[0]].copy_(output, non_blocking=True)
+            self.sizes[index] = output.shape[0]
+
+    def read(self, device: torch.device, buffers: LocalBuffers | None = None) -> tuple[torch.Tensor, ...]:
+        """Copies of the valid rows on `device`; the caller syncs, then releases the slot.
+
+        With `buffers` the copies land in the consumer's reused buffers (views
+        of them are returned, valid until the next read into the same
+        buffers); without, each read allocates new tensors.
+        """
+        # Only a copy onto a CUDA device runs on the caller's stream, which the caller syncs;
+        # a copy to the CPU must be complete when it returns.
+        non_blocking = device.type == "cuda"
+        copies = []
+        for index, (slot, size) in enumerate(zip(self.tensors, self.sizes.tolist())):
+            if buffers is None:
+                copies.append(slot[:size].to(device, copy=True, non_blocking=non_blocking))
+            else:
+                copies.append(buffers.like(index, slot)[:size].copy_(slot[:size], non_blocking=non_blocking))
+        return tuple(copies)
+
+
+class LocalBuffers:
+    """A consumer's private copies of its producers' slots, allocated once per tensor and reused.
+
+    Reading a slot into a fresh tensor costs an allocation per item, and for
+    tensors of many MB the page faults of new memory cost as much as the copy
+    itself.  One buffer per (tensor position, shape, dtype) serves every
+    producer slot of that form, since a runner handles one item at a time.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffers: dict[tuple[int, torch.Size, torch.dtype], torch.Tensor] = {}
+
+    def like(self, index: int, slot: torch.Tensor) -> torch.Tensor:
+        """The buffer for tensor `index` of a slot shaped like `slot`, on this consumer's device."""
+        key = (index, slot.shape, slot.dtype)
+        if key not in self._buffers:
+            self._buffers[key] = torch.empty(slot.shape, dtype=slot.dtype, device=self.device)
+        return self._buffers[key]
+
+
+@dataclass(frozen=True)
+class Signal:
+    """What travels between steps: where the tensors wait, plus the small rest."""
+
+    step: int
+    group: int
+    instance: int
+    slot: int
+    non_tensors: dict
+    time_card: Any  # TimeCard or a tuple of them (a batch)
+
+
+@dataclass(frozen=True)
+class Plumbing:
+    """Everything the children share: queues, the flag, counters and the start gate.
+
+    `step_queues[k][q]` is output queue q of step k (the input of the step-k+1
+    groups whose in_queue is q).  `in_flight` is None except in closed loop,
+    where it bounds the requests the client may have outstanding.
+    """
+
+    requests: Any
+    step_queues: tuple[dict[int, Any], ...]
+    results: Any       # finished time cards, final step -> main
+    status: Any        # ("ready" | "error" | "exit", name, details) child -> main
+    flag: TerminationFlag
+    finished: Any      # shared count of finished items
+    start: Any         # Event set by main once every child is ready
+    in_flight: Any     # Semaphore or None
+
+    @staticmethod
+    def build(ctx: Any, queue_names: list[set[int]], queue_size: int, concurrency: int | None) -> Plumbing:
+        return Plumbing(
+            requests=ctx.Queue(queue_size),
+            step_queues=tuple({q: ctx.Queue(queue_size) for q in sorted(names)} for names in queue_names),
+            results=ctx.Queue(),
+            status=ctx.Queue(),
+            flag=TerminationFlag(ctx),
+            finished=ctx.Value("q", 0),
+            start=ctx.Event(),
+            in_flight=ctx.Semaphore(concurrency) if concurrency else None,
+        )
+
+    def wait_for_start(self) -> bool:
+        """Block until main opens the start gate; False if the job ended first."""
+        while not self.start.wait(POLL_S):
+            if self.flag.is_set:
+                return False
+        return not self.flag.is_set

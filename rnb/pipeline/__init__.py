@@ -1,0 +1,1 @@
+"""From a config file to a planned pipeline: everything checked and decided before a process starts."""
