@@ -1,7 +1,7 @@
 """The episode byte-range data path: exact frames of one episode from its own bytes.
 
-    from episodes import open_dataset, EpisodeByteCache
-    ds = open_dataset(root)                  # local path or any fsspec URL
+    from episodes import open_episodes, EpisodeByteCache
+    ds = open_episodes(root)                 # LeRobot root or video glob; local path or any fsspec URL
     with EpisodeByteCache(ds) as cache:
         frames = cache.get_frames(ep, key, timestamps)   # uint8 (N, C, H, W)
 
@@ -12,6 +12,7 @@ from episodes.cache import CacheStats, EpisodeByteCache, FrameRead
 from episodes.dataset import EpisodeRecord, LeRobotDataset, VideoSegment, open_dataset
 from episodes.decode import decode_frames, open_decoder
 from episodes.errors import DatasetFormatError, EpisodeDataError, FetchError, Mp4FormatError
+from episodes.source import EpisodeDataset, open_episodes
 from episodes.video_files import VideoFilesDataset, open_video_files
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "DatasetFormatError",
     "EpisodeByteCache",
     "EpisodeDataError",
+    "EpisodeDataset",
     "EpisodeRecord",
     "FetchError",
     "FrameRead",
@@ -29,6 +31,7 @@ __all__ = [
     "VideoSegment",
     "decode_frames",
     "open_dataset",
+    "open_episodes",
     "open_decoder",
     "open_video_files",
 ]

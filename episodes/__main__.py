@@ -8,13 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fsspec.core import has_magic
 import torch
 
-from episodes.dataset import open_dataset
 from episodes.errors import EpisodeDataError
+from episodes.source import open_episodes
 from episodes.verify import EpisodeCheck, verify_dataset
-from episodes.video_files import open_video_files
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,10 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         device = _device(args.device)
-        if has_magic(args.root) or args.root.lower().endswith(".mp4"):
-            ds = open_video_files(args.root)
-        else:
-            ds = open_dataset(args.root)
+        ds = open_episodes(args.root)
         report = verify_dataset(ds, device=device, cameras=args.cameras, on_check=_print_check)
     except (EpisodeDataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

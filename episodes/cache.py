@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from os import PathLike
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -26,18 +26,9 @@ from episodes.dataset import EpisodeRecord
 from episodes.decode import open_decoder
 from episodes.errors import EpisodeDataError, Mp4FormatError
 from episodes.sidecar import IndexSidecar, sidecar_path
-from episodes.storage import Storage
+from episodes.source import EpisodeDataset
 
 T = TypeVar("T")
-
-
-class EpisodeSource(Protocol):
-    """What the cache needs of a dataset: LeRobotDataset and VideoFilesDataset both fit."""
-
-    storage: Storage
-    video_keys: tuple[str, ...]
-
-    def episode(self, ep: int) -> EpisodeRecord: ...
 
 
 @dataclass(frozen=True)
@@ -118,7 +109,7 @@ class EpisodeByteCache:
 
     def __init__(
         self,
-        ds: EpisodeSource,
+        ds: EpisodeDataset,
         byte_budget: int = 2**30,
         workers: int = 8,
         sidecar_dir: str | PathLike | None = None,

@@ -9,22 +9,18 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from os import PathLike
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from episodes.errors import DatasetFormatError, EpisodeDataError
+from episodes.errors import DatasetFormatError
+from episodes.layout import (CODEBASE_VERSION, EPISODE_COLUMNS, EPISODES_GLOB, EPISODES_PATH, INFO_PATH, ROW_INDEX,
+                             VIDEO_FIELDS, video_column)
 from episodes.storage import Storage, relative_path
-
-INFO_PATH = "meta/info.json"
-EPISODES_GLOB = "meta/episodes/chunk-*/file-*.parquet"
-EPISODES_PATH = "meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
-CODEBASE_VERSION = "v3.0"
-_EPISODE_COLUMNS = ("episode_index", "length", "data/chunk_index", "data/file_index",
-                    "dataset_from_index", "dataset_to_index")
-_VIDEO_FIELDS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
+from episodes.tabular import UsageCache, column_array
 
 
 @dataclass(frozen=True)
@@ -75,6 +71,8 @@ class LeRobotDataset:
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self.root = storage.root
+        self.usage_cache: UsageCache | None = None
+        self._data_files: dict[tuple[int, int], str] = {}
         self._read_info()
         self._read_episodes()
 
@@ -111,7 +109,7 @@ class LeRobotDataset:
         files = self.storage.glob(EPISODES_GLOB) or self._probe_episode_files()
         if not files:
             raise DatasetFormatError(f"{self.storage.url('meta/episodes')}: no chunk-*/file-*.parquet files found")
-        columns = list(_EPISODE_COLUMNS) + [f"videos/{k}/{f}" for k in self.video_keys for f in _VIDEO_FIELDS]
+        columns = list(EPISODE_COLUMNS) + [video_column(k, f) for k in self.video_keys for f in VIDEO_FIELDS]
         tables = [self._read_episode_file(rel, columns) for rel in files]
         table = pa.concat_tables(tables).sort_by("episode_index")
         self._columns = {name: table.column(name).to_numpy() for name in columns}
@@ -132,7 +130,7 @@ class LeRobotDataset:
         found: list[str] = []
         chunk = file = 0
         while True:
-            rel = EPISODES_PATH.format(chunk=chunk, file=file)
+            rel = EPISODES_PATH.format(chunk_index=chunk, file_index=file)
             if self.storage.exists(rel):
                 found.append(rel)
                 file += 1
@@ -184,12 +182,11 @@ class LeRobotDataset:
         col = self._columns
         videos = {}
         for key in self.video_keys:
-            prefix = f"videos/{key}/"
             path = self._path(self._video_template, "video_path", ep, video_key=key,
-                              chunk_index=int(col[prefix + "chunk_index"][ep]),
-                              file_index=int(col[prefix + "file_index"][ep]))
-            videos[key] = VideoSegment(key, path, float(col[prefix + "from_timestamp"][ep]),
-                                       float(col[prefix + "to_timestamp"][ep]))
+                              chunk_index=int(col[video_column(key, "chunk_index")][ep]),
+                              file_index=int(col[video_column(key, "file_index")][ep]))
+            videos[key] = VideoSegment(key, path, float(col[video_column(key, "from_timestamp")][ep]),
+                                       float(col[video_column(key, "to_timestamp")][ep]))
         data_path = self._path(self._data_template, "data_path", ep,
                                chunk_index=int(col["data/chunk_index"][ep]),
                                file_index=int(col["data/file_index"][ep]))
@@ -205,20 +202,75 @@ class LeRobotDataset:
             pf = self.storage.open_parquet(record.data_path)
             schema = pf.schema_arrow
             names = list(columns) if columns is not None else schema.names
-            for name in [*names, "index"]:
-                if name not in schema.names:
-                    raise DatasetFormatError(f"{where}: episode {ep}: column {name!r} is missing")
-            groups = _row_groups_overlapping(pf, schema.get_field_index("index"), lo, hi)
-            table = pf.read_row_groups(groups, columns=list(dict.fromkeys([*names, "index"])))
+            _check_columns(schema.names, [*names, ROW_INDEX], f"{where}: episode {ep}")
+            groups = _row_groups_overlapping(pf, schema.get_field_index(ROW_INDEX), lo, hi)
+            table = pf.read_row_groups(groups, columns=list(dict.fromkeys([*names, ROW_INDEX])))
         except pa.ArrowException as exc:
             raise DatasetFormatError(f"{where}: episode {ep}: not a readable Parquet file ({exc})") from exc
-        index = table.column("index").to_numpy()
-        start, stop = np.searchsorted(index, [lo, hi])
-        if stop - start != record.length or not np.array_equal(index[start:stop], np.arange(lo, hi)):
-            raise DatasetFormatError(
-                f"{where}: episode {ep}: column 'index' does not hold rows {lo}..{hi - 1} in order"
-            )
+        start, stop = _episode_rows(table.column(ROW_INDEX).to_numpy(), record, where)
         return table.slice(start, stop - start).select(names)
+
+    def use_usage_cache(self, cache_dir: str | PathLike | None = None) -> None:
+        """Serve episode_columns from usage-format copies (see episodes.tabular) from now on."""
+        self.usage_cache = UsageCache(self.storage, cache_dir)
+
+    def episode_columns(self, ep: int, columns: Sequence[str]) -> dict[str, np.ndarray]:
+        """The episode's rows of numeric data columns as numpy arrays ((N,) or (N, D) for fixed-size lists).
+
+        From the usage-format cache when one is in use (a memmap slice),
+        else from the Parquet row groups that hold the episode.
+        """
+        ep = self._check(ep)
+        if self.usage_cache is None:
+            table = self.episode_table(ep, columns)
+            where = f"{self.storage.url(self.episode(ep).data_path)}: episode {ep}"
+            return {name: column_array(table.column(name), name, where) for name in columns}
+        rel = self._data_file(ep)
+        arrays = self.usage_cache.columns(rel, columns, lambda names: self._whole_columns(rel, names))
+        index = arrays[ROW_INDEX]
+        lo, hi = int(self._columns["dataset_from_index"][ep]), int(self._columns["dataset_to_index"][ep])
+        start = int(np.searchsorted(index, lo))
+        # The usage cache checked once that the index column strictly increases, so the ends suffice.
+        n = hi - lo
+        if n and not (start + n <= len(index) and index[start] == lo and index[start + n - 1] == hi - 1):
+            raise DatasetFormatError(f"{self.storage.url(rel)}: episode {ep}: column {ROW_INDEX!r} does not hold "
+                                     f"rows {lo}..{hi - 1}")
+        return {name: arrays[name][start : start + n] for name in columns}
+
+    def _data_file(self, ep: int) -> str:
+        """The episode's data file, its path formatted once per (chunk, file)."""
+        where = (int(self._columns["data/chunk_index"][ep]), int(self._columns["data/file_index"][ep]))
+        rel = self._data_files.get(where)
+        if rel is None:
+            rel = self._data_files[where] = self._path(self._data_template, "data_path", ep, chunk_index=where[0],
+                                                       file_index=where[1])
+        return rel
+
+    def _whole_columns(self, rel: str, names: list[str]) -> pa.Table:
+        where = self.storage.url(rel)
+        try:
+            pf = self.storage.open_parquet(rel)
+            _check_columns(pf.schema_arrow.names, names, where)
+            return pf.read(columns=names)
+        except pa.ArrowException as exc:
+            raise DatasetFormatError(f"{where}: not a readable Parquet file ({exc})") from exc
+
+
+def _check_columns(present: Sequence[str], names: Sequence[str], where: str) -> None:
+    for name in names:
+        if name not in present:
+            raise DatasetFormatError(f"{where}: column {name!r} is missing")
+
+
+def _episode_rows(index: np.ndarray, record: EpisodeRecord, where: str) -> tuple[int, int]:
+    """Positions [start, stop) of the episode's rows in a data file's row-index column, checked."""
+    lo, hi = record.dataset_from_index, record.dataset_to_index
+    start, stop = (int(i) for i in np.searchsorted(index, [lo, hi]))
+    if stop - start != record.length or not np.array_equal(index[start:stop], np.arange(lo, hi)):
+        raise DatasetFormatError(
+            f"{where}: episode {record.index}: column {ROW_INDEX!r} does not hold rows {lo}..{hi - 1} in order"
+        )
+    return start, stop
 
 
 def _row_groups_overlapping(pf: pq.ParquetFile, column: int, lo: int, hi: int) -> list[int]:
@@ -231,24 +283,6 @@ def _row_groups_overlapping(pf: pq.ParquetFile, column: int, lo: int, hi: int) -
     return groups
 
 
-def column_array(table: pa.Table, name: str) -> np.ndarray:
-    """A fixed-size-list column (state, action) as an (N, D) numpy array.
-
-    Zero-copy when the column is one contiguous chunk (an episode inside one
-    row group); episodes spanning row groups cost one concatenation.
-    """
-    column = table.column(name)
-    if not pa.types.is_fixed_size_list(column.type):
-        raise EpisodeDataError(f"column {name!r} is {column.type}, not a fixed-size list")
-    if column.null_count or any(chunk.values.null_count for chunk in column.chunks):
-        raise EpisodeDataError(f"column {name!r} has null values")
-    width = column.type.list_size
-    parts = [chunk.flatten().to_numpy(zero_copy_only=True).reshape(-1, width) for chunk in column.chunks]
-    if len(parts) == 1:
-        return parts[0]
-    return np.concatenate(parts) if parts else np.empty((0, width), column.type.value_type.to_pandas_dtype())
-
-
 def open_dataset(
     root: str,
     *,
@@ -256,8 +290,17 @@ def open_dataset(
     retries: int = 3,
     backoff_s: float = 0.2,
     timeout_s: float = 30.0,
+    usage_cache: bool = False,
+    cache_dir: str | PathLike | None = None,
 ) -> LeRobotDataset:
-    """Open a LeRobot v3.0 dataset at a local path or any fsspec URL."""
+    """Open a LeRobot v3.0 dataset at a local path or any fsspec URL.
+
+    `usage_cache` serves episode_columns from memmapped copies of the data
+    columns (episodes.tabular), kept beside the MP4 sidecar or under `cache_dir`.
+    """
     storage = Storage(str(root), storage_options=storage_options, retries=retries,
                       backoff_s=backoff_s, timeout_s=timeout_s)
-    return LeRobotDataset(storage)
+    ds = LeRobotDataset(storage)
+    if usage_cache:
+        ds.use_usage_cache(cache_dir)
+    return ds

@@ -35,8 +35,8 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rnb")
 
 
-def sidecar_path(storage: Storage, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where the sidecar of `storage`'s root lives.
+def local_cache_path(storage: Storage, name: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where a derived file `name` of `storage`'s root lives (the MP4 sidecar, the usage-format arrays).
 
     Next to the dataset when the root is a local LeRobot dataset whose
     `meta/` directory we may write; otherwise under `cache_dir` (default
@@ -45,9 +45,14 @@ def sidecar_path(storage: Storage, cache_dir: str | os.PathLike | None = None) -
     if fsspec.utils.get_protocol(storage.root) in ("file", "local"):
         meta = Path(fsspec.core.strip_protocol(storage.root)) / "meta"
         if meta.is_dir() and os.access(meta, os.W_OK):
-            return meta / SIDECAR_NAME
+            return meta / name
     digest = hashlib.sha256(storage.root.encode()).hexdigest()[:16]
-    return Path(cache_dir or default_cache_dir()) / digest / SIDECAR_NAME
+    return Path(cache_dir or default_cache_dir()) / digest / name
+
+
+def sidecar_path(storage: Storage, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the MP4-index sidecar of `storage`'s root lives (see local_cache_path)."""
+    return local_cache_path(storage, SIDECAR_NAME, cache_dir)
 
 
 class IndexSidecar:

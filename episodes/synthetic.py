@@ -21,9 +21,9 @@ import pyarrow.parquet as pq
 import torch
 from torchcodec.encoders import VideoEncoder
 
-DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+from episodes.layout import (CODEBASE_VERSION, DATA_PATH, EPISODE_COLUMNS, EPISODES_PATH, INFO_PATH, ROW_INDEX,
+                             TASKS_PATH, VIDEO_FIELDS, VIDEO_PATH, video_column)
+
 CODECS = ("h264", "hevc", "av1")
 BITS = 16  # a 4x4 grid of blocks: up to 65536 distinct frames per dataset
 STATE_DIM = 6
@@ -113,10 +113,6 @@ def encode_video(frames: torch.Tensor, path: Path, spec: SyntheticSpec) -> None:
         os.replace(moved, path)
 
 
-def _location(file_number: int, spec: SyntheticSpec) -> tuple[int, int]:
-    return divmod(file_number, spec.files_per_chunk)
-
-
 def _fixed_list(values: np.ndarray) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), pa.float32()), values.shape[1])
 
@@ -153,70 +149,95 @@ def make_dataset(out_dir: str | os.PathLike, spec: SyntheticSpec | None = None, 
     rng = np.random.default_rng(spec.seed)
     lengths = rng.integers(spec.min_length, spec.max_length + 1, size=spec.episodes)
     starts = np.concatenate([[0], np.cumsum(lengths)])
-    keys = camera_keys(spec.cameras)
-
     for file_number, first in enumerate(range(0, spec.episodes, spec.episodes_per_file)):
-        eps = range(first, min(first + spec.episodes_per_file, spec.episodes))
-        chunk, file_index = _location(file_number, spec)
-        lo, hi = int(starts[eps[0]]), int(starts[eps[-1] + 1])
-        for camera, key in enumerate(keys):
-            frames = draw_frames(lo, hi - lo, camera, spec.height, spec.width)
-            encode_video(frames, root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file_index), spec)
+        chunk, file_index = divmod(file_number, spec.files_per_chunk)
+        group = _FileGroup(chunk, file_index, range(first, min(first + spec.episodes_per_file, spec.episodes)))
+        _write_videos(root, spec, group, starts)
+        _write_data(root, spec, group, lengths, starts, rng)
+        _write_episodes(root, spec, group, lengths, starts)
+    _write_info(root, spec, int(starts[-1]))
+    return root
 
-        frame_index = np.concatenate([np.arange(lengths[e]) for e in eps])
-        episode_index = np.concatenate([np.full(lengths[e], e) for e in eps])
-        state = rng.standard_normal((hi - lo, STATE_DIM)).astype(np.float32)
-        action = rng.standard_normal((hi - lo, STATE_DIM)).astype(np.float32)
-        data = pa.table({
-            "observation.state": _fixed_list(state),
-            "action": _fixed_list(action),
-            "timestamp": pa.array((frame_index / spec.fps).astype(np.float32)),
-            "frame_index": pa.array(frame_index, pa.int64()),
-            "episode_index": pa.array(episode_index, pa.int64()),
-            "index": pa.array(np.arange(lo, hi), pa.int64()),
-            "task_index": pa.array(np.zeros(hi - lo, np.int64)),
-        })
-        data_file = root / DATA_PATH.format(chunk_index=chunk, file_index=file_index)
-        data_file.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(data, data_file, row_group_size=spec.row_group_size)
 
-        rows: dict[str, list] = {"episode_index": [], "length": [], "data/chunk_index": [], "data/file_index": [],
-                                 "dataset_from_index": [], "dataset_to_index": []}
+@dataclass(frozen=True)
+class _FileGroup:
+    """The episodes that share one video file per camera and one data file."""
+
+    chunk: int
+    file_index: int
+    episodes: range
+
+    def rel(self, template: str, **values: str) -> str:
+        return template.format(chunk_index=self.chunk, file_index=self.file_index, **values)
+
+
+def _write_videos(root: Path, spec: SyntheticSpec, group: _FileGroup, starts: np.ndarray) -> None:
+    """One MP4 per camera holding the group's episodes back to back, encoded in one go."""
+    lo, hi = int(starts[group.episodes[0]]), int(starts[group.episodes[-1] + 1])
+    for camera, key in enumerate(camera_keys(spec.cameras)):
+        frames = draw_frames(lo, hi - lo, camera, spec.height, spec.width)
+        encode_video(frames, root / group.rel(VIDEO_PATH, video_key=key), spec)
+
+
+def _write_data(root: Path, spec: SyntheticSpec, group: _FileGroup, lengths: np.ndarray, starts: np.ndarray,
+                rng: np.random.Generator) -> None:
+    """The data Parquet: one row per frame, random state and action, in row groups of spec.row_group_size."""
+    eps = group.episodes
+    lo, hi = int(starts[eps[0]]), int(starts[eps[-1] + 1])
+    frame_index = np.concatenate([np.arange(lengths[e]) for e in eps])
+    state = rng.standard_normal((hi - lo, STATE_DIM)).astype(np.float32)
+    action = rng.standard_normal((hi - lo, STATE_DIM)).astype(np.float32)
+    data = pa.table({
+        "observation.state": _fixed_list(state),
+        "action": _fixed_list(action),
+        "timestamp": pa.array((frame_index / spec.fps).astype(np.float32)),
+        "frame_index": pa.array(frame_index, pa.int64()),
+        "episode_index": pa.array(np.concatenate([np.full(lengths[e], e) for e in eps]), pa.int64()),
+        ROW_INDEX: pa.array(np.arange(lo, hi), pa.int64()),
+        "task_index": pa.array(np.zeros(hi - lo, np.int64)),
+    })
+    path = root / group.rel(DATA_PATH)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(data, path, row_group_size=spec.row_group_size)
+
+
+def _write_episodes(root: Path, spec: SyntheticSpec, group: _FileGroup, lengths: np.ndarray,
+                    starts: np.ndarray) -> None:
+    """The group's rows of the episodes table, with from_timestamp accumulated as LeRobot does."""
+    keys = camera_keys(spec.cameras)
+    rows: dict[str, list] = {name: [] for name in EPISODE_COLUMNS}
+    rows.update({video_column(key, field): [] for key in keys for field in VIDEO_FIELDS})
+    clock = 0.0  # accumulated the way LeRobot appends episode durations
+    for e in group.episodes:
+        end = clock + float(lengths[e]) / spec.fps
+        values = {"episode_index": e, "length": int(lengths[e]), "data/chunk_index": group.chunk,
+                  "data/file_index": group.file_index, "dataset_from_index": int(starts[e]),
+                  "dataset_to_index": int(starts[e + 1])}
         for key in keys:
-            for field in ("chunk_index", "file_index", "from_timestamp", "to_timestamp"):
-                rows[f"videos/{key}/{field}"] = []
-        clock = 0.0  # accumulated the way LeRobot appends episode durations
-        for e in eps:
-            rows["episode_index"].append(e)
-            rows["length"].append(int(lengths[e]))
-            rows["data/chunk_index"].append(chunk)
-            rows["data/file_index"].append(file_index)
-            rows["dataset_from_index"].append(int(starts[e]))
-            rows["dataset_to_index"].append(int(starts[e + 1]))
-            end = clock + float(lengths[e]) / spec.fps
-            for key in keys:
-                rows[f"videos/{key}/chunk_index"].append(chunk)
-                rows[f"videos/{key}/file_index"].append(file_index)
-                rows[f"videos/{key}/from_timestamp"].append(clock)
-                rows[f"videos/{key}/to_timestamp"].append(end)
-            clock = end
-        meta_file = root / EPISODES_PATH.format(chunk_index=chunk, file_index=file_index)
-        meta_file.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table(rows), meta_file)
+            values.update({video_column(key, "chunk_index"): group.chunk,
+                           video_column(key, "file_index"): group.file_index,
+                           video_column(key, "from_timestamp"): clock, video_column(key, "to_timestamp"): end})
+        for name, value in values.items():
+            rows[name].append(value)
+        clock = end
+    path = root / group.rel(EPISODES_PATH)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(rows), path)
 
+
+def _write_info(root: Path, spec: SyntheticSpec, total_frames: int) -> None:
     info = {
-        "codebase_version": "v3.0",
+        "codebase_version": CODEBASE_VERSION,
         "robot_type": "synthetic",
         "total_episodes": spec.episodes,
-        "total_frames": int(starts[-1]),
+        "total_frames": total_frames,
         "total_tasks": 1,
         "chunks_size": spec.files_per_chunk,
         "fps": spec.fps,
         "splits": {"train": f"0:{spec.episodes}"},
         "data_path": DATA_PATH,
-        "video_path": VIDEO_PATH if keys else None,
+        "video_path": VIDEO_PATH if spec.cameras else None,
         "features": _features(spec),
     }
-    (root / "meta" / "info.json").write_text(json.dumps(info, indent=2))
-    pq.write_table(pa.table({"task_index": [0], "task": ["synthetic motion"]}), root / "meta" / "tasks.parquet")
-    return root
+    (root / INFO_PATH).write_text(json.dumps(info, indent=2))
+    pq.write_table(pa.table({"task_index": [0], "task": ["synthetic motion"]}), root / TASKS_PATH)

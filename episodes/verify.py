@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 from torchcodec.decoders import VideoDecoder
 
-from episodes.cache import EpisodeByteCache, EpisodeSource
+from episodes.cache import EpisodeByteCache
 from episodes.errors import EpisodeDataError
+from episodes.source import EpisodeDataset
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class VerifyReport:
 class FullFileReference:
     """torchcodec over whole source files, one open decoder at a time (files are visited in order)."""
 
-    def __init__(self, ds: EpisodeSource, device: str = "cpu") -> None:
+    def __init__(self, ds: EpisodeDataset, device: str = "cpu") -> None:
         self.ds, self.device = ds, device
         self._path: str | None = None
         self._decoder: VideoDecoder | None = None
@@ -81,7 +82,7 @@ class FullFileReference:
 
 
 def verify_dataset(
-    ds: EpisodeSource,
+    ds: EpisodeDataset,
     *,
     device: str = "cpu",
     cameras: Sequence[str] | None = None,

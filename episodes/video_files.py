@@ -71,6 +71,12 @@ class VideoFilesDataset:
         segment = VideoSegment(VIDEO_KEY, self.paths[ep], start, end)
         return EpisodeRecord(ep, index.num_samples, "", 0, index.num_samples, {VIDEO_KEY: segment})
 
+    def episode_columns(self, ep: int, columns: Sequence[str]) -> dict[str, np.ndarray]:
+        """Always an error: plain video files have no data table."""
+        ep = self._check(ep)
+        raise DatasetFormatError(f"{self.storage.url(self.paths[ep])}: episode {ep}: data columns "
+                                 f"{', '.join(map(repr, columns))} were asked for, but plain video files have no data table")
+
 
 def open_video_files(
     files: str | os.PathLike | Sequence[str | os.PathLike], *, storage_options: dict[str, Any] | None = None,

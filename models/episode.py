@@ -23,10 +23,9 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from episodes import EpisodeByteCache, LeRobotDataset, MiniMp4, decode_frames
-from episodes.dataset import column_array
-from rnb.pipeline.dataset_source import EpisodeRequest, open_episodes
+from episodes import EpisodeByteCache, EpisodeDataset, MiniMp4, decode_frames, open_episodes
 from rnb.harness.timecard import TimeCard
+from rnb.pipeline.dataset_source import EpisodeRequest
 
 KINETICS_MEAN = (0.43216, 0.394666, 0.37645)
 KINETICS_STD = (0.22803, 0.22145, 0.216989)
@@ -85,7 +84,7 @@ def to_clips(frames: torch.Tensor, num_clips: int, size: int) -> torch.Tensor:
 class ClipPlan:
     """What to read for one request: where, which frames, and the episode's mini-MP4."""
 
-    ds: Any
+    ds: EpisodeDataset
     cache: EpisodeByteCache
     episode: int
     camera: str
@@ -97,7 +96,7 @@ class EpisodeReader:
 
     def __init__(self, dataset: str | None, camera: str | None, num_clips: int | Mapping[str, Any],
                  clip_length: int, prefetch: int, byte_budget: int, workers: int | None, seed: int,
-                 decode_threads: int | None = None) -> None:
+                 decode_threads: int | None = None, usage_cache: bool = False) -> None:
         if clip_length < 1 or prefetch < 0:
             raise ValueError(f"clip_length must be >= 1 and prefetch >= 0, got {clip_length} and {prefetch}")
         self.dataset = dataset
@@ -111,11 +110,12 @@ class EpisodeReader:
         self.workers = torch.get_num_threads() if workers is None else workers
         self.decode_threads = torch.get_num_threads() if decode_threads is None else decode_threads
         self.seed = seed
-        self._open: dict[tuple[str, str], tuple[Any, EpisodeByteCache]] = {}
+        self.usage_cache = usage_cache
+        self._open: dict[tuple[str, str], tuple[EpisodeDataset, EpisodeByteCache]] = {}
 
-    def _dataset(self, kind: str, root: str) -> tuple[Any, EpisodeByteCache]:
+    def _dataset(self, kind: str, root: str) -> tuple[EpisodeDataset, EpisodeByteCache]:
         if (kind, root) not in self._open:
-            ds = open_episodes(kind, root)
+            ds = open_episodes(root, kind, usage_cache=self.usage_cache)
             self._open[(kind, root)] = ds, EpisodeByteCache(ds, byte_budget=self.byte_budget, workers=self.workers,
                                                             decode_threads=self.decode_threads)
         return self._open[(kind, root)]
@@ -167,18 +167,21 @@ class EpisodeLoader:
     """Request -> (clips, 3, clip_length, size, size) float clips, fetched and decoded on this step's device.
 
     `tabular` names data columns (e.g. ["observation.state", "action"]) to
-    pass on as (frames, dim) numpy arrays in non_tensors["tabular"].
+    pass on as (frames, dim) numpy arrays in non_tensors["tabular"]; with
+    `tabular_cache` (the default) they are sliced from usage-format copies
+    of the data files (episodes.tabular) instead of decoded from Parquet.
     """
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
                  num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
                  tabular: list[str] | None = None, prefetch: int = 2, byte_budget: int = 2**30,
-                 workers: int | None = None, seed: int = 0, decode_threads: int | None = None) -> None:
+                 workers: int | None = None, seed: int = 0, decode_threads: int | None = None,
+                 tabular_cache: bool = True) -> None:
         self.device = device
         self.size = size
         self.tabular = list(tabular or [])
         self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed,
-                                    decode_threads)
+                                    decode_threads, usage_cache=bool(self.tabular) and tabular_cache)
 
     @staticmethod
     def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
@@ -193,15 +196,8 @@ class EpisodeLoader:
             plan.episode, plan.camera, wanted, self.device), self.size, time_card)
         out = {"request": non_tensors["request"], "episode": plan.episode, "num_clips": len(plan.frames)}
         if self.tabular:
-            out["tabular"] = episode_rows(plan.ds, plan.episode, self.tabular)
+            out["tabular"] = plan.ds.episode_columns(plan.episode, self.tabular)
         return (clips,), out, time_card
-
-
-def episode_rows(ds: Any, episode: int, columns: list[str]) -> dict[str, np.ndarray]:
-    if not isinstance(ds, LeRobotDataset):
-        raise ValueError(f"tabular columns {columns} were asked for, but {ds.root} is plain video files with no data table")
-    table = ds.episode_table(episode, columns)
-    return {name: column_array(table, name) for name in columns}
 
 
 class EpisodeFetcher:

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from episodes.dataset import EpisodeRecord, VideoSegment, column_array, open_dataset
+from episodes.dataset import EpisodeRecord, VideoSegment, open_dataset
+from episodes.tabular import column_array
 from episodes.errors import DatasetFormatError, EpisodeDataError, FetchError
 from episodes.synthetic import SyntheticSpec, make_dataset
 from episodes.testing_server import serve_directory
@@ -119,15 +120,19 @@ def test_episode_table_reads_only_needed_row_groups_and_columns(
 def test_column_array_is_a_zero_copy_view(dataset_root: Path) -> None:
     ds = open_dataset(str(dataset_root))
     table = ds.episode_table(0, columns=["observation.state", "action"])
-    state = column_array(table, "observation.state")
+    state = column_array(table.column("observation.state"), "observation.state", "here")
     assert state.shape == (ds.episode_length(0), 6) and state.dtype == np.float32
     chunk = table.column("observation.state").chunk(0)
     assert table.column("observation.state").num_chunks == 1
     assert state.ctypes.data == chunk.flatten().buffers()[1].address
     assert not state.flags.owndata
     assert state.tolist() == [list(np.float32(v) for v in row) for row in chunk.to_pylist()]
-    with pytest.raises(EpisodeDataError, match="column 'timestamp' is float, not a fixed-size list"):
-        column_array(ds.episode_table(0, columns=["timestamp"]), "timestamp")
+    stamps = column_array(ds.episode_table(0, columns=["timestamp"]).column("timestamp"), "timestamp", "here")
+    assert stamps.dtype == np.float32 and stamps.shape == (ds.episode_length(0),)
+    with pytest.raises(DatasetFormatError, match="^here: column 'task' is string, not numeric or a fixed-size list"):
+        column_array(pa.chunked_array([["a", "b"]]), "task", "here")
+    with pytest.raises(DatasetFormatError, match="^here: column 'x' has null values"):
+        column_array(pa.chunked_array([[1.0, None]]), "x", "here")
 
 
 @pytest.mark.parametrize("ep", [7, -1, 100, True, 1.0])

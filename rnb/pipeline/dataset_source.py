@@ -19,9 +19,12 @@ import sys
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from rnb.pipeline.config import ConfigError, PipelineConfig, describe
+
+if TYPE_CHECKING:
+    from episodes.source import EpisodeDataset
 
 KINDS = ("dataset", "videos")
 _KEYS = {"dataset": ("dataset", "order", "seed", "episodes", "lookahead", "generate_if_missing"),
@@ -85,18 +88,11 @@ def parse_options(source: Mapping[str, Any], config_path: str) -> SourceOptions:
     return SourceOptions(kind, root, order, seed, episodes, lookahead, generate)
 
 
-def open_episodes(kind: str, root: str) -> Any:
-    """The dataset a request's kind and root name: a LeRobotDataset, or a VideoFilesDataset for a glob."""
-    import episodes  # heavy (torchcodec): only processes that read episodes pay for it
-
-    return episodes.open_dataset(root) if kind == "dataset" else episodes.open_video_files(root)
-
-
-def _open_checked(options: SourceOptions, config_path: str) -> Any:
-    from episodes import EpisodeDataError
+def _open_checked(options: SourceOptions, config_path: str) -> EpisodeDataset:
+    from episodes import EpisodeDataError, open_episodes  # heavy (torchcodec): only processes that read pay
 
     try:
-        ds = open_episodes(options.kind, options.root)
+        ds = open_episodes(options.root, options.kind)
     except (EpisodeDataError, OSError, ValueError) as error:
         expected = "a LeRobot v3.0 dataset" if options.kind == "dataset" else "a glob matching MP4 files"
         raise ConfigError(config_path, f"source.{options.kind}", f"expected {expected}, found an error: {error}") from None
