@@ -1,4 +1,4 @@
-"""Harness benchmarks: P1 (what the process model costs), P5 (shared slots vs queues), P6 (loader scaling).
+"""Harness benchmarks: P1s/P1h/P1c (what the process model costs), P5 (shared slots vs queues), P6 (loader scaling).
 
 Each compares the harness with what a user would write instead, on the same
 work, so the ratio says what RnB's machinery costs or buys.  Harness runs go
@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import queue
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ import pyarrow.parquet as pq
 import torch.multiprocessing as mp
 
 from rnb.harness import cli
-from bench.common import Effort, Goal, Row, Side, compare, measure_pair
+from bench.common import Effort, Goal, Row, Side, compare, measure_pair, paired
 from rnb.harness.control import LocalBuffers, SharedSlot
 from rnb.pipeline.dotted import load_object
 from rnb.harness.timecard import TimeCard
@@ -97,6 +98,30 @@ def harness_pair(effort: Effort, id: str, what: str, goal: Goal, a: tuple[str, d
 # ---------------------------------------------------------------- P1 harness efficiency
 
 TOY_STEPS = (("models.toy.SyntheticFrames", FRAMES_KW), ("models.toy.TinyConvNet", NET_KW))
+CHAIN_STEPS = 4   # P1s and P1h: a pipeline as deep as RnB's split network
+SLEEP_MS = 5.0    # P1s: what each step waits, as a step whose work runs on a GPU leaves the CPU free
+
+
+class Idle:
+    """A step that does no work: it waits `sleep_ms` (0: not at all) and hands on one number.
+
+    A pipeline of these measures the harness alone (P1h), or, with a sleep,
+    whether the steps overlap as a GPU pipeline's do (P1s).  The output is the
+    smallest tensor a step that feeds another may declare.
+    """
+
+    def __init__(self, device: torch.device, sleep_ms: float = 0.0) -> None:
+        self.sleep_s = sleep_ms / 1000.0
+        self.output = torch.zeros(1, device=device)
+
+    @staticmethod
+    def output_shape(**kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        return ((1,),)
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> tuple:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return (self.output,), non_tensors, time_card
 
 
 def chain_pipeline(steps: tuple[tuple[str, dict[str, Any]], ...], gpu: int) -> dict[str, Any]:
@@ -127,17 +152,69 @@ def loop_throughput(steps: tuple[tuple[str, dict[str, Any]], ...], device: str, 
     return items / (time.perf_counter() - started)
 
 
-def p1_harness_efficiency(effort: Effort) -> list[Row]:
-    # The loop gives the network every core; the pipeline must too, or P1 would
+def p1_sleeping_steps(effort: Effort) -> list[Row]:
+    step = ("bench.harness_bench.Idle", {"sleep_ms": SLEEP_MS})
+    return [harness_pair(effort, "P1s", f"{CHAIN_STEPS}-step pipeline of {SLEEP_MS:g} ms waits: harness bulk / "
+                         "the slowest step alone in a loop", Goal(">=", 0.97),
+                         ("harness", chain_pipeline((step,) * CHAIN_STEPS, -1)),
+                         ("loop", lambda n: loop_throughput((step,), "cpu", n)), effort.pick(500, 600),
+                         f"{CHAIN_STEPS} CPU runners, one per step, each sleeping {SLEEP_MS:g} ms per item (as a GPU "
+                         "step leaves the CPU free); the loop runs one such step in this process")]
+
+
+def per_hop_us(items_per_s: float, hops: int) -> float:
+    """Microseconds per item per hop of a pipeline whose bulk throughput is `items_per_s`."""
+    return 1e6 / (items_per_s * hops)
+
+
+def _message_producer(out: Any, commands: Any) -> None:
+    """Child: per command, put `count` item numbers on a multiprocessing queue, nothing else."""
+    while (count := commands.get(timeout=HANDOFF_TIMEOUT_S)) is not None:
+        for item in range(count):
+            out.put(item)
+
+
+def p1_harness_per_hop(effort: Effort) -> list[Row]:
+    """P1h: what the harness costs per item per hop, next to one bare queue message between two processes."""
+    items = effort.pick(3000, 6000)
+    config = chain_pipeline((("bench.harness_bench.Idle", {}),) * CHAIN_STEPS, -1)
+    ctx = mp.get_context("spawn")
+    inbox = ctx.Queue()
+    peer = _Peer(ctx, _message_producer, lambda item: item, inbox, inbox)
+    try:
+        with tempfile.TemporaryDirectory(prefix="rnb-P1h-") as tmp:
+            windows = effort.reps if effort.quick else 1
+            if effort.quick:
+                harness = [per_hop_us(rate, CHAIN_STEPS) for rate in run_harness(config, items, Path(tmp), windows)]
+                bare = [per_hop_us(peer.throughput(items // windows), 1) for _ in range(windows)]
+            else:
+                harness, bare = paired(lambda: per_hop_us(run_harness(config, items, Path(tmp))[0], CHAIN_STEPS),
+                                       lambda: per_hop_us(peer.throughput(items), 1), effort.reps, warmup=0)
+    finally:
+        peer.close()
+    a, b = Side.of("harness", "us/item/hop", harness), Side.of("bare queue", "us/message", bare)
+    ratios = [x / y for x, y in zip(a.values, b.values)]
+    return [Row("P1h", f"us of harness per item per hop, {CHAIN_STEPS} no-op steps (bulk); "
+                       "the figure is in us, not a ratio", Goal("<=", 20), a, b, a.median, min(a.values),
+                max(a.values), len(a.values),
+                note=f"{items} items per job through {CHAIN_STEPS} CPU runners of bench.harness_bench.Idle; B: one "
+                     f"int per message from a spawned process through a multiprocessing queue; per hop the harness "
+                     f"costs {statistics.median(ratios):.1f}x a bare message (median of the paired ratios); "
+                     + ("--quick: windows of one job, not interleaved" if effort.quick else "jobs interleaved"))]
+
+
+def p1_contention(effort: Effort) -> list[Row]:
+    # The loop gives the network every core; the pipeline must too, or P1c would
     # measure the default even split of cores between runners, not the harness.
     config = chain_pipeline(TOY_STEPS, -1)
     config["pipeline"][-1]["threads"] = torch.get_num_threads()
-    return [harness_pair(effort, "P1", "two-step toy pipeline: harness bulk / one loop in one process",
-                         Goal(">=", 0.95), ("harness", config),
+    return [harness_pair(effort, "P1c", "contention: two CPU-bound toy steps through the harness (bulk) / "
+                         "one loop in one process", None, ("harness", config),
                          ("loop", lambda n: loop_throughput(TOY_STEPS, "cpu", n)),
                          effort.pick(150, 300),
                          f"SyntheticFrames {FRAMES_KW} -> TinyConvNet, both on CPU; the network step has "
-                         f"threads {torch.get_num_threads()}, as many as the loop")]
+                         f"threads {torch.get_num_threads()}, as many as the loop; on a machine with fewer cores "
+                         "than busy threads this measures CPU contention between the steps, not the harness")]
 
 
 # ---------------------------------------------------------------- P5 IPC
@@ -196,7 +273,7 @@ def _queue_producer(out: Any, as_numpy: bool, fresh: bool, commands: Any) -> Non
 class _Peer:
     """A producer process and the consumer side of its hand-off, living across all repetitions."""
 
-    def __init__(self, ctx: Any, target: Callable[..., None], receive: Callable[[Any], torch.Tensor],
+    def __init__(self, ctx: Any, target: Callable[..., None], receive: Callable[[Any], int],
                  inbox: Any, *args: Any) -> None:
         self.commands = ctx.Queue()
         self.inbox = inbox
@@ -205,7 +282,7 @@ class _Peer:
         self.process.start()
 
     def throughput(self, count: int) -> float:
-        """items/s of `count` hand-offs, each checked to be the item expected."""
+        """items/s of `count` hand-offs, each checked to be the item expected (`receive` gives its number)."""
         started = time.perf_counter()
         self.commands.put(count)
         for item in range(count):
@@ -214,7 +291,7 @@ class _Peer:
             except queue.Empty:
                 raise RuntimeError(f"P5: the producer (exit code {self.process.exitcode}) sent nothing "
                                    f"for {HANDOFF_TIMEOUT_S:g} s") from None
-            stamp = int(self.receive(message).view(-1)[0])
+            stamp = self.receive(message)
             if stamp != item:
                 raise RuntimeError(f"P5: expected item {item} from the producer, received item {stamp}")
         return count / (time.perf_counter() - started)
@@ -232,16 +309,17 @@ def _slot_peer(ctx: Any, fresh: bool) -> _Peer:
     signals = ctx.Queue()
     buffers = LocalBuffers(torch.device("cpu"))  # what a runner does: one reused buffer, no allocation per item
 
-    def receive(index: int) -> torch.Tensor:
+    def receive(index: int) -> int:
         (data,) = slots[index].read(torch.device("cpu"), buffers)
         slots[index].free.set()
-        return data
+        return int(data.view(-1)[0])
     return _Peer(ctx, _slot_producer, receive, signals, slots, signals, fresh)
 
 
 def _queue_peer(ctx: Any, as_numpy: bool, fresh: bool) -> _Peer:
     inbox = ctx.Queue(DEPTH)
-    receive = torch.from_numpy if as_numpy else (lambda tensor: tensor)
+    def receive(output: Any) -> int:
+        return int((torch.from_numpy(output) if as_numpy else output).view(-1)[0])
     return _Peer(ctx, _queue_producer, receive, inbox, inbox, as_numpy, fresh)
 
 

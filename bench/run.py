@@ -1,6 +1,6 @@
 """Every benchmark ratio of RnB side by side, in one run: one table, optionally one JSON file.
 
-    .venv/bin/python bench/run.py [--quick] [--json FILE] [--only P1,P5]
+    .venv/bin/python bench/run.py [--quick] [--json FILE] [--only P1h,P5]
 
 Each figure is a ratio A/B against the baseline a user would otherwise pick,
 the median of at least 5 paired, interleaved repetitions with its min and
@@ -88,7 +88,9 @@ def _harness(name: str) -> Callable[[Effort, Workspace], list[Row]]:
 
 
 BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
-    "P1": _harness("p1_harness_efficiency"),
+    "P1s": _harness("p1_sleeping_steps"),
+    "P1h": _harness("p1_harness_per_hop"),
+    "P1c": _harness("p1_contention"),
     "P2": p2_bytes,
     "P3": p3_remote,
     "P4": p4_decode,

@@ -1,13 +1,15 @@
-"""bench/run.py end to end on its cheapest figure (P5), its argument errors, and the window split of harness jobs."""
+"""bench/run.py end to end on its cheapest figures (P5, P1h), its argument errors, and the helpers of harness rows."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
 
-from bench.harness_bench import window_rates
+from bench.harness_bench import Idle, chain_pipeline, per_hop_us, window_rates
 
 ENTRY_KEYS = {"id", "what", "ratio", "goal", "met", "min", "max", "reps", "a", "b", "note"}
 
@@ -34,11 +36,11 @@ def test_quick_p5_writes_both_rows_with_every_key(tmp_path) -> None:
 
 
 def test_an_unknown_benchmark_name_is_exit_2_with_one_sentence() -> None:
-    done = subprocess.run([sys.executable, "bench/run.py", "--only", "P1,P9"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "bench/run.py", "--only", "P1h,P9"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2
     assert done.stderr == ("bench/run.py: --only: unknown benchmark 'P9'; "
-                           "expected names among P1, P2, P3, P4, P5, P6, P7, P8\n")
+                           "expected names among P1s, P1h, P1c, P2, P3, P4, P5, P6, P7, P8\n")
     assert done.stdout == ""
 
 
@@ -51,3 +53,42 @@ def test_window_rates_split_finishes_into_equal_groups() -> None:
 def test_window_rates_refuses_more_windows_than_items() -> None:
     with pytest.raises(ValueError, match=r"^2 finished items cannot fill 5 windows$"):
         window_rates(0.0, [1.0, 2.0], 5)
+
+
+def test_quick_p1h_reports_microseconds_per_hop_against_a_bare_queue_message(tmp_path) -> None:
+    path = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "bench/run.py", "--quick", "--only", "P1h", "--json", str(path)],
+                          capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr
+    (entry,) = json.loads(path.read_text())["entries"]
+    assert entry["id"] == "P1h" and entry["goal"] == "<= 20" and entry["reps"] == 5
+    assert entry["a"]["unit"] == "us/item/hop" and entry["b"]["unit"] == "us/message"
+    # The figure is the harness side itself (microseconds), not a ratio of the two sides.
+    assert entry["ratio"] == entry["a"]["median"]
+    assert (entry["min"], entry["max"]) == (min(entry["a"]["values"]), max(entry["a"]["values"]))
+    assert entry["met"] == (entry["ratio"] <= 20)
+    assert all(value > 0 for value in entry["b"]["values"])
+
+
+def test_per_hop_us_divides_the_time_of_an_item_among_its_hops() -> None:
+    assert per_hop_us(12_500.0, 4) == 20.0
+    assert per_hop_us(250_000.0, 1) == 4.0
+
+
+def test_idle_steps_hand_on_one_number_and_sleep_what_they_are_told() -> None:
+    step = Idle(torch.device("cpu"), sleep_ms=20)
+    started = time.perf_counter()
+    tensors, non_tensors, card = step((), {"request": 3}, "card")
+    assert time.perf_counter() - started >= 0.02
+    assert [tuple(t.shape) for t in tensors] == [s for s in Idle.output_shape()] == [(1,)]
+    assert (non_tensors, card) == ({"request": 3}, "card")
+
+
+def test_chain_pipeline_gives_one_runner_per_step_linked_by_queue_0() -> None:
+    config = chain_pipeline((("bench.harness_bench.Idle", {}),) * 3, -1)
+    assert config == {"source": {"synthetic": True}, "pipeline": [
+        {"model": "bench.harness_bench.Idle", "queue_groups": [{"gpus": [-1], "out_queues": [0]}],
+         "num_shared_tensors": 4},
+        {"model": "bench.harness_bench.Idle", "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0]}],
+         "num_shared_tensors": 4},
+        {"model": "bench.harness_bench.Idle", "queue_groups": [{"gpus": [-1], "in_queue": 0}]}]}
