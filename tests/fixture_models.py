@@ -43,6 +43,13 @@ class Head:
         return (), {"sum": float(tensors[0].sum())}, time_card
 
 
+class NeedsWidth(Head):
+    """A final step whose constructor requires `width`, so a config without it must be rejected."""
+
+    def __init__(self, device: torch.device, width: int, height: int = 1) -> None:
+        super().__init__(device, width=width, height=height)
+
+
 class NoOutputShape:
     """A model missing output_shape, which validation must reject."""
 

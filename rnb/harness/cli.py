@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             config = with_dataset(config, ns.dataset)
         args = resolve_args(ns, config)
         gpus = validate_gpus(config, cpu_only=args.cpu)
-        check_source(config.source, config.path)
+        check_source(config.source, config.path, may_write=not ns.check)
         placements = plan_runners(apply_cpu_override(config) if args.cpu else config, args.batch_size)
     except ConfigError as error:
         print(error, file=sys.stderr)

@@ -7,11 +7,15 @@ half-started job.
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib
+import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn
+
+from rnb.pipeline.dotted import load_object
 
 
 class ConfigError(ValueError):
@@ -60,6 +64,9 @@ DEFAULT_NUM_SHARED_TENSORS = 10
 _TOP_KEYS = ("pipeline", "source", "run", "video_path_iterator", "description")
 _STEP_KEYS = frozenset({"model", "queue_groups", "num_shared_tensors", "num_segments"})
 _GROUP_KEYS = frozenset({"gpus", "in_queue", "out_queues", "queue_selector", "queue_selector_kwargs"})
+# model keywords the harness consumes itself (rnb.pipeline.plan), or supplies when the config does not (-b)
+_HARNESS_KEYWORDS = frozenset({"threads"})
+_SUPPLIED_KEYWORDS = frozenset({"batch"})
 # multiprocessing queues count items with a semaphore, which stops at this value
 MAX_QUEUE_SIZE = 2**31 - 1
 # run key -> (integers only?, minimum, maximum); benchmark.py checks the CLI values against it too
@@ -179,6 +186,7 @@ def _parse_step(check: _Checker, value: Any, k: int, num_steps: int) -> Step:
         _parse_group(check, group, f"{where}.queue_groups[{g}]", k, final, step_kwargs)
         for g, group in enumerate(groups_raw)
     )
+    _check_keywords(check, model, where, step_kwargs, groups_raw)
     return Step(
         model=model,
         queue_groups=groups,
@@ -243,6 +251,34 @@ def _parse_group(
         queue_selector_kwargs=copy.deepcopy(selector_kwargs),
         model_kwargs=copy.deepcopy(model_kwargs),
     )
+
+
+def _check_keywords(check: _Checker, model: str, where: str, step_kwargs: Mapping[str, Any],
+                    groups_raw: list[Any]) -> None:
+    """Every model keyword must be a parameter of the model's constructor, and every required one given.
+
+    A misspelt keyword would otherwise pass validation and fail in every runner at start-up.
+    """
+    parameters = list(inspect.signature(load_object(model)).parameters.values())[1:]  # after `device`
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    names = [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    places = [(where, step_kwargs)] + [
+        (f"{where}.queue_groups[{g}]", {key: item for key, item in group.items() if key not in _GROUP_KEYS})
+        for g, group in enumerate(groups_raw)]
+    for place, kwargs in places:
+        for key in kwargs:
+            if key not in names and key not in _HARNESS_KEYWORDS:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f" (did you mean \"{close[0]}\"?)" if close else ""
+                check.fail(f"{place}.{key}", f"expected a keyword that {model} takes ({', '.join(names) or 'none'}), "
+                                             f"found an unknown keyword{hint}")
+    for place, group_kwargs in places[1:]:
+        for p in parameters:
+            given = p.name in step_kwargs or p.name in group_kwargs or p.name in _SUPPLIED_KEYWORDS
+            if p.default is inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_POSITIONAL and not given:
+                check.fail(f"{place}.{p.name}", f"expected the keyword {p.name}, which {model} requires, "
+                                                "found no such key in the group or its step")
 
 
 def _check_queues_between(check: _Checker, previous: Step, step: Step, k: int) -> None:

@@ -91,6 +91,8 @@ def parse_options(source: Mapping[str, Any], config_path: str) -> SourceOptions:
 def _open_checked(options: SourceOptions, config_path: str) -> EpisodeDataset:
     from episodes import EpisodeDataError, open_episodes  # heavy (torchcodec): only processes that read pay
 
+    if options.kind == "videos":
+        _check_not_directory(options.root, config_path)
     try:
         ds = open_episodes(options.root, options.kind)
     except (EpisodeDataError, OSError, ValueError) as error:
@@ -102,10 +104,33 @@ def _open_checked(options: SourceOptions, config_path: str) -> EpisodeDataset:
     return ds
 
 
-def check_source(source: Mapping[str, Any], config_path: str) -> None:
-    """Open the dataset or glob once in the main process (writing the dataset first if asked and missing)."""
+def _check_not_directory(root: str, config_path: str) -> None:
+    """A directory would be taken for one video file and fail at the first request: name the glob instead."""
+    import fsspec
+    from fsspec.core import has_magic
+
+    try:
+        fs, path = fsspec.core.url_to_fs(root)
+        is_dir = not has_magic(path) and fs.isdir(path)
+    except (OSError, ValueError, ImportError):  # an unreachable URL is _open_checked's to report
+        return
+    if is_dir:
+        base = root.rstrip("/")
+        raise ConfigError(config_path, "source.videos", f"expected a glob of video files such as \"{base}/*.mp4\" "
+                          f"(\"{base}/**/*.mp4\" to include subdirectories), found the directory {root}")
+
+
+def check_source(source: Mapping[str, Any], config_path: str, may_write: bool = True) -> None:
+    """Open the dataset or glob once in the main process (writing the dataset first if asked and missing).
+
+    Without `may_write` (--check) a dataset that a run would generate is left missing, and said so.
+    """
     options = parse_options(source, config_path)
     if options.generate_if_missing and "://" not in options.root and not Path(options.root).exists():
+        if not may_write:
+            print(f"benchmark.py: dataset {options.root} is missing: a run (without --check) generates it there",
+                  file=sys.stderr, flush=True)
+            return
         from episodes.synthetic import make_dataset
 
         print(f"benchmark.py: dataset {options.root} is missing: generating the synthetic dataset there "
@@ -141,9 +166,14 @@ def _episode_order(episodes: tuple[int, ...], order: str, seed: int) -> Iterator
 
 
 def with_dataset(config: PipelineConfig, root: str) -> PipelineConfig:
-    """The config with its dataset root or video glob replaced (benchmark.py --dataset)."""
+    """The config with its dataset root or video glob replaced (benchmark.py --dataset).
+
+    The config's generate_if_missing concerns its own root: a dataset named on the command line is the
+    user's data, and a path that does not exist there is a mistake to report, not a place to write.
+    """
     kind = next(iter(config.source), "synthetic")
     if kind not in KINDS:
         raise ConfigError("command line", "--dataset", f"expected a config whose source is a dataset or videos, but {config.path} has a {kind} source")
-    source = {**config.source, kind: root}
+    source = {key: value for key, value in config.source.items() if key != "generate_if_missing"}
+    source[kind] = root
     return dataclasses.replace(config, source=source, raw={**config.raw, "source": source})

@@ -22,8 +22,9 @@ SOURCE_FACTORIES: dict[str, str] = {
     "dataset": "rnb.pipeline.dataset_source.episode_source",
     "videos": "rnb.pipeline.dataset_source.episode_source",
 }
-# first key -> dotted path of `check(source, config_path) -> None`, run by the main process before anything
-# starts, so that a source which cannot work is a config error (exit 2) rather than a failed client
+# first key -> dotted path of `check(source, config_path, may_write) -> None`, run by the main process before
+# anything starts, so that a source which cannot work is a config error (exit 2) rather than a failed client;
+# `may_write` False (--check) forbids it to create anything, such as a dataset it would generate
 SOURCE_CHECKS: dict[str, str] = {
     "dataset": "rnb.pipeline.dataset_source.check_source",
     "videos": "rnb.pipeline.dataset_source.check_source",
@@ -39,12 +40,12 @@ def source_factory_path(source: Mapping[str, Any], config_path: str) -> str:
     return SOURCE_FACTORIES[kind]
 
 
-def check_source(source: Mapping[str, Any], config_path: str) -> None:
+def check_source(source: Mapping[str, Any], config_path: str, may_write: bool = True) -> None:
     """Raise ConfigError if the source cannot work; kinds without a check only need a known kind."""
     source_factory_path(source, config_path)
     check = SOURCE_CHECKS.get(next(iter(source), "synthetic"))
     if check is not None:
-        load_object(check)(source, config_path)
+        load_object(check)(source, config_path, may_write)
 
 
 def open_source(source: Mapping[str, Any], config_path: str, seed: int = 0) -> Iterator[Any]:
