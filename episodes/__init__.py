@@ -4,11 +4,14 @@
     ds = open_episodes(root)                 # LeRobot root or video glob; local path or any fsspec URL
     with EpisodeByteCache(ds) as cache:
         frames = cache.get_frames(ep, key, timestamps)   # uint8 (N, C, H, W)
+        frames = cache.get_frames(ep, key, timestamps, fetch="windows")  # only the GOPs they need
+        reads = cache.read_many([FrameRequest(ep, key, timestamps), ...])  # ranges coalesced across episodes
 
 Implementation modules are private to the package; the names below are its API.
 """
 from episodes._mp4 import MiniMp4
-from episodes.cache import CacheStats, EpisodeByteCache, FrameRead
+from episodes.cache import EpisodeByteCache
+from episodes.reads import FETCH_MODES, CacheStats, FrameRead, FrameRequest, MiniRead
 from episodes.dataset import EpisodeRecord, LeRobotDataset, VideoSegment, open_dataset
 from episodes.decode import decode_frames, open_decoder
 from episodes.errors import DatasetFormatError, EpisodeDataError, FetchError, Mp4FormatError
@@ -17,6 +20,7 @@ from episodes.video_files import VideoFilesDataset, open_video_files
 
 __all__ = [
     "CacheStats",
+    "FETCH_MODES",
     "DatasetFormatError",
     "EpisodeByteCache",
     "EpisodeDataError",
@@ -24,8 +28,10 @@ __all__ = [
     "EpisodeRecord",
     "FetchError",
     "FrameRead",
+    "FrameRequest",
     "LeRobotDataset",
     "MiniMp4",
+    "MiniRead",
     "Mp4FormatError",
     "VideoFilesDataset",
     "VideoSegment",

@@ -1,9 +1,20 @@
-"""EpisodeByteCache: one episode's frames from its own bytes, with an LRU of mini-MP4s.
+"""EpisodeByteCache: frames of one episode from that episode's own bytes, fetched one of two ways.
 
-A request for (episode, camera) costs, on a miss: the file's MP4 index (built
-once per file from range reads, or loaded from the sidecar), the episode span
-(lookup), one byte-range read (fetch), a mini-MP4 wrapped around those bytes
-(synthesize); then, hit or miss, a torchcodec decode of the frames asked for.
+fetch="episode" (the default) reads the episode's one byte range, wraps it
+into a mini-MP4 and keeps that in an LRU, so later reads of the episode
+fetch nothing. fetch="windows" reads only what the asked-for frames need:
+for each frame the samples from the sync sample its decoding starts at to
+the frame itself (episodes._mp4.windows), windows closer than
+`coalesce_gap` bytes merged into one range request, also across episodes of
+one file when a batch asks for several (read_many), the requests run
+concurrently, and a mini-MP4 of just those samples decoded. Either way a
+request costs: the file's MP4 index (built once per file from range reads,
+or loaded from the sidecar), the span (lookup), the range reads (fetch), the
+mini-MP4 (synthesize), a torchcodec decode of the frames asked for.
+
+Bytes are accounted honestly: what a read caused to be fetched (its own
+fetch, or a prefetch nobody had used yet) is `bytes_fetched`; what it used
+that an earlier read had already paid for is `bytes_reused`.
 """
 from __future__ import annotations
 
@@ -22,61 +33,28 @@ import torch
 from torchcodec.decoders import VideoDecoder
 
 from episodes._mp4 import MiniMp4, Mp4Index, build_index, episode_span, synthesize_mini_mp4
+from episodes._mp4.span import EpisodeSpan
+from episodes._mp4.windows import frame_windows
 from episodes.dataset import EpisodeRecord
 from episodes.decode import open_decoder
-from episodes.errors import EpisodeDataError, Mp4FormatError
+from episodes.errors import EpisodeDataError, Mp4FormatError, reworded
+from episodes.reads import (CacheStats, FrameRead, FrameRequest, MiniRead, fetch_mode, frame_numbers_of, half_frame,
+                            numbers_at)
 from episodes.sidecar import IndexSidecar, sidecar_path
 from episodes.source import EpisodeDataset
+from episodes.windows import WindowJob, fetch_ranges, window_mini
 
 T = TypeVar("T")
+DEFAULT_COALESCE_GAP = 256 * 1024  # LeRobot's --coalesce-gap-kb default
 
 
-@dataclass(frozen=True)
-class CacheStats:
-    """Totals since the cache opened. Times are seconds summed over threads."""
+@dataclass
+class _Entry:
+    """An LRU slot: the mini-MP4, the source bytes it took and, until a read claims it, the cost of fetching it."""
 
-    hits: int = 0
-    misses: int = 0
-    shared_fetches: int = 0
-    evictions: int = 0
-    cached_items: int = 0
-    cached_bytes: int = 0
-    index_builds: int = 0
-    index_sidecar_loads: int = 0
-    header_reads: int = 0
-    header_bytes: int = 0
-    bytes_fetched: int = 0
-    frames_decoded: int = 0
-    lookup_s: float = 0.0
-    fetch_s: float = 0.0
-    synthesize_s: float = 0.0
-    decode_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class FrameRead:
-    """The frames of one call and what that call cost, for a model's time card.
-
-    On a hit (or a fetch shared with another thread) bytes_fetched and the
-    fetch-side times are 0: the cost was paid by whoever fetched.
-    """
-
-    frames: torch.Tensor
-    cache_hit: bool
-    bytes_fetched: int
-    frames_decoded: int
-    lookup_s: float
-    fetch_s: float
-    synthesize_s: float
-    decode_s: float
-
-
-@dataclass(frozen=True)
-class _MissCost:
-    bytes_fetched: int = 0
-    lookup_s: float = 0.0
-    fetch_s: float = 0.0
-    synthesize_s: float = 0.0
+    mini: MiniMp4
+    payload_bytes: int
+    cost: MiniRead | None
 
 
 @dataclass
@@ -86,25 +64,16 @@ class _Decoder:
     lock: threading.Lock
 
 
-def _prefixed(exc: BaseException, url: str, where: str) -> EpisodeDataError:
-    """The lower error re-worded as `<url>: <where>: <reason>`, keeping its class when it is ours."""
-    reason = str(exc)
-    if reason.startswith(url + ": "):
-        reason = reason[len(url) + 2 :]
-    elif not isinstance(exc, EpisodeDataError):
-        reason = f"{type(exc).__name__}: {reason}"
-    cls = type(exc) if isinstance(exc, EpisodeDataError) else Mp4FormatError
-    return cls(f"{url}: {where}: {reason}")
-
-
 class EpisodeByteCache:
-    """Frames of any episode of `ds`, fetching only the episode's bytes.
+    """Frames of any episode of `ds`, fetching only the bytes they need.
 
-    Thread-safe. Mini-MP4s are kept in an LRU bounded by `byte_budget`;
-    `prefetch` fills it from a pool of `workers` threads; two requests for
-    the same (episode, camera) share one fetch. Indexes persist in a sidecar
-    (see episodes.sidecar) unless `use_sidecar` is False; `sidecar_dir`
-    replaces the cache directory used for roots we cannot write next to.
+    Thread-safe. Whole-episode mini-MP4s are kept in an LRU bounded by
+    `byte_budget`; `prefetch` fills it from a pool of `workers` threads; two
+    requests for the same (episode, camera) share one fetch. Frame windows
+    (fetch="windows") read their coalesced ranges on another pool of
+    `workers` threads and are not kept. Indexes persist in a sidecar (see
+    episodes.sidecar) unless `use_sidecar` is False; `sidecar_dir` replaces
+    the cache directory used for roots we cannot write next to.
     """
 
     def __init__(
@@ -117,23 +86,27 @@ class EpisodeByteCache:
         use_sidecar: bool = True,
         max_decoders: int = 8,
         decode_threads: int = 1,
+        coalesce_gap: int = DEFAULT_COALESCE_GAP,
     ) -> None:
-        if byte_budget < 0 or workers < 1 or max_decoders < 1 or decode_threads < 0:
-            raise ValueError("byte_budget must be >= 0, workers and max_decoders >= 1, decode_threads >= 0")
+        if byte_budget < 0 or workers < 1 or max_decoders < 1 or decode_threads < 0 or coalesce_gap < 0:
+            raise ValueError("byte_budget and coalesce_gap must be >= 0, workers and max_decoders >= 1, "
+                             "decode_threads >= 0")
         self.ds = ds
         self.storage = ds.storage
         self.byte_budget = byte_budget
         self.max_decoders = max_decoders
         self.decode_threads = decode_threads
+        self.coalesce_gap = coalesce_gap
         self._sidecar_path = sidecar_path(self.storage, sidecar_dir) if use_sidecar else None
         self._sidecar: IndexSidecar | None = None
         self._lock = threading.Lock()
         self._counts: dict[str, Any] = {f.name: f.default for f in fields(CacheStats)}
         self._indexes: dict[str, Future[Mp4Index]] = {}
-        self._minis: OrderedDict[tuple[int, str], MiniMp4] = OrderedDict()
-        self._inflight: dict[tuple[int, str], Future[MiniMp4]] = {}
+        self._minis: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
+        self._inflight: dict[tuple[int, str], Future[_Entry]] = {}
         self._decoders: OrderedDict[tuple[int, str, str], _Decoder] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode-fetch")
+        self._io = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode-ranges")
         self._closed = False
 
     def __enter__(self) -> EpisodeByteCache:
@@ -147,6 +120,7 @@ class EpisodeByteCache:
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._io.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             self._decoders.clear()
             self._minis.clear()
@@ -237,83 +211,167 @@ class EpisodeByteCache:
                 self._sidecar = IndexSidecar(self._sidecar_path)
             return self._sidecar
 
-    # ---- mini-MP4s -----------------------------------------------------
+    # ---- whole-episode mini-MP4s ------------------------------------------
 
     def get_mini_mp4(self, ep: int, key: str) -> MiniMp4:
         """The episode's mini-MP4 (picklable: a fetch process can hand it to a decode process)."""
-        return self._mini(ep, key)[0]
+        return self.fetch_mini_mp4(ep, key).mini
+
+    def fetch_mini_mp4(self, ep: int, key: str) -> MiniRead:
+        """The episode's whole mini-MP4 and what getting it cost this call."""
+        return self._mini(ep, key, claim=True)
 
     def prefetch(self, ep: int, keys: Iterable[str] | None = None) -> list[Future[MiniMp4]]:
         """Start fetching the episode's cameras (all by default) on the thread pool.
 
-        The futures hold the mini-MP4s or the errors; nobody has to wait on them.
+        The futures hold the mini-MP4s or the errors; nobody has to wait on
+        them. The first read that uses a prefetched mini-MP4 is charged its bytes.
         """
         self._check_open()
-        return [self._pool.submit(self.get_mini_mp4, ep, key) for key in (self.ds.video_keys if keys is None else keys)]
+        keys = self.ds.video_keys if keys is None else keys
+        return [self._pool.submit(lambda k=key: self._mini(ep, k, claim=False).mini) for key in keys]
 
-    def _mini(self, ep: int, key: str) -> tuple[MiniMp4, _MissCost | None]:
-        """The mini-MP4 and, when this call fetched it, what fetching cost."""
+    def _mini(self, ep: int, key: str, *, claim: bool) -> MiniRead:
+        """The mini-MP4 and its cost to this caller; `claim` False (a prefetch) leaves the cost to the first reader."""
         self._check_open()
         slot = (int(ep), key)
         with self._lock:
-            mini = self._minis.get(slot)
-            if mini is not None:
+            entry = self._minis.get(slot)
+            if entry is not None:
                 self._minis.move_to_end(slot)
                 self._counts["hits"] += 1
-                return mini, None
-        cost: list[_MissCost] = []
+        if entry is not None:
+            return self._charge(entry, hit=True, claim=claim)
 
-        def fetch() -> MiniMp4:
+        def fetch() -> _Entry:
             with self._lock:  # a fetch that finished since the check above left it in the LRU
                 done = self._minis.get(slot)
             if done is not None:
                 return done
-            mini, paid = self._fetch(*slot)
-            cost.append(paid)
-            self._remember(slot, mini)
-            return mini
+            entry = self._fetch(*slot)
+            self._remember(slot, entry)
+            return entry
 
-        mini, _ = self._shared(self._inflight, slot, fetch, keep=False, counters=("misses", "shared_fetches"))
-        return mini, (cost[0] if cost else None)
+        entry, _ = self._shared(self._inflight, slot, fetch, keep=False, counters=("misses", "shared_fetches"))
+        return self._charge(entry, hit=False, claim=claim)
+
+    def _charge(self, entry: _Entry, *, hit: bool, claim: bool) -> MiniRead:
+        """Hand the entry's unclaimed fetch cost to this caller if it reads; otherwise it reuses the bytes."""
+        with self._lock:
+            cost = entry.cost if claim else None
+            if cost is not None:
+                entry.cost = None
+            elif claim:
+                self._counts["bytes_reused"] += entry.payload_bytes
+        if cost is not None:
+            return MiniRead(entry.mini, hit, cost.bytes_fetched, 0, cost.lookup_s, cost.fetch_s, cost.synthesize_s)
+        return MiniRead(entry.mini, hit, 0, entry.payload_bytes if claim else 0)
 
     def _record(self, ep: int, key: str) -> EpisodeRecord:
         record = self.ds.episode(ep)
         if key not in record.videos:
-            raise ValueError(f"{self.storage.root}: camera {key!r} is not one of {', '.join(record.videos)}")
+            raise ValueError(f"{self.storage.root}: episode {ep}: camera {key!r} is not one of {', '.join(record.videos)}")
         return record
 
-    def _fetch(self, ep: int, key: str) -> tuple[MiniMp4, _MissCost]:
+    def _span(self, record: EpisodeRecord, key: str) -> tuple[Mp4Index, EpisodeSpan]:
+        segment = record.videos[key]
+        index = self.mp4_index(segment.path)
+        return index, episode_span(index, segment.from_timestamp, segment.to_timestamp, expected_frames=record.length)
+
+    def _fetch(self, ep: int, key: str) -> _Entry:
         record = self._record(ep, key)
-        segment, length = record.videos[key], record.length
-        url = self.storage.url(segment.path)
+        url = self.storage.url(record.videos[key].path)
         try:
             t0 = time.perf_counter()
-            index = self.mp4_index(segment.path)
-            span = episode_span(index, segment.from_timestamp, segment.to_timestamp, expected_frames=length)
+            index, span = self._span(record, key)
             t1 = time.perf_counter()
-            payload = self.storage.read_range(segment.path, span.byte_start, span.byte_end)
+            payload = self.storage.read_range(record.videos[key].path, span.byte_start, span.byte_end)
             t2 = time.perf_counter()
             mini = synthesize_mini_mp4(index, span, payload)
             t3 = time.perf_counter()
         except EpisodeDataError as exc:
-            raise _prefixed(exc, url, f"episode {ep}, camera {key}") from exc
-        cost = _MissCost(len(payload), t1 - t0, t2 - t1, t3 - t2)
-        self._add(bytes_fetched=cost.bytes_fetched, lookup_s=cost.lookup_s, fetch_s=cost.fetch_s,
-                  synthesize_s=cost.synthesize_s)
-        return mini, cost
+            raise reworded(exc, url, f"episode {ep}, camera {key}") from exc
+        own = int(index.size[np.asarray(span.frames)].sum())
+        self._add(bytes_fetched=len(payload), bytes_planned=len(payload), bytes_useful=own, range_requests=1,
+                  lookup_s=t1 - t0, fetch_s=t2 - t1, synthesize_s=t3 - t2)
+        cost = MiniRead(mini, False, len(payload), 0, t1 - t0, t2 - t1, t3 - t2)
+        return _Entry(mini, len(payload), cost)
 
-    def _remember(self, slot: tuple[int, str], mini: MiniMp4) -> None:
-        size = len(mini.data)
+    def _remember(self, slot: tuple[int, str], entry: _Entry) -> None:
+        started = time.perf_counter()
+        size = len(entry.mini.data)
         with self._lock:
             if self._closed or size > self.byte_budget:
                 return
-            self._minis[slot] = mini
+            self._minis[slot] = entry
             self._counts["cached_bytes"] += size
             while self._counts["cached_bytes"] > self.byte_budget:
                 _, old = self._minis.popitem(last=False)
-                self._counts["cached_bytes"] -= len(old.data)
+                self._counts["cached_bytes"] -= len(old.mini.data)
                 self._counts["evictions"] += 1
             self._counts["cached_items"] = len(self._minis)
+            self._counts["store_s"] += time.perf_counter() - started
+
+    # ---- frame windows -----------------------------------------------------
+
+    def fetch_windows(self, requests: Sequence[FrameRequest], *, coalesce_gap: int | None = None) -> list[MiniRead]:
+        """For each request, a mini-MP4 holding just its frames (and the samples they need), and its cost.
+
+        The windows of all requests are planned first; ranges of one file
+        closer than `coalesce_gap` bytes (default: the cache's) merge into one
+        range request, also across episodes, and all requests run
+        concurrently. A request whose whole episode is already cached uses
+        that mini-MP4 instead (a hit, its bytes reused).
+        """
+        return [read for read, _, _ in self._window_reads(requests, coalesce_gap)]
+
+    def _window_reads(self, requests: Sequence[FrameRequest],
+                      coalesce_gap: int | None) -> list[tuple[MiniRead, np.ndarray, str]]:
+        """Each request's mini-MP4 read, its frame numbers in the order asked, and its place for messages."""
+        self._check_open()
+        gap = self.coalesce_gap if coalesce_gap is None else coalesce_gap
+        if gap < 0:
+            raise ValueError(f"coalesce_gap must be >= 0 bytes, not {gap}")
+        plans = [self._plan(request) for request in requests]
+        jobs = [plan for plan in plans if isinstance(plan, WindowJob)]
+        batch = fetch_ranges(self.storage, self._io, jobs, gap)
+        self._add(range_requests=batch.range_requests, bytes_useful=batch.useful_bytes)
+        out = []
+        for plan in plans:
+            if isinstance(plan, WindowJob):
+                read = window_mini(plan, batch.blobs[id(plan)], batch.charged[id(plan)], batch.waited[id(plan)])
+                w = plan.windows
+                self._add(misses=1, windows=len(w.frame_numbers), window_runs=len(w.runs),
+                          bytes_planned=w.planned_bytes, bytes_fetched=read.bytes_fetched, lookup_s=read.lookup_s,
+                          fetch_s=read.fetch_s, synthesize_s=read.synthesize_s)
+                out.append((read, plan.numbers, plan.where))
+            else:
+                out.append(plan)
+        return out
+
+    def _plan(self, request: FrameRequest) -> WindowJob | tuple[MiniRead, np.ndarray, str]:
+        """The request's windows, or, when its whole episode is cached, that mini-MP4 and the frame numbers."""
+        if (request.timestamps is None) == (request.frame_numbers is None):
+            raise TypeError("pass exactly one of timestamps and frame_numbers")
+        ep, key = int(request.episode), request.key
+        record = self._record(ep, key)
+        rel = record.videos[key].path
+        where = f"{self.storage.url(rel)}: episode {ep}, camera {key}"
+        with self._lock:
+            entry = self._minis.get((ep, key))
+        if entry is not None:
+            read = self._mini(ep, key, claim=True)
+            return read, frame_numbers_of(read.mini, request, record.length, where), where
+        started = time.perf_counter()
+        try:
+            index, span = self._span(record, key)
+        except EpisodeDataError as exc:
+            raise reworded(exc, self.storage.url(rel), f"episode {ep}, camera {key}") from exc
+        seconds = index.pts[np.asarray(span.frames)] / index.timescale
+        numbers = numbers_at(seconds, half_frame(index.duration, index.timescale), request, record.length, where)
+        windows = frame_windows(index, span, numbers)
+        return WindowJob(ep, key, rel, self.storage.url(rel), numbers, record.length, index, windows,
+                         time.perf_counter() - started)
 
     # ---- frames --------------------------------------------------------
 
@@ -325,83 +383,82 @@ class EpisodeByteCache:
         timestamps: Sequence[float] | np.ndarray | torch.Tensor | None = None,
         frame_numbers: Sequence[int] | np.ndarray | None = None,
         device: str | torch.device = "cpu",
+        fetch: str = "episode",
     ) -> FrameRead:
-        """Frames by `timestamps` (seconds from the episode start) or `frame_numbers`, with this call's costs."""
+        """Frames by `timestamps` (seconds from the episode start) or `frame_numbers`, with this call's costs.
+
+        `fetch` "episode" reads the whole episode once and keeps it;
+        "windows" reads only the samples these frames need (see read_many).
+        """
+        request = FrameRequest(ep, key, timestamps, frame_numbers)
+        if fetch_mode(fetch) == "windows":
+            return self.read_many([request], device=device)[0]
         if (timestamps is None) == (frame_numbers is None):
             raise TypeError("pass exactly one of timestamps and frame_numbers")
-        mini, cost = self._mini(ep, key)
-        url = self.storage.url(self._record(ep, key).videos[key].path)
-        where = f"{url}: episode {ep}, camera {key}"
-        if timestamps is not None:
-            numbers = frames_at(mini, np.asarray(timestamps, dtype=np.float64), where=where)
-        else:
-            numbers = np.asarray(frame_numbers, dtype=np.int64).reshape(-1)
-            bad = numbers[(numbers < 0) | (numbers >= mini.num_frames)]
-            if len(bad):
-                raise IndexError(f"{where}: frame {int(bad[0])} is out of range (the episode has {mini.num_frames})")
-        t0 = time.perf_counter()
-        frames = self._decode((int(ep), key), mini, numbers, str(torch.device(device)), where)
-        decode_s = time.perf_counter() - t0
-        self._add(frames_decoded=len(numbers), decode_s=decode_s)
-        paid = cost or _MissCost()
-        return FrameRead(frames, cost is None, paid.bytes_fetched, len(numbers), paid.lookup_s, paid.fetch_s,
-                         paid.synthesize_s, decode_s)
+        got = self._mini(ep, key, claim=True)
+        record = self._record(ep, key)
+        where = f"{self.storage.url(record.videos[key].path)}: episode {ep}, camera {key}"
+        numbers = frame_numbers_of(got.mini, request, record.length, where)
+        return self._frames(got, numbers, (int(ep), key), str(torch.device(device)), where)
+
+    def read_many(self, requests: Sequence[FrameRequest], *, device: str | torch.device = "cpu",
+                  coalesce_gap: int | None = None) -> list[FrameRead]:
+        """Frames of many requests fetched as frame windows, coalesced across requests of one file (fetch_windows)."""
+        device = str(torch.device(device))
+        out = []
+        for request, (got, numbers, where) in zip(requests, self._window_reads(requests, coalesce_gap)):
+            slot = (int(request.episode), request.key) if got.cache_hit else None
+            out.append(self._frames(got, numbers, slot, device, where))
+        return out
 
     def get_frames(
-        self, ep: int, key: str, timestamps: Sequence[float] | np.ndarray | torch.Tensor, device: str | torch.device = "cpu"
+        self, ep: int, key: str, timestamps: Sequence[float] | np.ndarray | torch.Tensor,
+        device: str | torch.device = "cpu", fetch: str = "episode",
     ) -> torch.Tensor:
         """uint8 (N, C, H, W) frames shown at `timestamps` seconds from the episode start (nearest frame)."""
-        return self.read(ep, key, timestamps=timestamps, device=device).frames
+        return self.read(ep, key, timestamps=timestamps, device=device, fetch=fetch).frames
 
     def get_episode_frames(
-        self, ep: int, key: str, frame_numbers: Sequence[int] | np.ndarray, device: str | torch.device = "cpu"
+        self, ep: int, key: str, frame_numbers: Sequence[int] | np.ndarray, device: str | torch.device = "cpu",
+        fetch: str = "episode",
     ) -> torch.Tensor:
         """uint8 (N, C, H, W) frames by their 0-based number within the episode."""
-        return self.read(ep, key, frame_numbers=frame_numbers, device=device).frames
+        return self.read(ep, key, frame_numbers=frame_numbers, device=device, fetch=fetch).frames
 
-    def _decode(self, slot: tuple[int, str], mini: MiniMp4, numbers: np.ndarray, device: str, where: str) -> torch.Tensor:
+    def _frames(self, got: MiniRead, numbers: np.ndarray, slot: tuple[int, str] | None, device: str,
+                where: str) -> FrameRead:
+        """Decode `numbers` from the mini-MP4 (through a kept decoder when `slot` names a cached episode)."""
+        t0 = time.perf_counter()
+        frames = self._decode(slot, got.mini, numbers, device, where)
+        decode_s = time.perf_counter() - t0
+        self._add(frames_decoded=len(numbers), decode_s=decode_s)
+        return FrameRead(frames, got.cache_hit, got.bytes_fetched, got.bytes_reused, len(numbers), got.lookup_s,
+                         got.fetch_s, got.synthesize_s, decode_s)
+
+    def _decode(self, slot: tuple[int, str] | None, mini: MiniMp4, numbers: np.ndarray, device: str,
+                where: str) -> torch.Tensor:
         if len(numbers) == 0:
             raise ValueError(f"{where}: no frames were asked for")
-        dkey = (*slot, device)
         try:
-            with self._lock:
-                entry = self._decoders.get(dkey)
-                if entry is not None and entry.mini is mini:
-                    self._decoders.move_to_end(dkey)
-                else:
-                    entry = None
-            if entry is None:
-                entry = _Decoder(mini, open_decoder(mini, device, num_threads=self.decode_threads), threading.Lock())
-                with self._lock:
-                    self._decoders[dkey] = entry
-                    while len(self._decoders) > self.max_decoders:
-                        self._decoders.popitem(last=False)
+            positions = mini.mini_frames(numbers).tolist()
+            if slot is None:
+                return open_decoder(mini, device, num_threads=self.decode_threads).get_frames_at(positions).data
+            entry = self._kept_decoder((*slot, device), mini)
             with entry.lock:
-                return entry.decoder.get_frames_at(mini.frame_index[numbers].tolist()).data
+                return entry.decoder.get_frames_at(positions).data
         except (RuntimeError, ValueError) as exc:
             raise Mp4FormatError(f"{where}: decoding failed ({type(exc).__name__}: {exc})") from exc
 
-
-def frames_at(mini: MiniMp4, timestamps: np.ndarray, *, where: str) -> np.ndarray:
-    """Episode frame numbers shown at `timestamps` seconds after the episode's first frame.
-
-    Each instant maps to the nearest frame and must lie within half a frame
-    of it: accumulated-float timestamps such as 0.30000000000000004 still
-    find frame 9 at 30 fps, and no float is ever compared for equality.
-    """
-    seconds = mini.frame_pts_seconds
-    relative = seconds - seconds[0]
-    half = 0.5 * float(np.median(mini.duration)) / mini.timescale
-    flat = timestamps.reshape(-1)
-    right = np.clip(np.searchsorted(relative, flat), 1, max(len(relative) - 1, 1))
-    left = right - 1
-    nearest = np.where(np.abs(relative[np.minimum(right, len(relative) - 1)] - flat) < np.abs(relative[left] - flat),
-                       np.minimum(right, len(relative) - 1), left)
-    off = np.flatnonzero(~(np.abs(relative[nearest] - flat) <= half * (1 + 1e-9)))
-    if len(off):
-        t = float(flat[off[0]])
-        raise ValueError(
-            f"{where}: timestamp {t} s is not within half a frame of any of the episode's {len(relative)} frames"
-            f" (0 to {relative[-1]:.6f} s)"
-        )
-    return nearest.astype(np.int64)
+    def _kept_decoder(self, dkey: tuple[int, str, str], mini: MiniMp4) -> _Decoder:
+        """The decoder kept for this episode's mini-MP4 on this device, opened if missing or stale."""
+        with self._lock:
+            entry = self._decoders.get(dkey)
+            if entry is not None and entry.mini is mini:
+                self._decoders.move_to_end(dkey)
+                return entry
+        entry = _Decoder(mini, open_decoder(mini, dkey[2], num_threads=self.decode_threads), threading.Lock())
+        with self._lock:
+            self._decoders[dkey] = entry
+            while len(self._decoders) > self.max_decoders:
+                self._decoders.popitem(last=False)
+        return entry

@@ -47,13 +47,12 @@ def decode_frames(
 ) -> torch.Tensor:
     """Episode frames `frame_numbers` (0-based within the episode) as a uint8 (N, C, H, W) tensor.
 
-    Pass `decoder` (from open_decoder for this mini-MP4) to reuse one; else a
-    fresh one is opened on `device`.
+    A frame the mini-MP4 does not hold (out of the episode, or outside a
+    frame-window mini-MP4's frames) is an IndexError. Pass `decoder` (from
+    open_decoder for this mini-MP4) to reuse one; else a fresh one is
+    opened on `device`.
     """
-    numbers = np.asarray(frame_numbers, dtype=np.int64)
-    bad = numbers[(numbers < 0) | (numbers >= mini.num_frames)]
-    if len(bad):
-        raise IndexError(f"episode frame {int(bad[0])} is out of range: the episode has {mini.num_frames} frames")
+    positions = mini.mini_frames(np.asarray(frame_numbers, dtype=np.int64))
     if decoder is None:
         decoder = open_decoder(mini, device)
-    return decoder.get_frames_at(mini.frame_index[numbers].tolist()).data
+    return decoder.get_frames_at(positions.tolist()).data

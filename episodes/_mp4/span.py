@@ -31,6 +31,30 @@ class EpisodeSpan:
         return self.byte_end - self.byte_start
 
 
+def decode_starts(index: Mp4Index, samples: np.ndarray, shown: np.ndarray | None = None) -> np.ndarray:
+    """For each sample, the sync sample where decoding must start so that it, and any frame shown from `shown` on, decode.
+
+    That is the last sync sample at or before the sample in decode order
+    that is shown no later than `shown` (default: when the sample itself is
+    shown). A sync sample shown later, an open-GOP CRA whose leading
+    pictures reference the GOP before it, cannot be decoding's start, so
+    decoding steps back to an earlier one.
+    """
+    samples = np.asarray(samples, dtype=np.int64)
+    shown = index.pts[samples] if shown is None else np.asarray(shown, dtype=np.int64)
+    sync = np.flatnonzero(index.is_sync)
+    k = np.searchsorted(sync, samples, side="right") - 1
+    while True:  # a step back per leading picture in the way: once or twice at most
+        late = (k >= 0) & (index.pts[sync[np.maximum(k, 0)]] > shown) if len(sync) else np.zeros(len(k), bool)
+        if not late.any():
+            break
+        k = k - late
+    if (k < 0).any():
+        first = int(shown[np.flatnonzero(k < 0)[0]])
+        raise Mp4FormatError(f"{index.name}: no sync sample precedes the frame at {first / index.timescale} s")
+    return sync[k]
+
+
 def episode_span(
     index: Mp4Index, from_timestamp: float, to_timestamp: float, *, expected_frames: int | None = None
 ) -> EpisodeSpan:
@@ -53,14 +77,8 @@ def episode_span(
         )
     if len(needed) == 0:
         raise Mp4FormatError(f"{index.name}: no frame is presented in [{from_timestamp}, {to_timestamp}) s")
-    first_shown = index.pts[needed].min()
-    # A sync sample shown after a needed frame (an open-GOP CRA with leading
-    # pictures) cannot be decoding's start: those leading pictures reference
-    # the GOP before it, so step back to an earlier sync sample.
-    starts = np.flatnonzero(index.is_sync[: needed[0] + 1] & (index.pts[: needed[0] + 1] <= first_shown))
-    if len(starts) == 0:
-        raise Mp4FormatError(f"{index.name}: no sync sample precedes the frame at {first_shown / index.timescale} s")
-    start, stop = int(starts[-1]), int(needed[-1]) + 1
+    start = int(decode_starts(index, needed[:1], index.pts[needed].min(keepdims=True))[0])
+    stop = int(needed[-1]) + 1
     order = needed[np.argsort(index.pts[needed], kind="stable")]
     return EpisodeSpan(
         sample_start=start,
