@@ -17,8 +17,9 @@ from pathlib import Path
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import JSON_COLUMNS, JobLogError, JobTables, ValidityRules, load_jobs
+from rnb.analysis.jobs import JSON_COLUMNS, JobLogError, JobTables, ValidityRules, find_job_dirs, load_jobs, read_job
 from rnb.analysis.report import format_compare, format_report, plot_jobs
+from rnb.analysis.trace import write_trace
 
 DEFAULTS = ValidityRules()
 
@@ -35,6 +36,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--parquet", metavar="FILE", help="write the jobs table as Parquet")
     parser.add_argument("--items-parquet", metavar="FILE", help="write the per-item table of all jobs as Parquet")
     parser.add_argument("--plot", metavar="FILE.png", help="write stacked stage latencies (and load curves) as PNG")
+    parser.add_argument("--trace", metavar="FILE.json",
+                        help="write one job's timeline as Chrome trace-event JSON (Perfetto's UI, chrome://tracing)")
     parser.add_argument("--compare", nargs=2, metavar=("JOB_A", "JOB_B"),
                         help="show two jobs (ids under PATHS, or job directories) side by side with ratios B/A")
     args = parser.parse_args(argv)
@@ -49,6 +52,14 @@ def load_compared(args: argparse.Namespace, rules: ValidityRules) -> JobTables:
     if all(path.is_dir() for path in named):
         return load_jobs(named, rules=rules)
     return load_jobs(args.paths, names=[path.name for path in named], rules=rules)
+
+
+def trace_one_job(args: argparse.Namespace) -> None:
+    """--trace: the timeline of the one job the paths name; several would not fit one timeline."""
+    found = find_job_dirs(args.paths)
+    if len(found) != 1:
+        raise JobLogError(f"--trace writes one job's timeline; {', '.join(args.paths)} holds {len(found)} jobs.")
+    write_trace(read_job(found[0]), args.trace)
 
 
 def export(tables: JobTables, args: argparse.Namespace) -> None:
@@ -71,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rules = ValidityRules(min_duration_s=args.min_duration, min_items=args.min_items)
     try:
+        if args.trace:
+            trace_one_job(args)
         tables = load_compared(args, rules) if args.compare else load_jobs(args.paths, rules=rules)
         export(tables, args)
     except JobLogError as exc:

@@ -42,6 +42,15 @@ class DeviceState:
     compute_pids: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class GpuUtilisation:
+    """One NVML sample of a GPU while a job runs."""
+
+    gpu_percent: int                # time a kernel ran over NVML's last sample period
+    memory_used_bytes: int
+    decoder_percent: int            # NVDEC busy over its sample period
+
+
 class Nvml:
     """The handful of NVML calls the check makes, as one seam that tests replace.
 
@@ -74,6 +83,13 @@ class Nvml:
             memory_used_bytes=int(memory.used),
             compute_pids=tuple(int(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)),
         )
+
+    def utilisation(self, physical_index: int) -> GpuUtilisation:
+        nv = self._nv
+        handle = nv.nvmlDeviceGetHandleByIndex(physical_index)
+        rates = nv.nvmlDeviceGetUtilizationRates(handle)
+        decoder, _period_us = nv.nvmlDeviceGetDecoderUtilization(handle)
+        return GpuUtilisation(int(rates.gpu), int(nv.nvmlDeviceGetMemoryInfo(handle).used), int(decoder))
 
 
 def validate_gpus(

@@ -1,0 +1,46 @@
+"""Who ran each item at each step, and which queue it waited in, as far as the job log tells.
+
+The trace puts each item's slices on the track of the process that ran it,
+and the busy fractions add up each process's time inside its model; both
+need the same answer, so it is computed here once.
+"""
+from __future__ import annotations
+
+from rnb.analysis.jobs import Job
+
+UNKNOWN = "replica not logged"
+
+
+def replicas(job: Job, step: int) -> list[str]:
+    """Which process ran each row's item at `step`: the one runner of the step on the row's device.
+
+    Several replicas on one device cannot be told apart from the device
+    alone; their items go to one shared track named as such.
+    """
+    runners = [p for p in job.meta.get("processes") or [] if p.get("role") == "runner" and p.get("step") == step]
+    unknown = f"step {step}: {UNKNOWN}"
+    if len(runners) == 1:
+        return [str(runners[0]["name"])] * job.timings.num_rows
+    column = f"device{step}"
+    devices = job.timings.column(column).to_pylist() if column in job.timings.column_names else []
+    names = []
+    for device in devices or [None] * job.timings.num_rows:
+        matching = [p for p in runners if p.get("device") == device]
+        names.append(str(matching[0]["name"]) if len(matching) == 1 else unknown)
+    return names
+
+
+def queue_labels(job: Job, step: int, replica_names: list[str]) -> list[str]:
+    """The input queue of each row's replica at `step`, as the trace names it."""
+    if step == 0:
+        return ["requests → step 0"] * len(replica_names)
+    groups = (job.config.get("pipeline") or [{}] * job.num_steps)[step].get("queue_groups") or []
+    by_group = {g: group.get("in_queue") for g, group in enumerate(groups)}
+    group_of = {str(p["name"]): p.get("group") for p in job.meta.get("processes") or [] if p.get("name")}
+    queues = set(by_group.values())
+    single = next(iter(queues)) if len(queues) == 1 else None
+    labels = []
+    for name in replica_names:
+        queue = by_group.get(group_of[name]) if name in group_of else single
+        labels.append(f"step {step - 1} → step {step}" + (f" (queue {queue})" if queue is not None else f" ({UNKNOWN})"))
+    return labels

@@ -1,0 +1,110 @@
+"""How busy each runner was, and what the sampled CPU, memory and GPU series say.
+
+A runner's busy fraction is the time inside its model (the union of the
+inside intervals of the items it ran, so a batch counts once) over the job's
+elapsed time. The step whose replicas are busiest on average is the
+bottleneck: it is the one that would have to get faster, or get more
+replicas, for the pipeline to go faster.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rnb.analysis.jobs import Job, JobLogError
+from rnb.analysis.routing import replicas
+from rnb.analysis.stages import StepEvents
+from rnb.harness.sampler import SAMPLES_FILE
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    step: int
+    busy: float                # mean busy fraction of the step's runners
+    runners: tuple[str, ...]
+
+
+def union_seconds(starts: np.ndarray, ends: np.ndarray) -> float:
+    """The length of the union of the intervals [start, end)."""
+    order = np.argsort(starts, kind="stable")
+    total, reach = 0.0, -np.inf
+    for start, end in zip(starts[order], ends[order]):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return float(total)
+
+
+def busy_fractions(job: Job) -> dict[str, float]:
+    """Each runner's time inside its model over the elapsed time, clipped to [start, end]; {} without both."""
+    start, end = job.meta.get("start_time"), job.meta.get("end_time")
+    if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end <= start:
+        return {}
+    busy: dict[str, float] = {}
+    for k in range(job.num_steps):
+        events = StepEvents(k)
+        began = np.clip(job.timings.column(events.started).to_numpy(zero_copy_only=False).astype(float), start, end)
+        ended = np.clip(job.timings.column(events.finished).to_numpy(zero_copy_only=False).astype(float), start, end)
+        names = np.array(replicas(job, k), dtype=object)
+        for process in job.meta.get("processes") or []:
+            if process.get("role") == "runner" and process.get("step") == k:
+                mine = (names == process["name"]) & ~np.isnan(began) & ~np.isnan(ended)
+                busy[str(process["name"])] = union_seconds(began[mine], ended[mine]) / (end - start)
+    return busy
+
+
+def bottleneck(job: Job, busy: dict[str, float]) -> Bottleneck | None:
+    """The step whose runners were busiest on average; None when nothing was measured."""
+    best = None
+    for k in range(job.num_steps):
+        names = tuple(str(p["name"]) for p in job.meta.get("processes") or []
+                      if p.get("role") == "runner" and p.get("step") == k and str(p["name"]) in busy)
+        if names:
+            mean = sum(busy[name] for name in names) / len(names)
+            if best is None or mean > best.busy:
+                best = Bottleneck(k, mean, names)
+    return best
+
+
+def read_samples(job: Job) -> pa.Table | None:
+    """The job's samples.parquet, or None for a job that has none (older logs, a job that never started)."""
+    path = Path(job.path) / SAMPLES_FILE
+    if not path.is_file():
+        return None
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise JobLogError(f"{path}: cannot be read as Parquet ({exc}).") from exc
+
+
+def cpu_percent(samples: pa.Table) -> dict[str, float]:
+    """Each process's CPU use over its sampled span, in percent of one core (200 = two cores busy)."""
+    processes = samples.filter(pc.is_valid(samples.column("process")))
+    result = {}
+    for name in processes.column("process").unique().to_pylist():
+        mine = processes.filter(pc.equal(processes.column("process"), name))
+        times = mine.column("time").to_numpy()
+        cpu = mine.column("cpu_s").to_numpy()
+        if times.size >= 2 and times[-1] > times[0]:
+            result[name] = float(100.0 * (cpu[-1] - cpu[0]) / (times[-1] - times[0]))
+    return result
+
+
+def utilisation_columns(job: Job) -> dict[str, Any]:
+    """The jobs-table columns of this module: busy fractions, the bottleneck, sampled CPU use."""
+    busy = busy_fractions(job)
+    neck = bottleneck(job, busy)
+    samples = read_samples(job)
+    return {
+        "busy_fraction": json.dumps(busy),
+        "bottleneck_step": None if neck is None else neck.step,
+        "bottleneck_busy_fraction": None if neck is None else neck.busy,
+        "cpu_percent": json.dumps(cpu_percent(samples) if samples is not None else {}),
+    }
