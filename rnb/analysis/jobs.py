@@ -20,7 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
+from rnb.analysis.utilisation import utilisation_columns
 from rnb.harness.joblog import STEP_EVENTS
+from rnb.harness.sampler import SAMPLES_FILE
 from rnb.analysis.summary import stage_latencies
 
 TARGET_REACHED = "target reached"
@@ -32,7 +35,10 @@ ARG_KEYS: tuple[str, ...] = (
     "concurrency", "warmup", "seed", "cpu", "log_dir",
 )
 JOB_FILES: tuple[str, ...] = ("meta.json", "config.json", "timings.parquet")
-JSON_COLUMNS: tuple[str, ...] = ("items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes")  # JSON text cells
+JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
+    "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows",
+    "busy_fraction", "cpu_percent")
+BOUNDED_PERCENTILE = 99.0   # VALID needs enough items to bound this percentile from above
 
 
 class JobLogError(ValueError):
@@ -45,6 +51,7 @@ class ValidityRules:
 
     min_duration_s: float = 1.0
     min_items: int = 100
+    confidence: float = CONFIDENCE   # of each percentile's interval; the p99's must have an upper end
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,7 @@ class Job:
     config: dict[str, Any]
     timings: pa.Table
     num_steps: int
+    samples: pa.Table | None = None   # samples.parquet; None for a job that has none (older logs)
 
 
 class JobTables(NamedTuple):
@@ -117,7 +125,17 @@ def read_job(path: str | Path) -> Job:
     for column in ("item_id", "is_warmup", "enqueue", *_step_columns(num_steps)):
         if column not in timings.column_names:
             raise JobLogError(f"{timings_path}: lacks the column {column!r}.")
-    return Job(str(meta.get("job_id", path.name)), path, meta, config, timings, num_steps)
+    return Job(str(meta.get("job_id", path.name)), path, meta, config, timings, num_steps, _read_samples(path))
+
+
+def _read_samples(path: Path) -> pa.Table | None:
+    samples_path = path / SAMPLES_FILE
+    if not samples_path.is_file():
+        return None
+    try:
+        return pq.read_table(samples_path)
+    except (OSError, pa.ArrowException) as exc:
+        raise JobLogError(f"{samples_path}: cannot be read as Parquet ({exc}).") from exc
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -174,6 +192,11 @@ def check_validity(termination_reason: str, measured_items: int, duration_s: flo
         failed.append(f"{measured_items} items after warm-up, fewer than --min-items {rules.min_items}")
     if duration_s < rules.min_duration_s:
         failed.append(f"the measured window lasted {duration_s:.3f} s, less than --min-duration {rules.min_duration_s:g} s")
+    needed = min_items_for_upper_bound(BOUNDED_PERCENTILE, rules.confidence)
+    if measured_items < needed:
+        failed.append(f"{measured_items} items cannot bound the p{BOUNDED_PERCENTILE:g} from above at "
+                      f"{rules.confidence:.0%} confidence, which takes at least {needed} "
+                      f"({BOUNDED_PERCENTILE / 100:g}^n <= {(1 - rules.confidence) / 2:g})")
     return "; ".join(failed) + "." if failed else None
 
 
@@ -245,6 +268,40 @@ def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
     row["peak_device_bytes"] = json.dumps(device_bytes)
     row["max_peak_device_bytes"] = max(device_bytes.values(), default=None)
     row["notes"] = json.dumps(meta.get("notes") or [])
+    row.update(percentile_columns(latencies["e2e"], rules.confidence))
+    row.update(throughput_columns(job))
+    row.update(utilisation_columns(job))
+    return row
+
+
+def bound_column(stat: str, end: str) -> str:
+    """The column of one end ("low" or "high") of a percentile's confidence interval, e.g. `e2e_p99_high_ms`."""
+    return stat_column("e2e", f"{stat}_{end}")
+
+
+def percentile_columns(e2e_s: np.ndarray, confidence: float) -> dict[str, float | None]:
+    """Each end-to-end percentile's order-statistic interval, in ms; None where the items cannot bound it."""
+    row: dict[str, float | None] = {"confidence": confidence}
+    for q, stat in zip(PERCENTILES, STAT_NAMES[2:]):
+        bounds = percentile_bounds(e2e_s * 1000.0, q, confidence)
+        row[bound_column(stat, "low")] = None if bounds is None else bounds.low
+        row[bound_column(stat, "high")] = None if bounds is None else bounds.high
+    return row
+
+
+def throughput_columns(job: Job) -> dict[str, Any]:
+    """Finished items per second over windows of the job's elapsed time, and the steady stretch among them."""
+    start, end = job.meta.get("start_time"), job.meta.get("end_time")
+    row: dict[str, Any] = dict.fromkeys(("throughput_window_s", "throughput_windows", "steady_start_s",
+                                         "steady_end_s", "steady_throughput_items_per_s"))
+    if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end <= start:
+        return row
+    series = windowed_throughput(_column(job.timings, f"runner{job.num_steps - 1}_finish").astype(float), start, end)
+    steady = steady_state(series)
+    row.update(throughput_window_s=series.window_s, throughput_windows=json.dumps(series.rates.tolist()))
+    if steady is not None:
+        row.update(steady_start_s=steady.start_s, steady_end_s=steady.end_s,
+                   steady_throughput_items_per_s=steady.throughput)
     return row
 
 

@@ -6,7 +6,10 @@ need the same answer, so it is computed here once.
 """
 from __future__ import annotations
 
-from rnb.analysis.jobs import Job
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # jobs.py builds its table from modules that use this one
+    from rnb.analysis.jobs import Job
 
 UNKNOWN = "replica not logged"
 

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import Job, JobLogError
 from rnb.analysis.routing import replicas
 from rnb.analysis.stages import StepEvents
-from rnb.harness.sampler import SAMPLES_FILE
+
+if TYPE_CHECKING:  # jobs.py builds its table from this module's columns
+    from rnb.analysis.jobs import Job
 
 
 @dataclass(frozen=True)
@@ -73,20 +72,10 @@ def bottleneck(job: Job, busy: dict[str, float]) -> Bottleneck | None:
     return best
 
 
-def read_samples(job: Job) -> pa.Table | None:
-    """The job's samples.parquet, or None for a job that has none (older logs, a job that never started)."""
-    path = Path(job.path) / SAMPLES_FILE
-    if not path.is_file():
-        return None
-    try:
-        return pq.read_table(path)
-    except (OSError, pa.ArrowException) as exc:
-        raise JobLogError(f"{path}: cannot be read as Parquet ({exc}).") from exc
-
-
-def cpu_percent(samples: pa.Table) -> dict[str, float]:
-    """Each process's CPU use over its sampled span, in percent of one core (200 = two cores busy)."""
-    processes = samples.filter(pc.is_valid(samples.column("process")))
+def cpu_percent(samples: pa.Table, start: float, end: float) -> dict[str, float]:
+    """Each process's CPU use over its samples within [start, end], in percent of one core (200 = two cores)."""
+    within = pc.and_(pc.greater_equal(samples.column("time"), start), pc.less_equal(samples.column("time"), end))
+    processes = samples.filter(pc.and_(within, pc.is_valid(samples.column("process"))))
     result = {}
     for name in processes.column("process").unique().to_pylist():
         mine = processes.filter(pc.equal(processes.column("process"), name))
@@ -101,10 +90,11 @@ def utilisation_columns(job: Job) -> dict[str, Any]:
     """The jobs-table columns of this module: busy fractions, the bottleneck, sampled CPU use."""
     busy = busy_fractions(job)
     neck = bottleneck(job, busy)
-    samples = read_samples(job)
+    start, end = job.meta.get("start_time"), job.meta.get("end_time")
+    timed = job.samples is not None and isinstance(start, (int, float)) and isinstance(end, (int, float))
     return {
         "busy_fraction": json.dumps(busy),
         "bottleneck_step": None if neck is None else neck.step,
         "bottleneck_busy_fraction": None if neck is None else neck.busy,
-        "cpu_percent": json.dumps(cpu_percent(samples) if samples is not None else {}),
+        "cpu_percent": json.dumps(cpu_percent(job.samples, start, end) if timed else {}),
     }

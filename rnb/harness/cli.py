@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from rnb.harness import joblog
 from rnb.harness.job import RunArgs, run_job
+from rnb.harness.sampler import DEFAULT_INTERVAL_MS
 from rnb.pipeline.config import RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
 from rnb.pipeline.gpus import apply_cpu_override, validate_gpus
@@ -51,6 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="first N items excluded from latency statistics (default 10)")
     parser.add_argument("--log-dir", dest="log_dir", default="logs", help="where job logs go (default logs/)")
     parser.add_argument("--seed", type=int, help="seed of the Poisson arrivals and of a random episode order (default 0)")
+    parser.add_argument("--sample-interval-ms", dest="sample_interval_ms", type=float, default=DEFAULT_INTERVAL_MS,
+                        help="how often CPU, memory and GPU use are sampled into samples.parquet "
+                             f"(default {DEFAULT_INTERVAL_MS:g})")
     parser.add_argument("--dataset", help="replace the root (or video glob) of the config's dataset or videos source")
     return parser.parse_args(argv)
 
@@ -68,7 +72,9 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
         if given is not None and maximum is not None and given > maximum:
             raise ConfigError("command line", flags[key], f"expected at most {maximum}, found {given}")
         values[key] = given if given is not None else config.run.get(key, default)
-    return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir)
+    if not (math.isfinite(ns.sample_interval_ms) and ns.sample_interval_ms > 0):
+        raise ConfigError("command line", "--sample-interval-ms", f"expected a positive number, found {ns.sample_interval_ms:g}")
+    return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms)
 
 
 def main(argv: list[str] | None = None) -> int:

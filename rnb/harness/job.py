@@ -13,6 +13,7 @@ counting the target, or a failure).
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
 import time
@@ -27,6 +28,7 @@ from tqdm import tqdm
 from rnb.analysis.summary import summary_text
 from rnb.harness import client, joblog, runner
 from rnb.harness.control import Plumbing, SharedSlot, Termination
+from rnb.harness.sampler import DEFAULT_INTERVAL_MS, SampledGpu, Sampler
 from rnb.harness.supervisor import Supervisor
 from rnb.pipeline.config import PipelineConfig
 from rnb.pipeline.plan import Placement
@@ -47,6 +49,7 @@ class RunArgs:
     seed: int
     cpu: bool
     log_dir: str
+    sample_interval_ms: float = DEFAULT_INTERVAL_MS
 
 
 def allocate_slots(ctx: Any, placement: Placement) -> tuple[SharedSlot, ...]:
@@ -72,6 +75,9 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     except (RuntimeError, OSError) as failure:  # e.g. CUDA or shared memory out of memory
         return _setup_failed(job_dir, config, args, gpus, num_steps, failure)
     supervisor = Supervisor(plumbing)
+    sampler = Sampler(args.sample_interval_ms / 1000.0,
+                      tuple(SampledGpu(gpu["logical_index"], gpu["physical_index"]) for gpu in gpus))
+    sampler.watch("main", os.getpid())
     previous_handler = signal.signal(signal.SIGINT, lambda *_: plumbing.flag.raise_(Termination.INTERRUPTED))
     start = None
     try:
@@ -85,6 +91,9 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
                                      slots[(p.step, p.group, p.instance)], sources, p.selector_kwargs, p.threads)
             supervisor.spawn(ctx, runner.main, (spec, plumbing), p.name, "runner", p.step, p.group, p.instance, p.device)
             supervisor.children[-1].record["threads"] = p.threads
+        for child in supervisor.children:
+            sampler.watch(child.record["name"], child.record["pid"])
+        sampler.start()  # from start-up on, so that model loading shows too
         while not plumbing.flag.is_set and len(supervisor.ready) < len(supervisor.children):
             supervisor.pump()
         if not plumbing.flag.is_set:
@@ -99,6 +108,8 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
         end = plumbing.flag.raised_at if plumbing.flag.is_set else time.time()
         plumbing.flag.raise_(Termination.INTERRUPTED)  # a no-op unless we got here by an exception
         supervisor.stop()
+        sampler.stop()
+        sampler.write(job_dir)
         signal.signal(signal.SIGINT, previous_handler)
         reason = plumbing.flag.reason
         error = _error_sentence(reason, supervisor, args)
