@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import STAGE_PARTS, stat_column
+from rnb.harness.sampler import SAMPLES_FILE
+from rnb.analysis.jobs import STAGE_PARTS, STAT_NAMES, bound_column, stat_column
 
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("job", "job_id"),
@@ -29,6 +31,7 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("peak dev MiB", "max_peak_device_bytes"),
 )
 STAGE_STATS: tuple[str, ...] = ("mean", "p50", "p99", "max")
+MAX_TIME_ROWS = 6   # jobs drawn over time under the latency bars; more would make the figure unreadable
 COMPARE_FIELDS: tuple[str, ...] = (
     "mean_interval_ms", "videos", "batch_size", "measured_items", "measured_duration_s",
     "throughput_items_per_s", "measured_throughput_items_per_s",
@@ -78,9 +81,43 @@ def format_stages(job: dict[str, Any]) -> str:
     return header + "\n" + _grid(["step", "stage", *(f"{s} ms" for s in STAGE_STATS)], rows)
 
 
+def format_percentiles(job: dict[str, Any]) -> str:
+    """Each end-to-end percentile with its confidence interval; '-' marks an end the items cannot bound."""
+    cells = []
+    for stat in STAT_NAMES[2:-1]:
+        value = job.get(stat_column("e2e", stat))
+        if value is not None:
+            low, high = (_cell(job.get(bound_column(stat, end))) for end in ("low", "high"))
+            cells.append(f"{stat.replace('_', '.')} {value:.3g} [{low}, {high}]")
+    return (f"end-to-end ms with {job['confidence']:.0%} confidence intervals from order statistics: "
+            + ("; ".join(cells) or "-"))
+
+
+def format_utilisation(job: dict[str, Any]) -> str:
+    """Throughput over time and its steady stretch, each runner's busy fraction and CPU use, the bottleneck."""
+    lines = []
+    if job.get("throughput_windows"):
+        windows = len(json.loads(job["throughput_windows"]))
+        steady = ("none found" if job.get("steady_start_s") is None else
+                  f"{job['steady_start_s']:.3g}-{job['steady_end_s']:.3g} s at "
+                  f"{job['steady_throughput_items_per_s']:.4g} items/s")
+        lines.append(f"throughput over {windows} windows of {job['throughput_window_s']:.3g} s; steady state: {steady}")
+    busy, cpu = json.loads(job.get("busy_fraction") or "{}"), json.loads(job.get("cpu_percent") or "{}")
+    runners = [f"{name} busy {fraction:.0%}" + (f", cpu {cpu[name]:.0f}%" if name in cpu else "")
+               for name, fraction in busy.items()]
+    if runners:
+        lines.append("runners (time inside the model / elapsed): " + "; ".join(runners))
+    if job.get("bottleneck_step") is not None:
+        lines.append(f"bottleneck: step {job['bottleneck_step']} "
+                     f"(its runners busy {job['bottleneck_busy_fraction']:.0%} of the elapsed time on average)")
+    return "\n".join(lines)
+
+
 def format_report(jobs: pa.Table) -> str:
-    """The whole terminal report: the summary table, then each job's stages."""
-    return "\n\n".join([format_summary(jobs), *(format_stages(job) for job in jobs.to_pylist())])
+    """The whole terminal report: the summary table, then each job's stages, percentiles and utilisation."""
+    sections = ["\n".join(filter(None, (format_stages(job), format_percentiles(job), format_utilisation(job))))
+                for job in jobs.to_pylist()]
+    return "\n\n".join([format_summary(jobs), *sections])
 
 
 def format_compare(job_a: dict[str, Any], job_b: dict[str, Any]) -> str:
@@ -100,26 +137,106 @@ def format_compare(job_a: dict[str, Any], job_b: dict[str, Any]) -> str:
     return _grid(["metric", f"A {job_a['job_id']}", f"B {job_b['job_id']}", "B/A"], rows)
 
 
-def load_curves(jobs: pa.Table) -> dict[str, list[tuple[float, float, float]]]:
-    """For each config run at two or more loads: (mean interval, throughput, p99 ms), lightest load first.
+def load_curves(jobs: pa.Table) -> dict[str, list[tuple[str, float, float]]]:
+    """For each config and load mode run at two or more loads: (load label, throughput, p99 ms), lightest first.
 
-    Bulk runs (-mi 0) are the heaviest load there is, so they come last.
+    Open-loop loads are Poisson intervals, where bulk runs (-mi 0) are the
+    heaviest load there is and come last; closed-loop loads are
+    concurrencies, a curve of their own, since -mi means nothing there.
     """
-    curves: dict[str, list[tuple[float, float, float]]] = {}
+    curves: dict[str, list[tuple[float, str, float, float]]] = {}   # (order, label, items/s, p99)
     for job in jobs.to_pylist():
         throughput, p99 = job["measured_throughput_items_per_s"], job[stat_column("e2e", "p99")]
         if throughput is None or p99 is None:
             continue
-        curves.setdefault(str(job["config_path"]), []).append((job["mean_interval_ms"], throughput, p99))
-    return {
-        config: sorted(points, key=lambda point: -point[0] if point[0] else math.inf)
-        for config, points in curves.items()
-        if len({point[0] for point in points}) >= 2
-    }
+        name = Path(str(job["config_path"])).name
+        if job.get("concurrency"):
+            point = (float(job["concurrency"]), f"c {job['concurrency']}", throughput, p99)
+            curves.setdefault(f"{name} (closed loop)", []).append(point)
+        else:
+            interval = job["mean_interval_ms"]
+            point = (-interval if interval else math.inf, f"mi {interval:g}", throughput, p99)
+            curves.setdefault(name, []).append(point)
+    return {config: [point[1:] for point in sorted(points, key=lambda point: point[0])]
+            for config, points in curves.items() if len({point[0] for point in points}) >= 2}
+
+
+def stage_colours(num_steps: int) -> list[Any]:
+    """One distinct colour per (step, stage part), in stacking order."""
+    import matplotlib
+
+    count = num_steps * len(STAGE_PARTS)
+    if count <= 20:
+        return [matplotlib.colormaps["tab20"](index) for index in range(count)]
+    return [matplotlib.colormaps["turbo"](index / (count - 1)) for index in range(count)]
+
+
+def _stage_bars(axis: Any, records: list[dict[str, Any]]) -> None:
+    steps = max(r["num_steps"] for r in records)
+    positions = range(len(records))
+    bottoms = [0.0] * len(records)
+    colours = iter(stage_colours(steps))
+    for k in range(steps):
+        for part in STAGE_PARTS:
+            heights = [r.get(stat_column(f"{part}{k}", "mean")) or 0.0 for r in records]
+            axis.bar(positions, heights, bottom=bottoms, label=f"step {k} {part}", color=next(colours))
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+    axis.set_ylabel("mean latency (ms)")
+    axis.set_title("end-to-end latency by stage")
+    axis.set_xticks(positions, [r["job_id"] for r in records], rotation=30, ha="right", fontsize=7)
+    axis.legend(fontsize=7)
+
+
+def _load_curves(axis: Any, curves: dict[str, list[tuple[str, float, float]]]) -> None:
+    for config, points in curves.items():
+        axis.plot([p[1] for p in points], [p[2] for p in points], marker="o", label=config)
+        for label, throughput, p99 in points:
+            axis.annotate(label, (throughput, p99), fontsize=7)
+    axis.set_xlabel("throughput (items/s)")
+    axis.set_ylabel("p99 end-to-end latency (ms)")
+    axis.set_title("throughput against p99 latency")
+    axis.legend(fontsize=7)
+
+
+def _over_time(axes: Sequence[Any], job: dict[str, Any]) -> None:
+    """One job's throughput windows (steady state shaded), each process's CPU use and memory, GPU use if any."""
+    throughput, cpu, memory = axes
+    rates = json.loads(job.get("throughput_windows") or "[]")
+    width = job.get("throughput_window_s") or 0.0
+    # The last window's rate holds until the job's end.
+    throughput.step([index * width for index in range(len(rates) + 1)], rates + rates[-1:], where="post")
+    if job.get("steady_start_s") is not None:
+        throughput.axvspan(job["steady_start_s"], job["steady_end_s"], alpha=0.2, label="steady state")
+        throughput.legend(fontsize=7)
+    throughput.set_title(f"{job['job_id']}: items/s over time", fontsize=8)
+    throughput.set_xlabel("s after start", fontsize=7)
+    samples_path = Path(job["job_dir"]) / SAMPLES_FILE
+    samples = pq.read_table(samples_path).to_pylist() if samples_path.is_file() else []
+    start, end = job.get("start_time") or 0.0, job.get("end_time") or math.inf
+    by_process: dict[str, list[dict[str, Any]]] = {}
+    for row in (row for row in samples if start <= row["time"] <= end):   # the run, not start-up
+        by_process.setdefault(row["process"] or f"gpu {row['gpu']}", []).append(row)
+    for name, rows in by_process.items():
+        times = [row["time"] - start for row in rows]
+        if rows[0]["process"] is None:
+            cpu.plot(times, [row["gpu_util_percent"] for row in rows], linestyle="--", label=f"{name} util")
+            cpu.plot(times, [row["nvdec_util_percent"] for row in rows], linestyle=":", label=f"{name} nvdec")
+            memory.plot(times, [row["gpu_memory_used_bytes"] / 2**20 for row in rows], linestyle="--", label=name)
+            continue
+        busy = [100.0 * (b["cpu_s"] - a["cpu_s"]) / (b["time"] - a["time"]) for a, b in zip(rows, rows[1:])]
+        cpu.plot(times[1:], busy, label=name)
+        memory.plot(times, [row["rss_bytes"] / 2**20 for row in rows], label=name)
+    cpu.set_title("CPU % (of one core), GPU and NVDEC %", fontsize=8)
+    memory.set_title("RSS and GPU memory (MiB)", fontsize=8)
+    for axis in (cpu, memory):
+        axis.set_xlabel("s after start", fontsize=7)
+        if by_process:
+            axis.legend(fontsize=6)
 
 
 def plot_jobs(jobs: pa.Table, path: str | Path) -> None:
-    """Stacked mean latency per stage for each job; beside it, throughput against p99 per config.
+    """Stacked mean latency per stage for each job, beside it throughput against p99 per config and load
+    mode; under them, for each of the first MAX_TIME_ROWS jobs, throughput, CPU, memory and GPU over time.
 
     Mean stage times stack to the mean end-to-end latency exactly (the stages
     partition each item's time), which is why the bars use means.
@@ -131,31 +248,14 @@ def plot_jobs(jobs: pa.Table, path: str | Path) -> None:
 
     records = jobs.to_pylist()
     curves = load_curves(jobs)
-    figure, axes = plt.subplots(1, 2 if curves else 1, figsize=(13 if curves else 8, 5), squeeze=False)
-    bars = axes[0][0]
-    steps = max(r["num_steps"] for r in records)
-    positions = range(len(records))
-    bottoms = [0.0] * len(records)
-    colors = matplotlib.colormaps["tab20"]
-    for k in range(steps):
-        for p, part in enumerate(STAGE_PARTS):
-            heights = [r.get(stat_column(f"{part}{k}", "mean")) or 0.0 for r in records]
-            bars.bar(positions, heights, bottom=bottoms, label=f"step {k} {part}", color=colors((3 * k + p) % 20))
-            bottoms = [b + h for b, h in zip(bottoms, heights)]
-    bars.set_ylabel("mean latency (ms)")
-    bars.set_title("end-to-end latency by stage")
-    bars.set_xticks(positions, [r["job_id"] for r in records], rotation=30, ha="right", fontsize=7)
-    bars.legend(fontsize=7)
+    timed = records[:MAX_TIME_ROWS]
+    figure = plt.figure(figsize=(13 if curves else 8, 5 + 3 * len(timed)))
+    grid = figure.add_gridspec(1 + len(timed), 6, height_ratios=[5] + [3] * len(timed))
+    _stage_bars(figure.add_subplot(grid[0, :3] if curves else grid[0, :]), records)
     if curves:
-        load = axes[0][1]
-        for config, points in curves.items():
-            load.plot([p[1] for p in points], [p[2] for p in points], marker="o", label=Path(config).name)
-            for interval, throughput, p99 in points:
-                load.annotate(f"mi {interval:g}", (throughput, p99), fontsize=7)
-        load.set_xlabel("throughput (items/s)")
-        load.set_ylabel("p99 end-to-end latency (ms)")
-        load.set_title("throughput against p99 latency")
-        load.legend(fontsize=7)
+        _load_curves(figure.add_subplot(grid[0, 3:]), curves)
+    for row, job in enumerate(timed, start=1):
+        _over_time([figure.add_subplot(grid[row, 2 * i: 2 * i + 2]) for i in range(3)], job)
     figure.tight_layout()
     figure.savefig(path, format="png")
     plt.close(figure)

@@ -9,9 +9,11 @@ bound exists only when even the slowest item would be an unlikely place for
 q to hide above, i.e. p**n <= (1 - confidence) / 2: for the p99 at 95%
 confidence that takes 368 items, which is why fewer make a run INVALID.
 
-Throughput over time is counted in equal windows of the job's elapsed time;
-the steady state is the longest run of consecutive windows whose rate stays
-within a tolerance of the median window rate.
+Throughput over time is counted in equal windows of the job's elapsed time,
+as many as give about a hundred items each (3 to 20), so that counting
+noise (about 10%) stays well inside the tolerance; the steady state is the
+longest run of consecutive windows whose rate stays within that tolerance
+(20%) of the median window rate.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ import numpy as np
 
 CONFIDENCE = 0.95
 STEADY_TOLERANCE = 0.2
-THROUGHPUT_WINDOWS = 20
+MAX_WINDOWS = 20
+ITEMS_PER_WINDOW = 100      # counting noise of a window is about 1/sqrt(items): 10% at 100
 
 
 @dataclass(frozen=True)
@@ -99,9 +102,15 @@ def percentile_bounds(values: np.ndarray, percentile: float, confidence: float =
         confidence)
 
 
+def window_count(items: int) -> int:
+    """How many windows to count `items` finished items in: about ITEMS_PER_WINDOW each, 3 to MAX_WINDOWS."""
+    return int(np.clip(items // ITEMS_PER_WINDOW, 3, MAX_WINDOWS))
+
+
 def windowed_throughput(finish_times: np.ndarray, start: float, end: float,
-                        windows: int = THROUGHPUT_WINDOWS) -> ThroughputSeries:
-    """Items finished in each of `windows` equal windows of [start, end), as items per second."""
+                        windows: int | None = None) -> ThroughputSeries:
+    """Items finished in each of `windows` equal windows of [start, end) (default: window_count), as items/s."""
+    windows = window_count(int(np.count_nonzero(~np.isnan(finish_times)))) if windows is None else windows
     if windows < 1 or not end > start:
         raise ValueError(f"need at least one window over a positive span; got {windows} windows over [{start}, {end})")
     width = (end - start) / windows
