@@ -185,7 +185,8 @@ def test_check_prints_a_ready_line_and_spawns_nothing(capsys, tmp_path):
 def test_job_id_carries_the_cli_values_and_directories_never_collide(tmp_path):
     start = time.mktime((2026, 11, 30, 9, 15, 0, 0, 0, -1))
     assert joblog.job_id(start, 3, 1, 2000, 50000, None) == "261130_091500-mi3-b1-v2000-qs50000"
-    assert joblog.job_id(start, 0.5, 4, 10, 9, 8) == "261130_091500-mi0.5-b4-v10-qs9-c8"
+    # Closed loop ignores -mi, so its id names the concurrency instead.
+    assert joblog.job_id(start, 0.5, 4, 10, 9, 8) == "261130_091500-c8-b4-v10-qs9"
     names = [joblog.create_job_dir(str(tmp_path), "job").name for _ in range(3)]
     assert names == ["job", "job-2", "job-3"]
 

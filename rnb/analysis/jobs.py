@@ -239,6 +239,7 @@ def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
         "job_dir": str(job.path),
         "config_path": meta.get("config_path"),
         **{key: args.get(key) for key in ARG_KEYS},
+        **({"mean_interval_ms": None} if args.get("concurrency") else {}),   # closed loop ignores -mi
         "start_time": meta.get("start_time"),
         "end_time": meta.get("end_time"),
         "elapsed_s": meta.get("elapsed_s"),

@@ -33,7 +33,7 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
 STAGE_STATS: tuple[str, ...] = ("mean", "p50", "p99", "max")
 MAX_TIME_ROWS = 6   # jobs drawn over time under the latency bars; more would make the figure unreadable
 COMPARE_FIELDS: tuple[str, ...] = (
-    "mean_interval_ms", "videos", "batch_size", "measured_items", "measured_duration_s",
+    "mean_interval_ms", "concurrency", "videos", "batch_size", "measured_items", "measured_duration_s",
     "throughput_items_per_s", "measured_throughput_items_per_s",
     *(stat_column("e2e", s) for s in ("min", "mean", "p50", "p90", "p95", "p99", "p99_9", "max")),
     "bytes_fetched_per_s", "frames_decoded_per_s", "max_peak_rss_bytes", "max_peak_device_bytes",
@@ -63,7 +63,8 @@ def format_summary(jobs: pa.Table) -> str:
     rows = [[_cell(r.get(column), column) for _, column in SUMMARY_COLUMNS] for r in records]
     text = _grid([title for title, _ in SUMMARY_COLUMNS], rows)
     reasons = [f"  {r['job_id']}: INVALID: {r['invalid_because']}" for r in records if r["invalid_because"]]
-    errors = [f"  {r['job_id']}: {r['failed_process']} failed: {r['error']}" for r in records if r.get("error")]
+    # meta.json's error is already the whole sentence (it names the failed process): say it once.
+    errors = [f"  {r['job_id']}: {r['error']}" for r in records if r.get("error")]
     return "\n".join([text, *reasons, *errors])
 
 

@@ -24,10 +24,13 @@ STEP_EVENTS = ("runner{k}_start", "inference{k}_start", "inference{k}_finish", "
 
 def job_id(start: float, mean_interval_ms: float, batch_size: int, videos: int, queue_size: int,
            concurrency: int | None) -> str:
-    """Start time plus the CLI values, so a directory listing reads as a table of runs."""
+    """Start time plus the CLI values, so a directory listing reads as a table of runs.
+
+    A closed-loop job names its concurrency in place of -mi, which it ignores.
+    """
     stamp = time.strftime("%y%m%d_%H%M%S", time.localtime(start))
-    name = f"{stamp}-mi{mean_interval_ms:g}-b{batch_size}-v{videos}-qs{queue_size}"
-    return f"{name}-c{concurrency}" if concurrency else name
+    load = f"c{concurrency}" if concurrency else f"mi{mean_interval_ms:g}"
+    return f"{stamp}-{load}-b{batch_size}-v{videos}-qs{queue_size}"
 
 
 def create_job_dir(log_dir: str, name: str) -> Path:
