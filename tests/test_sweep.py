@@ -86,7 +86,7 @@ def test_sweep_script_bisects_over_stub_benchmark_runs(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(SWEEP), "-c", "config/toy.json", "--benchmark", str(stub), "--log-dir", str(logs),
          "--latency-bound-ms", "50", "--low-mi", "100", "--high-mi", "5", "--max-steps", "3",
-         "--min-items", "20", "--min-duration", "0"],
+         "--min-items", "20", "--min-duration", "0", "-v", "400"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr
@@ -99,6 +99,41 @@ def test_sweep_script_bisects_over_stub_benchmark_runs(tmp_path: Path) -> None:
     assert jobs.column("validity").to_pylist() == ["VALID"] * 5
     assert sorted(jobs.column(stat_column("e2e", "p99")).to_pylist()) == pytest.approx([10, 33.75, 57.5, 105, 200], rel=1e-5)
     assert done.stdout.count(" VALID ") == 5
+
+
+def test_the_search_runs_a_job_too_short_to_be_valid_again_longer(tmp_path: Path) -> None:
+    """200 items cannot bound a p99 (368 are needed), so each rate runs again with -v 400 and only that counts."""
+    stub = tmp_path / "stub_benchmark.py"
+    stub.write_text(STUB_BENCHMARK.replace('job = pathlib.Path(args.log_dir) / f"stub-mi{args.mi:g}"',
+                                           'job = pathlib.Path(args.log_dir) / f"stub-mi{args.mi:g}-v{args.v}"'))
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--benchmark", str(stub), "--log-dir", str(logs),
+         "--latency-bound-ms", "50", "--low-mi", "100", "--high-mi", "5", "--max-steps", "0",
+         "--min-items", "20", "--min-duration", "0", "-v", "200"],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert sorted(path.name for path in logs.iterdir()) == [
+        "stub-mi100-v200", "stub-mi100-v400", "stub-mi5-v200", "stub-mi5-v400"]
+    assert done.stderr.count("is INVALID (200 items cannot bound the p99 from above at 95% confidence") == 2
+    assert "running -mi 100 again with -v 400" in done.stderr and "running -mi 5 again with -v 400" in done.stderr
+    assert "trial 1: 10 req/s (-mi 100): p99 10.00 ms" in done.stdout
+
+
+def test_the_search_gives_up_on_a_rate_that_stays_invalid(tmp_path: Path) -> None:
+    stub = tmp_path / "stub_benchmark.py"
+    stub.write_text(STUB_BENCHMARK.replace("n = args.v", "n = 20").replace(  # ignores -v: never long enough
+        'f"stub-mi{args.mi:g}"', 'f"stub-mi{args.mi:g}-run{len(list(pathlib.Path(args.log_dir).iterdir()))}"'))
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--benchmark", str(stub), "--log-dir", str(logs),
+         "--latency-bound-ms", "50", "--low-mi", "100", "--high-mi", "5", "--max-reruns", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        f"sweep: {logs / 'stub-mi100-run1'}: still INVALID after 1 longer runs at -mi 100 (20 items after warm-up, fewer "
+        "than --min-items 100; 20 items cannot bound the p99 from above at 95% confidence, which takes at least 368 "
+        "(0.99^n <= 0.025)); give a larger -v.")
 
 
 def test_sweep_script_rejects_a_single_mi_flag() -> None:
@@ -120,10 +155,13 @@ def test_sweep_script_stops_on_a_run_that_leaves_no_job(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
-    """One sweep of the toy config at -mi 20 (items alone) and -mi 0.01 (20 items queued at once)."""
+    """One sweep of the toy config at -mi 5 (items mostly alone) and -mi 0.01 (items queued at once).
+
+    400 items each: fewer could not bound the p99, and the jobs would be INVALID.
+    """
     logs = tmp_path_factory.mktemp("sweep") / "logs"
     done = subprocess.run(
-        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--mi", "20,0.01", "-v", "20", "--warmup", "0",
+        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--mi", "5,0.01", "-v", "400", "--warmup", "0",
          "--log-dir", str(logs), "--min-items", "20", "--min-duration", "0"],
         cwd=REPO, capture_output=True, text=True, timeout=240,
     )
@@ -135,7 +173,7 @@ def test_a_real_sweep_over_two_loads_yields_two_jobs_and_one_summary(
         real_sweep: tuple[Path, subprocess.CompletedProcess]) -> None:
     logs, done = real_sweep
     jobs = sorted(logs.iterdir())
-    assert sorted(json.loads((job / "meta.json").read_text())["args"]["mean_interval_ms"] for job in jobs) == [0.01, 20]
+    assert sorted(json.loads((job / "meta.json").read_text())["args"]["mean_interval_ms"] for job in jobs) == [0.01, 5]
     header, rule, *rows = done.stdout.splitlines()
     assert header.startswith("job ") and set(rule) == {"-", " "}
     assert sorted(row.split()[0] for row in rows) == [job.name for job in jobs]
@@ -157,11 +195,11 @@ def test_a_real_bisection_brackets_the_bound_between_two_measured_loads(
             measured[rate] = measure_trial(outcome, rate, 90.0)
         return measured[rate]
 
-    low, high = measured[50.0], measured[100000.0]
+    low, high = measured[200.0], measured[100000.0]
     bound = math.sqrt(low.latency_ms * high.latency_ms)
     assert low.latency_ms < bound < high.latency_ms
-    result = bisect_rate(measure, 50.0, 100000.0, bound, max_steps=1)
-    assert [trial.rate_per_s for trial in result.trials] == [50.0, 100000.0, 50025.0]
+    result = bisect_rate(measure, 200.0, 100000.0, bound, max_steps=1)
+    assert [trial.rate_per_s for trial in result.trials] == [200.0, 100000.0, 50100.0]
     assert len(list(tmp_path.iterdir())) == 1
     assert result.best.rate_per_s < result.above.rate_per_s
     assert result.best.latency_ms < bound <= result.above.latency_ms

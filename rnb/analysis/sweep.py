@@ -7,6 +7,7 @@ bounded and every reported rate is one that was actually measured.
 """
 from __future__ import annotations
 
+import logging
 import math
 import signal
 import subprocess
@@ -15,7 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from rnb.analysis.jobs import e2e_percentile_ms, read_job
+from rnb.analysis.jobs import (
+    BOUNDED_PERCENTILE, TARGET_REACHED, ValidityRules, e2e_percentile_ms, read_job, summarize_job,
+)
+from rnb.analysis.stats import min_items_for_upper_bound
+
+log = logging.getLogger(__name__)
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmark.py"
 INTERRUPT_GRACE_S = 30.0
@@ -98,6 +104,40 @@ def run_benchmark(
 
 def measure_trial(outcome: RunOutcome, rate_per_s: float, percentile: float) -> Trial:
     return Trial(rate_per_s, e2e_percentile_ms(read_job(outcome.job_dir), percentile), outcome.job_dir)
+
+
+def longer_run(videos: int, warmup: int, duration_s: float, rules: ValidityRules) -> int:
+    """-v for a re-run of a job that was too short: at least double, enough items and long enough."""
+    needed = max(rules.min_items, min_items_for_upper_bound(BOUNDED_PERCENTILE, rules.confidence)) + warmup
+    stretched = math.ceil(videos * 1.25 * rules.min_duration_s / duration_s) if duration_s > 0 else 0
+    return max(2 * videos, needed, stretched)
+
+
+def measure_valid(run: Callable[[float, int | None], RunOutcome], rate_per_s: float, percentile: float,
+                  rules: ValidityRules, max_reruns: int) -> Trial:
+    """A trial from a VALID job only: a job too short to be VALID is not a measurement, so it runs again longer.
+
+    A job that missed its target (a queue full, a process failed) is a
+    measurement: the rate was more than the pipeline could take, so its
+    latency counts as infinite. A job still too short after `max_reruns`
+    longer runs stops the sweep, rather than let an unmeasured rate decide it.
+    """
+    videos: int | None = None
+    for _ in range(max_reruns + 1):
+        outcome = run(1000.0 / rate_per_s, videos)
+        job = read_job(outcome.job_dir)
+        if job.meta.get("termination_reason") != TARGET_REACHED:
+            return Trial(rate_per_s, math.inf, outcome.job_dir)
+        row = summarize_job(job, rules)
+        if row["validity"] == "VALID":
+            return Trial(rate_per_s, e2e_percentile_ms(job, percentile), outcome.job_dir)
+        args = job.meta.get("args") or {}
+        videos = longer_run(int(args.get("videos") or row["finished_items"]), int(args.get("warmup") or 0),
+                            row["measured_duration_s"], rules)
+        log.info("%s is INVALID (%s); running -mi %s again with -v %d", job.job_id, row["invalid_because"],
+                 format_interval(1000.0 / rate_per_s), videos)
+    raise SweepError(f"{outcome.job_dir}: still INVALID after {max_reruns} longer runs at -mi "
+                     f"{format_interval(1000.0 / rate_per_s)} ({row['invalid_because'].rstrip('.')}); give a larger -v.")
 
 
 def bisect_rate(

@@ -3,12 +3,16 @@
     python scripts/sweep.py -c config/toy.json --mi 0,1,2,5,10 -v 200
     python scripts/sweep.py -c config/toy.json --latency-bound-ms 50 --percentile 99 --low-mi 20 --high-mi 1
 
+The search uses VALID jobs only (as analyze.py judges them): a job too short to
+be VALID runs again with a larger -v, at most --max-reruns times.
+
 Flags this script does not know (e.g. -b, -qs) are passed to every benchmark run.
 Exit codes: 0 success, 2 bad arguments or a run the sweep cannot use, 130 interrupted.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -16,7 +20,7 @@ from pathlib import Path
 from rnb.analysis.jobs import JobLogError, ValidityRules, load_jobs
 from rnb.analysis.report import format_summary, plot_jobs
 from rnb.analysis.sweep import (
-    BENCHMARK, RunOutcome, SweepError, Trial, bisect_rate, format_bisection, measure_trial, run_benchmark,
+    BENCHMARK, RunOutcome, SweepError, Trial, bisect_rate, format_bisection, measure_valid, run_benchmark,
 )
 
 OWN_INTERVAL_FLAGS = ("-mi", "--mean_interval_ms")
@@ -49,6 +53,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--timeout", type=float, help="seconds one run may take before it is interrupted")
     parser.add_argument("--min-duration", type=float, default=DEFAULTS.min_duration_s, help="validity rule, as in analyze.py")
     parser.add_argument("--min-items", type=int, default=DEFAULTS.min_items, help="validity rule, as in analyze.py")
+    parser.add_argument("--max-reruns", type=int, default=3,
+                        help="longer re-runs of a search job too short to be VALID before the sweep gives up (default 3)")
     parser.add_argument("--plot", metavar="FILE.png", help="plot the runs as analyze.py --plot does")
     args, extra = parser.parse_known_args(argv)
     if any(flag in extra for flag in OWN_INTERVAL_FLAGS):
@@ -60,8 +66,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
             parser.error("--high-mi must be positive and smaller than --low-mi (a smaller interval is a higher rate)")
         if not 0 < args.percentile <= 100:
             parser.error("--percentile must be in (0, 100]")
-        if args.max_steps < 0:
-            parser.error("--max-steps must not be negative")
+        if args.max_steps < 0 or args.max_reruns < 0:
+            parser.error("--max-steps and --max-reruns must not be negative")
     if args.videos is not None:
         extra = ["-v", args.videos, *extra]
     return args, extra
@@ -69,14 +75,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="sweep: %(message)s")
     rules = ValidityRules(min_duration_s=args.min_duration, min_items=args.min_items)
 
-    def run(mean_interval_ms: float) -> RunOutcome:
-        return run_benchmark(args.config_file_path, mean_interval_ms, args.log_dir, extra,
+    def run(mean_interval_ms: float, videos: int | None = None) -> RunOutcome:
+        longer = ["-v", str(videos)] if videos is not None else []   # the last -v wins
+        return run_benchmark(args.config_file_path, mean_interval_ms, args.log_dir, [*extra, *longer],
                              args.benchmark, args.timeout)
 
     def measure(rate_per_s: float) -> Trial:
-        return measure_trial(run(1000.0 / rate_per_s), rate_per_s, args.percentile)
+        return measure_valid(run, rate_per_s, args.percentile, rules, args.max_reruns)
 
     try:
         if args.mi is not None:
