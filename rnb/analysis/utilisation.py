@@ -60,7 +60,7 @@ def busy_fractions(job: Job) -> dict[str, float]:
 
 
 def bottleneck(job: Job, busy: dict[str, float]) -> Bottleneck | None:
-    """The step whose runners were busiest on average; None when nothing was measured."""
+    """The step whose runners were busiest on average (the earlier step on a tie); None when nothing was measured."""
     best = None
     for k in range(job.num_steps):
         names = tuple(str(p["name"]) for p in job.meta.get("processes") or []

@@ -1,0 +1,112 @@
+"""The one vocabulary of where an item's time goes, used by the harness, the summaries, the plots and the README.
+
+An item's time card collects epoch-second events (`StepEvents` names them);
+its end-to-end latency splits, for every step, into four parts (`PARTS`)
+that add up exactly to it:
+
+    previous hand-over (or enqueue)
+      │ queue ........ waiting in the step's input queue
+    runner{k}_start
+      │ copy ......... copying the input out of the producer's slot
+    inference{k}_start
+      │ inside ....... the model's call
+    inference{k}_finish
+      │ slot wait .... waiting for a free output slot (back-pressure from the next step)
+    slot{k}_acquired
+      │ copy ......... writing the output into the slot and signalling the next step
+    runner{k}_finish
+
+A part has one name people read ("slot wait") and one key that column names
+spell it with ("slotwait", as in `slotwait1_ms` and `slotwait1_p99_ms`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+ENQUEUE = "enqueue"
+
+
+@dataclass(frozen=True)
+class StepEvents:
+    """The names of the events the harness stamps on a time card at step k."""
+
+    step: int
+
+    @property
+    def arrived(self) -> str:
+        """The input was taken from the step's queue."""
+        return f"runner{self.step}_start"
+
+    @property
+    def started(self) -> str:
+        """The input is copied out; the model's call starts."""
+        return f"inference{self.step}_start"
+
+    @property
+    def finished(self) -> str:
+        """The model's call returned this output."""
+        return f"inference{self.step}_finish"
+
+    @property
+    def slot_acquired(self) -> str:
+        """A free output slot was taken (steps that hand tensors on)."""
+        return f"slot{self.step}_acquired"
+
+    @property
+    def handed_over(self) -> str:
+        """The output is written and signalled (or, at the final step, counted)."""
+        return f"runner{self.step}_finish"
+
+    @property
+    def always(self) -> tuple[str, str, str, str]:
+        """The events every step records, in order: the columns every job log has."""
+        return (self.arrived, self.started, self.finished, self.handed_over)
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str      # what people read: summaries, reports, plot legends, the README
+    key: str       # how column names spell it
+    meaning: str   # one line for anyone who asks
+
+
+QUEUE = Part("queue", "queue", "waiting in the step's input queue")
+COPY = Part("copy", "copy", "copying the input out of the producer's slot and the output into the step's own")
+SLOT_WAIT = Part("slot wait", "slotwait", "waiting for a free output slot: back-pressure from the next step")
+INSIDE = Part("inside", "inside", "the model's call")
+PARTS: tuple[Part, ...] = (QUEUE, COPY, SLOT_WAIT, INSIDE)
+END_TO_END = Part("end to end", "e2e", "from enqueue to the final step's hand-over")
+
+
+def part_key(part: Part, step: int) -> str:
+    """The column key of one part of one step, e.g. `slotwait1`."""
+    return f"{part.key}{step}"
+
+
+def part_latencies(table: pa.Table, num_steps: int) -> dict[str, np.ndarray]:
+    """The end-to-end latency and every part of every step, in seconds, one value per item, by column key.
+
+    The parts of all steps sum exactly to the end-to-end latency; a step
+    that hands nothing on (the final step) has a slot wait of 0.
+    """
+    def column(name: str) -> np.ndarray:
+        return table.column(name).to_numpy(zero_copy_only=False).astype(float)
+
+    latencies: dict[str, np.ndarray] = {}
+    before = column(ENQUEUE)
+    for k in range(num_steps):
+        events = StepEvents(k)
+        arrived, started, finished, handed_over = (column(name) for name in events.always)
+        slot_wait = np.zeros_like(before)
+        if events.slot_acquired in table.column_names:
+            acquired = column(events.slot_acquired)
+            slot_wait = np.where(np.isnan(acquired), 0.0, acquired - finished)
+        latencies[part_key(QUEUE, k)] = arrived - before
+        latencies[part_key(COPY, k)] = (started - arrived) + (handed_over - finished) - slot_wait
+        latencies[part_key(SLOT_WAIT, k)] = slot_wait
+        latencies[part_key(INSIDE, k)] = finished - started
+        before = handed_over
+    return {END_TO_END.key: before - column(ENQUEUE), **latencies}

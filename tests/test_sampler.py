@@ -1,0 +1,86 @@
+"""The utilisation sampler: real processes through psutil, GPUs through a fake at the NVML seam."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import pyarrow.parquet as pq
+
+from rnb.harness.sampler import SCHEMA, SampledGpu, Sampler
+from rnb.pipeline.gpus import GpuUtilisation
+
+
+class FakeNvml:
+    """Stands in for rnb.pipeline.gpus.Nvml: scripted utilisation per physical GPU, one reading per call."""
+
+    def __init__(self, readings: dict[int, list[GpuUtilisation]]) -> None:
+        self.readings = {index: list(values) for index, values in readings.items()}
+        self.asked: list[int] = []
+
+    def __call__(self) -> FakeNvml:
+        return self
+
+    def __enter__(self) -> FakeNvml:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        pass
+
+    def utilisation(self, physical_index: int) -> GpuUtilisation:
+        self.asked.append(physical_index)
+        if not self.readings[physical_index]:
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+        return self.readings[physical_index].pop(0)
+
+
+def test_one_sample_reads_each_process_and_each_gpu(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        nvml = FakeNvml({3: [GpuUtilisation(41, 5 * 2**30, 7), GpuUtilisation(42, 6 * 2**30, 8)]})
+        clock = iter([100.0, 100.1, 100.2])
+        sampler = Sampler(0.1, (SampledGpu(logical_index=0, physical_index=3),), nvml, lambda: next(clock))
+        sampler.watch("main", os.getpid())
+        sampler.watch("child", child.pid)
+        sampler.sample(nvml)
+        child.kill()
+        child.wait()
+        sampler.sample(nvml)
+        sampler.sample(nvml)   # NVML fails now: the GPU drops out of sampling, the job goes on
+    finally:
+        child.kill()
+    assert nvml.asked == [3, 3, 3] and sampler.gpus == ()
+    rows = [{key: value for key, value in row.items() if value is not None} for row in sampler.table().to_pylist()]
+    assert [(row["time"], row.get("process"), row.get("gpu")) for row in rows] == [
+        (100.0, "main", None), (100.0, "child", None), (100.0, None, 0), (100.1, "main", None), (100.1, None, 0),
+        (100.2, "main", None)]
+    assert rows[2] == {"time": 100.0, "gpu": 0, "gpu_util_percent": 41, "gpu_memory_used_bytes": 5 * 2**30,
+                       "nvdec_util_percent": 7}
+    assert rows[4]["gpu_util_percent"] == 42 and rows[4]["nvdec_util_percent"] == 8
+    assert rows[1]["pid"] == child.pid and rows[0]["pid"] == os.getpid()
+    assert 0 < rows[0]["rss_bytes"] and rows[0]["cpu_s"] <= rows[3]["cpu_s"]
+    sampler.write(tmp_path)
+    assert pq.read_table(tmp_path / "samples.parquet").schema.equals(SCHEMA)
+
+
+def test_the_thread_samples_until_stopped_without_nvml_when_no_gpu_is_used() -> None:
+    def no_nvml() -> None:
+        raise AssertionError("a CPU-only job must not open NVML")
+
+    sampler = Sampler(0.01, (), no_nvml)
+    sampler.watch("main", os.getpid())
+    sampler.watch("gone", 2**22 + 12345)   # no such pid: skipped, not an error
+    sampler.start()
+    deadline = time.time() + 60
+    while len(sampler.rows) < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    sampler.stop()
+    count = len(sampler.rows)
+    time.sleep(0.05)
+    assert count == len(sampler.rows) >= 3
+    times = [row["time"] for row in sampler.rows]
+    assert times == sorted(times) and {row["process"] for row in sampler.rows} == {"main"}
+    assert all(row["rss_bytes"] > 0 and row["pid"] == os.getpid() for row in sampler.rows)
