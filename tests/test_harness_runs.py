@@ -61,7 +61,9 @@ def test_toy_pipeline_finishes_exactly_the_target(tmp_path, mode):
     share = max(1, len(os.sched_getaffinity(0)) // 2)  # two CPU runners divide the cores
     runners = meta["processes"][1:]
     assert [(p["threads"], p["intra_op_threads"], p["interop_threads"]) for p in runners] == [(share, share, share)] * 2
-    assert meta["job_id"].endswith("-c3" if "--concurrency" in mode else "-qs50000")
+    # A closed-loop id names the concurrency where an open-loop one names -mi, which closed loop ignores.
+    load = "-c3-" if "--concurrency" in mode else f"-mi{mode[1]}-"
+    assert load in meta["job_id"] and "-mi" not in meta["job_id"].replace(load, "") and meta["job_id"].endswith("-qs50000")
     assert meta["gpus"] == [] and meta["num_steps"] == 2
     assert_no_child_left(meta)
 
