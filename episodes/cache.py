@@ -405,11 +405,21 @@ class EpisodeByteCache:
                   coalesce_gap: int | None = None) -> list[FrameRead]:
         """Frames of many requests fetched as frame windows, coalesced across requests of one file (fetch_windows)."""
         device = str(torch.device(device))
-        out = []
-        for request, (got, numbers, where) in zip(requests, self._window_reads(requests, coalesce_gap)):
-            slot = (int(request.episode), request.key) if got.cache_hit else None
-            out.append(self._frames(got, numbers, slot, device, where))
-        return out
+        return [self._frames(got, numbers, (int(request.episode), request.key), device, where)
+                for request, (got, numbers, where) in zip(requests, self._window_reads(requests, coalesce_gap))]
+
+    def decode(self, got: MiniRead, ep: int, key: str, frame_numbers: Sequence[int] | np.ndarray,
+               device: str | torch.device = "cpu") -> FrameRead:
+        """Episode frames `frame_numbers` decoded from a mini-MP4 this cache handed out, with its costs.
+
+        For callers that fetch first and decode later (fetch_mini_mp4 or
+        fetch_windows, then decode): nothing is looked up or charged again.
+        """
+        record = self._record(ep, key)
+        where = f"{self.storage.url(record.videos[key].path)}: episode {int(ep)}, camera {key}"
+        numbers = numbers_at(got.mini.frame_pts_seconds, 0.0, FrameRequest(ep, key, frame_numbers=frame_numbers),
+                             record.length, where)
+        return self._frames(got, numbers, (int(ep), key), str(torch.device(device)), where)
 
     def get_frames(
         self, ep: int, key: str, timestamps: Sequence[float] | np.ndarray | torch.Tensor,
@@ -425,11 +435,11 @@ class EpisodeByteCache:
         """uint8 (N, C, H, W) frames by their 0-based number within the episode."""
         return self.read(ep, key, frame_numbers=frame_numbers, device=device, fetch=fetch).frames
 
-    def _frames(self, got: MiniRead, numbers: np.ndarray, slot: tuple[int, str] | None, device: str,
+    def _frames(self, got: MiniRead, numbers: np.ndarray, slot: tuple[int, str], device: str,
                 where: str) -> FrameRead:
-        """Decode `numbers` from the mini-MP4 (through a kept decoder when `slot` names a cached episode)."""
+        """Decode `numbers` from the mini-MP4, keeping the decoder of a whole episode's for later reads of `slot`."""
         t0 = time.perf_counter()
-        frames = self._decode(slot, got.mini, numbers, device, where)
+        frames = self._decode(slot if got.mini.whole_episode else None, got.mini, numbers, device, where)
         decode_s = time.perf_counter() - t0
         self._add(frames_decoded=len(numbers), decode_s=decode_s)
         return FrameRead(frames, got.cache_hit, got.bytes_fetched, got.bytes_reused, len(numbers), got.lookup_s,

@@ -6,11 +6,18 @@ random offset.  `num_clips` is an int or a weighted choice drawn per request,
 written {"choices": [1, 15], "weights": [10, 1]}.  The draw depends only on
 `seed` and the item id, so every replica samples an item the same way.
 
-The time card gets events fetch_start/fetch_finish (getting the episode's
-mini-MP4, waiting for a prefetch included) and decode_start/decode_finish,
-and fields episode, num_clips, frames_decoded and bytes_fetched: the size of
-the episode's mini-MP4, i.e. what the item needed from storage, whether this
-request, a prefetch or an earlier request fetched it.
+`fetch` says what is read from storage: "episode" (the default) the
+episode's whole byte range, kept in the cache for later items and
+prefetched `prefetch` requests ahead; "clips" only the GOPs that hold the
+sampled clips (episodes' frame windows), a fraction of the bytes and of the
+samples decoded when keyframes are frequent. Clips are not prefetched: which
+frames an item needs depends on its item id, unknown before it arrives.
+
+The time card gets events fetch_start/fetch_finish (getting the mini-MP4,
+waiting for a prefetch included) and decode_start/decode_finish, and fields
+episode, num_clips, frames_decoded, bytes_fetched (source bytes this item
+caused to be read: its own fetch, or a prefetch made for it) and
+bytes_reused (source bytes it used that an earlier item had paid for).
 """
 from __future__ import annotations
 
@@ -23,10 +30,11 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from episodes import EpisodeByteCache, EpisodeDataset, MiniMp4, decode_frames, open_episodes
+from episodes import EpisodeByteCache, EpisodeDataset, FrameRequest, MiniRead, decode_frames, open_episodes
 from rnb.harness.timecard import TimeCard
 from rnb.pipeline.dataset_source import EpisodeRequest
 
+FETCH = ("episode", "clips")
 KINETICS_MEAN = (0.43216, 0.394666, 0.37645)
 KINETICS_STD = (0.22803, 0.22145, 0.216989)
 
@@ -96,9 +104,12 @@ class EpisodeReader:
 
     def __init__(self, dataset: str | None, camera: str | None, num_clips: int | Mapping[str, Any],
                  clip_length: int, prefetch: int, byte_budget: int, workers: int | None, seed: int,
-                 decode_threads: int | None = None, usage_cache: bool = False) -> None:
+                 decode_threads: int | None = None, usage_cache: bool = False, fetch: str = "episode") -> None:
         if clip_length < 1 or prefetch < 0:
             raise ValueError(f"clip_length must be >= 1 and prefetch >= 0, got {clip_length} and {prefetch}")
+        if fetch not in FETCH:
+            raise ValueError(f"fetch must be \"episode\" or \"clips\", got {fetch!r}")
+        self.fetch_mode = fetch
         self.dataset = dataset
         self.camera = camera
         self.clip_count = ClipCount.parse(num_clips)
@@ -133,20 +144,26 @@ class EpisodeReader:
             raise ValueError(f"item {item_id}: the request {request!r} names no dataset; use a dataset or videos "
                              "source, or give the step a `dataset` keyword")
         camera = self.camera or ds.video_keys[0]
-        for ahead in upcoming[: self.prefetch]:
+        for ahead in upcoming[: self.prefetch] if self.fetch_mode == "episode" else ():
             cache.prefetch(ahead, [camera])
         rng = np.random.default_rng([self.seed, item_id])
         frames = sample_clip_frames(ds.episode_length(episode), self.clip_count.draw(rng), self.clip_length, rng)
         return ClipPlan(ds, cache, episode, camera, frames)
 
-    def fetch(self, plan: ClipPlan, card: TimeCard) -> MiniMp4:
+    def fetch(self, plan: ClipPlan, card: TimeCard) -> MiniRead:
+        """The mini-MP4 the plan's frames decode from: the whole episode's, or one of just the clips' GOPs."""
         card.record("fetch_start")
-        mini = plan.cache.get_mini_mp4(plan.episode, plan.camera)
+        if self.fetch_mode == "clips":
+            request = FrameRequest(plan.episode, plan.camera, frame_numbers=np.unique(plan.frames))
+            got = plan.cache.fetch_windows([request])[0]
+        else:
+            got = plan.cache.fetch_mini_mp4(plan.episode, plan.camera)
         card.record("fetch_finish")
         card.set_field("episode", plan.episode)
         card.set_field("num_clips", len(plan.frames))
-        card.set_field("bytes_fetched", len(mini.data))
-        return mini
+        card.set_field("bytes_fetched", got.bytes_fetched)
+        card.set_field("bytes_reused", got.bytes_reused)
+        return got
 
 
 def decode_clips(frames: np.ndarray, decode: Any, size: int, card: TimeCard) -> torch.Tensor:
@@ -166,7 +183,8 @@ def clip_shape(num_clips: int | Mapping[str, Any], clip_length: int, size: int) 
 class EpisodeLoader:
     """Request -> (clips, 3, clip_length, size, size) float clips, fetched and decoded on this step's device.
 
-    `tabular` names data columns (e.g. ["observation.state", "action"]) to
+    `fetch` is "episode" or "clips" (see the module docstring). `tabular`
+    names data columns (e.g. ["observation.state", "action"]) to
     pass on as (frames, dim) numpy arrays in non_tensors["tabular"]; with
     `tabular_cache` (the default) they are sliced from usage-format copies
     of the data files (episodes.tabular) instead of decoded from Parquet.
@@ -176,12 +194,12 @@ class EpisodeLoader:
                  num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
                  tabular: list[str] | None = None, prefetch: int = 2, byte_budget: int = 2**30,
                  workers: int | None = None, seed: int = 0, decode_threads: int | None = None,
-                 tabular_cache: bool = True) -> None:
+                 tabular_cache: bool = True, fetch: str = "episode") -> None:
         self.device = device
         self.size = size
         self.tabular = list(tabular or [])
         self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed,
-                                    decode_threads, usage_cache=bool(self.tabular) and tabular_cache)
+                                    decode_threads, usage_cache=bool(self.tabular) and tabular_cache, fetch=fetch)
 
     @staticmethod
     def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
@@ -191,9 +209,9 @@ class EpisodeLoader:
     def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
                  time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
         plan = self.reader.plan(non_tensors["request"], time_card.item_id)
-        self.reader.fetch(plan, time_card)
-        clips = decode_clips(plan.frames, lambda wanted: plan.cache.get_episode_frames(
-            plan.episode, plan.camera, wanted, self.device), self.size, time_card)
+        got = self.reader.fetch(plan, time_card)
+        clips = decode_clips(plan.frames, lambda wanted: plan.cache.decode(
+            got, plan.episode, plan.camera, wanted, self.device).frames, self.size, time_card)
         out = {"request": non_tensors["request"], "episode": plan.episode, "num_clips": len(plan.frames)}
         if self.tabular:
             out["tabular"] = plan.ds.episode_columns(plan.episode, self.tabular)
@@ -201,7 +219,10 @@ class EpisodeLoader:
 
 
 class EpisodeFetcher:
-    """The I/O half of a split loader: the episode's mini-MP4 bytes as a uint8 tensor, on the CPU.
+    """The I/O half of a split loader: mini-MP4 bytes as a uint8 tensor, on the CPU.
+
+    With `fetch` "episode" the mini-MP4 holds the whole episode; with
+    "clips" only the GOPs of the sampled clips.
 
     The bytes travel through the shared slot (`max_bytes` bounds one
     episode); the mini-MP4's frame table and the sampled frame numbers, both
@@ -210,9 +231,11 @@ class EpisodeFetcher:
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
                  num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, prefetch: int = 2,
-                 byte_budget: int = 2**30, workers: int | None = None, seed: int = 0, max_bytes: int = 2**24) -> None:
+                 byte_budget: int = 2**30, workers: int | None = None, seed: int = 0, max_bytes: int = 2**24,
+                 fetch: str = "episode") -> None:
         self.max_bytes = max_bytes
-        self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed)
+        self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed,
+                                    fetch=fetch)
 
     @staticmethod
     def output_shape(max_bytes: int = 2**24, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
@@ -225,7 +248,7 @@ class EpisodeFetcher:
     def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
                  time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
         plan = self.reader.plan(non_tensors["request"], time_card.item_id)
-        mini = self.reader.fetch(plan, time_card)
+        mini = self.reader.fetch(plan, time_card).mini
         if len(mini.data) > self.max_bytes:
             raise ValueError(f"item {time_card.item_id}: episode {plan.episode}'s mini-MP4 has {len(mini.data)} bytes, "
                              f"more than max_bytes ({self.max_bytes}); raise the step's max_bytes")

@@ -11,6 +11,10 @@ from torchvision.models.video import r2plus1d_18
 
 from rnb.harness.control import SharedSlot
 from episodes import EpisodeByteCache, open_dataset
+from episodes._mp4.span import episode_span
+from episodes._mp4.windows import frame_windows
+from episodes.cache import DEFAULT_COALESCE_GAP
+from episodes.storage import coalesce_ranges
 from episodes.synthetic import make_dataset
 from models.aggregator import Aggregator
 from models.batcher import Batcher
@@ -104,11 +108,70 @@ def test_split_fetch_then_decode_gives_the_loaders_clips_through_a_uint8_slot(da
     assert torch.equal(received, data) and received.dtype == torch.uint8
     (clips,), out, card = decoder((received,), between, card)
     assert torch.equal(clips, expected)
-    assert "mini" not in out and out["episode"] == 1 and card.fields["bytes_fetched"] == data.numel()
+    assert "mini" not in out and out["episode"] == 1
+    assert card.fields["bytes_fetched"] == episode_range_bytes(dataset, 1) and card.fields["bytes_reused"] == 0
 
     small = EpisodeFetcher(CPU, max_bytes=100, **kwargs)
     with pytest.raises(ValueError, match="more than max_bytes \\(100\\); raise the step's max_bytes"):
         small((), request(dataset, 1), TimeCard(3))
+
+
+def episode_range_bytes(root: str, ep: int) -> int:
+    """The size of the episode's one byte range, worked out from its MP4 index."""
+    ds = open_dataset(root)
+    segment = ds.episode(ep).videos[ds.video_keys[0]]
+    with EpisodeByteCache(ds, use_sidecar=False) as cache:
+        index = cache.mp4_index(segment.path)
+    return episode_span(index, segment.from_timestamp, segment.to_timestamp).num_bytes
+
+
+def clip_window_bytes(root: str, ep: int, frames: np.ndarray) -> int:
+    """What fetching only the GOPs of `frames` reads: their windows' runs, coalesced as the cache does."""
+    ds = open_dataset(root)
+    segment = ds.episode(ep).videos[ds.video_keys[0]]
+    with EpisodeByteCache(ds, use_sidecar=False) as cache:
+        index = cache.mp4_index(segment.path)
+    runs = frame_windows(index, episode_span(index, segment.from_timestamp, segment.to_timestamp), frames).runs
+    return sum(e - s for s, e in coalesce_ranges([(r.byte_start, r.byte_end) for r in runs], DEFAULT_COALESCE_GAP))
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_clips_fetch_gives_the_episode_fetch_clips_from_only_their_gops(dataset, split):
+    kwargs = dict(num_clips=1, clip_length=3, seed=4)
+    episode_loader = EpisodeLoader(CPU, size=32, **kwargs)
+    if split:
+        fetcher = EpisodeFetcher(CPU, max_bytes=2**20, fetch="clips", **kwargs)
+        decoder = EpisodeDecoder(CPU, size=32, num_clips=1, clip_length=3)
+    else:
+        clips_loader = EpisodeLoader(CPU, size=32, fetch="clips", **kwargs)
+    fewer = 0
+    for item in range(6):
+        ep = item % 4
+        (expected,), _, whole = episode_loader((), request(dataset, ep), TimeCard(item))
+        if split:
+            (data,), between, card = fetcher((), request(dataset, ep), TimeCard(item))
+            (clips,), _, card = decoder((data,), between, card)
+        else:
+            (clips,), _, card = clips_loader((), request(dataset, ep), TimeCard(item))
+        assert torch.equal(clips, expected), item
+        rng = np.random.default_rng([4, item])
+        frames = sample_clip_frames(open_dataset(dataset).episode_length(ep), 1, 3, rng)
+        assert card.fields["bytes_fetched"] == clip_window_bytes(dataset, ep, np.unique(frames))
+        assert card.fields["bytes_reused"] == 0 and card.fields["frames_decoded"] == len(np.unique(frames))
+        fewer += card.fields["bytes_fetched"] < whole.fields["bytes_fetched"]
+    assert fewer >= 3  # an early clip needs only the GOPs up to its last frame
+    with pytest.raises(ValueError, match='fetch must be "episode" or "clips", got \'gop\''):
+        EpisodeLoader(CPU, fetch="gop")
+
+
+def test_bytes_fetched_counts_what_the_item_caused_and_bytes_reused_what_it_found(dataset):
+    loader = EpisodeLoader(CPU, num_clips=1, clip_length=2, size=16, prefetch=1, seed=2)
+    sizes = {ep: episode_range_bytes(dataset, ep) for ep in (1, 2)}
+    cards = [loader((), request(dataset, ep, upcoming), TimeCard(item))[2]
+             for item, (ep, upcoming) in enumerate([(1, (2,)), (2, ()), (2, ())])]
+    fields = [(c.fields["bytes_fetched"], c.fields["bytes_reused"]) for c in cards]
+    # Item 0 fetched episode 1 and started episode 2's prefetch, which item 1 is the first to use; item 2 reuses it.
+    assert fields == [(sizes[1], 0), (sizes[2], 0), (0, sizes[2])]
 
 
 def test_output_dtypes_reach_the_planned_slots():
