@@ -8,6 +8,9 @@ Byte ranges are nginx's default for static files. Extra locations inject
 faults: `/fault503/...` always answers 503, and `/slow/...` serves the same
 files at one byte per second, so a client timeout fires. `/nolist/...`
 serves the files without directory listings, like most CDNs.
+
+With a NetworkProfile (episodes.testing_network) the server is reached
+through a relay that gives it that bandwidth and round-trip time.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from episodes.testing_network import NetworkProfile, slow_link
 
 NGINX = "/usr/sbin/nginx"
 
@@ -69,8 +74,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_directory(root: Path, tmp: Path, timeout_s: float = 10.0) -> Iterator[NginxServer]:
-    """Run nginx on a free loopback port serving `root` until the block exits; its files go under `tmp`."""
+def serve_directory(root: Path, tmp: Path, timeout_s: float = 10.0,
+                    profile: NetworkProfile | None = None) -> Iterator[NginxServer]:
+    """Run nginx on a free loopback port serving `root` until the block exits; its files go under `tmp`.
+
+    With `profile`, the yielded url leads through a relay with that bandwidth and round-trip time.
+    """
     if not Path(NGINX).exists():
         raise FileNotFoundError(f"{NGINX} does not exist: install Debian's nginx package to serve datasets over HTTP")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -89,7 +98,10 @@ def serve_directory(root: Path, tmp: Path, timeout_s: float = 10.0) -> Iterator[
             if time.monotonic() > deadline:
                 raise RuntimeError(f"nginx did not listen on port {port} within {timeout_s} s")
             time.sleep(0.05)
-        yield NginxServer(url=f"http://127.0.0.1:{port}", access_log=tmp / "access.log")
+        with contextlib.ExitStack() as link:
+            if profile is not None:
+                port = link.enter_context(slow_link(port, profile))
+            yield NginxServer(url=f"http://127.0.0.1:{port}", access_log=tmp / "access.log")
     finally:
         proc.terminate()
         try:
