@@ -18,6 +18,8 @@ from rnb.harness.timecard import TimeCard
 class Aggregator:
     """Usually the final step; as an inner step it outputs (items, num_classes) summed logits."""
 
+    merges_segments = True  # config validation lets a step before this one split items (num_segments > 1)
+
     def __init__(self, device: torch.device, num_classes: int = 400, batch: int = 1) -> None:
         self.pending: dict[tuple, list[tuple[TimeCard, torch.Tensor]]] = {}
 

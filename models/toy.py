@@ -108,6 +108,8 @@ class SegmentMerger:
     which is how a real aggregator behaves.
     """
 
+    merges_segments = True
+
     def __init__(self, device: torch.device, fail_at_init: bool = False,
                  fail_at_item: int | None = None, exit_at_item: int | None = None) -> None:
         self.faults = FaultInjection(fail_at_init, fail_at_item, exit_at_item)

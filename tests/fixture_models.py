@@ -29,7 +29,9 @@ class Frames:
 
 
 class Head:
-    """Final step: sums its input, writes no tensor."""
+    """Final step: sums its input, writes no tensor; it stands in for a merging step too."""
+
+    merges_segments = True
 
     def __init__(self, device: torch.device, **kwargs: Any) -> None:
         self.device = device

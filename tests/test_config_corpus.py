@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "broken_configs"
 
 CASES: dict[str, tuple[str, str]] = {
+    "deeply_nested": ("(top level)", "expected JSON nested at most 64 levels deep, found deeper nesting"),
     "description_not_string": ("description", 'expected a string, found the list ["toy"]'),
     "duplicate_key": ('key "gpus"', "expected each key at most once per object, found it twice"),
     "empty_file": ("line 1 column 1", "expected valid JSON, found a syntax error (Expecting value)"),
@@ -67,7 +68,11 @@ CASES: dict[str, tuple[str, str]] = {
     "out_queues_on_final": ("pipeline[1].queue_groups[0].out_queues", "expected no out_queues on the final step, found the list [0]"),
     "pipeline_object": ("pipeline", "expected a non-empty list of steps, found the object"),
     "run_batch_size_float": ("run.batch_size", "expected an integer >= 1, found 1.5"),
-    "run_concurrency_zero": ("run.concurrency", "expected an integer >= 1, found 0"),
+    "run_concurrency_zero": ("run.concurrency", "expected an integer from 1 to 2147483647, found 0"),
+    "run_concurrency_huge": ("run.concurrency", "expected an integer from 1 to 2147483647, found 2147483648"),
+    "run_interval_infinite": ("value 1e999", "expected a finite JSON number, found one beyond the range of a double"),
+    "run_videos_5000_digits": ("value 999999999999... (5000 digits)",
+                               "expected an integer of at most 19 digits, found a longer one"),
     "run_interval_negative": ("run.mean_interval_ms", "expected a number >= 0, found -1"),
     "run_not_object": ("run", "expected an object, found the list [40]"),
     "run_queue_size_null": ("run.queue_size", "expected an integer from 1 to 2147483647, found null"),
@@ -80,6 +85,9 @@ CASES: dict[str, tuple[str, str]] = {
     "selector_missing_class": ("pipeline[0].queue_groups[0].queue_selector", 'class "NoSuchSelector"'),
     "selector_not_string": ("pipeline[0].queue_groups[0].queue_selector", 'found the list ["round robin"]'),
     "selector_without_select": ("pipeline[0].queue_groups[0].queue_selector", "to have a callable select, found none"),
+    "segments_never_merged": ("pipeline[0].num_segments", "expected 1, or a later step whose model merges segments"),
+    "selector_kwargs_without_selector": ("pipeline[0].queue_groups[0].queue_selector_kwargs",
+                                         "expected it only beside a queue_selector"),
     "selector_kwargs_not_object": ("pipeline[0].queue_groups[0].queue_selector_kwargs", "expected an object, found the list [4]"),
     "threads_zero": ("pipeline[0].threads", "expected an integer >= 1, found 0"),
     "source_not_object": ("source", 'expected an object, found the string "data/synthetic"'),

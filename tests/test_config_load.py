@@ -115,7 +115,7 @@ def test_directory_instead_of_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(str(tmp_path))
     assert caught.value.json_path == "(file)"
-    assert caught.value.expected == "expected a readable UTF-8 JSON file, found an error: Is a directory"
+    assert caught.value.expected == "expected a regular JSON file, found a directory"
 
 
 def test_non_utf8_file(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import dataclasses
 import math
 import os
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 from rnb.harness import joblog
@@ -25,7 +26,7 @@ from rnb.harness.sampler import DEFAULT_INTERVAL_MS
 from rnb.pipeline.config import RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
 from rnb.pipeline.gpus import apply_cpu_override, validate_gpus
-from rnb.pipeline.plan import plan_runners
+from rnb.pipeline.plan import check_slot_memory, plan_runners
 from rnb.pipeline.sources import check_source
 
 # What applies when neither the command line nor the config's "run" object sets a value.
@@ -77,6 +78,20 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
     return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms)
 
 
+def prepare_log_dir(log_dir: str) -> None:
+    """Create the log directory before anything starts, so a bad --log-dir costs one sentence and exit 2."""
+    path = Path(log_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError("command line", "--log-dir", f"expected a directory for the job logs, found a file at {log_dir}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError("command line", "--log-dir", f"expected a directory that exists or can be created, "
+                          f"found that {error.filename} cannot be created ({error.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError("command line", "--log-dir", f"expected a directory this user may write, found {log_dir} read-only")
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
@@ -91,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         gpus = validate_gpus(config, cpu_only=args.cpu)
         check_source(config.source, config.path, may_write=not ns.check)
         placements = plan_runners(apply_cpu_override(config) if args.cpu else config, args.batch_size)
+        check_slot_memory(config, placements, {gpu.logical_index: gpu.memory_total_bytes for gpu in gpus})
+        if not ns.check:
+            prepare_log_dir(args.log_dir)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2

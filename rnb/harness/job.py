@@ -72,7 +72,7 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     try:
         plumbing = Plumbing.build(ctx, queue_names, args.queue_size, args.concurrency)
         slots = {(p.step, p.group, p.instance): allocate_slots(ctx, p) for p in placements}
-    except (RuntimeError, OSError) as failure:  # e.g. CUDA or shared memory out of memory
+    except Exception as failure:  # out of CUDA or shared memory, a size torch refuses (TypeError), ...: all end logged
         return _setup_failed(job_dir, config, args, gpus, num_steps, failure)
     supervisor = Supervisor(plumbing)
     sampler = Sampler(args.sample_interval_ms / 1000.0,

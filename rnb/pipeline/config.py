@@ -11,6 +11,9 @@ import difflib
 import importlib
 import inspect
 import json
+import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn
@@ -67,16 +70,23 @@ _GROUP_KEYS = frozenset({"gpus", "in_queue", "out_queues", "queue_selector", "qu
 # model keywords the harness consumes itself (rnb.pipeline.plan), or supplies when the config does not (-b)
 _HARNESS_KEYWORDS = frozenset({"threads"})
 _SUPPLIED_KEYWORDS = frozenset({"batch"})
-# multiprocessing queues count items with a semaphore, which stops at this value
-MAX_QUEUE_SIZE = 2**31 - 1
+# multiprocessing queues count items with a semaphore, and closed loop counts requests in flight with
+# one: a POSIX semaphore stops at this value (SEM_VALUE_MAX on Linux)
+MAX_SEMAPHORE_VALUE = 2**31 - 1
+# A config is a few KB of JSON: anything far larger is a wrong file, not a config.
+MAX_CONFIG_BYTES = 1 << 20
+# Configs nest a handful of levels; a limit keeps deep JSON from exhausting the recursion of parser and checks.
+MAX_JSON_DEPTH = 64
+# Integers a config needs (counts, sizes, seeds) fit in 64 bits; longer digit strings cannot work anywhere.
+MAX_INTEGER_DIGITS = 19
 # run key -> (integers only?, minimum, maximum); benchmark.py checks the CLI values against it too
 # and holds their defaults.
 RUN_KEYS: dict[str, tuple[bool, int, int | None]] = {
     "videos": (True, 1, None),
     "mean_interval_ms": (False, 0, None),
     "batch_size": (True, 1, None),
-    "queue_size": (True, 1, MAX_QUEUE_SIZE),
-    "concurrency": (True, 1, None),
+    "queue_size": (True, 1, MAX_SEMAPHORE_VALUE),
+    "concurrency": (True, 1, MAX_SEMAPHORE_VALUE),
     "warmup": (True, 0, None),
     "seed": (True, 0, None),
 }
@@ -89,19 +99,61 @@ def load_config(path: str | None) -> PipelineConfig:
     harness runs the same from any directory.
     """
     file = str(DEFAULT_CONFIG_PATH) if path is None else path
+    text = _read_config_text(file)
     try:
-        with open(file, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(file, "(file)", f"expected a readable UTF-8 JSON file, found an error: {reason}") from None
-    try:
-        document = json.loads(text, object_pairs_hook=_unique_keys(file), parse_constant=_no_constant(file))
+        document = json.loads(text, object_pairs_hook=_unique_keys(file), parse_constant=_no_constant(file),
+                              parse_int=_bounded_int(file), parse_float=_finite_float(file))
     except json.JSONDecodeError as exc:
         raise ConfigError(
             file, f"line {exc.lineno} column {exc.colno}", f"expected valid JSON, found a syntax error ({exc.msg})"
         ) from None
+    except RecursionError:
+        raise ConfigError(file, "(top level)", f"expected JSON nested at most {MAX_JSON_DEPTH} levels deep, "
+                          "found far deeper nesting") from None
+    _check_depth(document, file)
     return parse_config(document, file, "<default>" if path is None else path)
+
+
+def _read_config_text(file: str) -> str:
+    """The file's text, refusing before reading anything that is not a small regular file.
+
+    Opening without blocking and checking the opened descriptor means a FIFO
+    cannot hang the harness and a device such as /dev/zero is never read.
+    """
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ConfigError(file, "(file)", f"expected a readable UTF-8 JSON file, found an error: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ConfigError(file, "(file)", f"expected a regular JSON file, found {_file_kind(mode)}")
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(file, "(file)", f"expected a JSON file of at most {MAX_CONFIG_BYTES} bytes, found a larger one")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(file, "(file)", f"expected a readable UTF-8 JSON file, found an error: {exc}") from None
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def _check_depth(document: Any, file: str) -> None:
+    """Refuse nesting deeper than MAX_JSON_DEPTH, walking iteratively so the check itself cannot recurse too far."""
+    stack = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ConfigError(file, "(top level)", f"expected JSON nested at most {MAX_JSON_DEPTH} levels deep, "
+                              f"found deeper nesting")
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((child, depth + 1) for child in children)
 
 
 def parse_config(document: Any, file: str, path: str | None = None) -> PipelineConfig:
@@ -132,6 +184,7 @@ def parse_config(document: Any, file: str, path: str | None = None) -> PipelineC
     steps = tuple(_parse_step(check, raw, k, len(pipeline)) for k, raw in enumerate(pipeline))
     for k in range(1, len(steps)):
         _check_queues_between(check, steps[k - 1], steps[k], k)
+    _check_segments_merged(check, steps)
     return PipelineConfig(
         path=file if path is None else path,
         source=copy.deepcopy(source),
@@ -238,6 +291,9 @@ def _parse_group(
     if "queue_selector" in raw:
         selector = check.as_class_path(raw["queue_selector"], f"{where}.queue_selector", "select")
     selector_kwargs = check.as_object(raw.get("queue_selector_kwargs", {}), f"{where}.queue_selector_kwargs")
+    if selector_kwargs and selector is None:
+        check.fail(f"{where}.queue_selector_kwargs",
+                   "expected it only beside a queue_selector, whose constructor takes it, found no queue_selector")
     group_kwargs = {key: item for key, item in raw.items() if key not in _GROUP_KEYS}
     model_kwargs = {**step_kwargs, **group_kwargs}
     if "threads" in model_kwargs:  # consumed by the harness (rnb.pipeline.plan), not passed to the model
@@ -266,6 +322,7 @@ def _check_keywords(check: _Checker, model: str, where: str, step_kwargs: Mappin
     places = [(where, step_kwargs)] + [
         (f"{where}.queue_groups[{g}]", {key: item for key, item in group.items() if key not in _GROUP_KEYS})
         for g, group in enumerate(groups_raw)]
+    defaults = {p.name: p.default for p in parameters}
     for place, kwargs in places:
         for key in kwargs:
             if key not in names and key not in _HARNESS_KEYWORDS:
@@ -273,6 +330,11 @@ def _check_keywords(check: _Checker, model: str, where: str, step_kwargs: Mappin
                 hint = f" (did you mean \"{close[0]}\"?)" if close else ""
                 check.fail(f"{place}.{key}", f"expected a keyword that {model} takes ({', '.join(names) or 'none'}), "
                                              f"found an unknown keyword{hint}")
+            default = defaults.get(key)
+            # JSON's true is an int to Python and 1e30 a float: either would reach shapes and loops as a count.
+            if isinstance(default, int) and not isinstance(default, bool) and isinstance(kwargs[key], (bool, float)):
+                check.fail(f"{place}.{key}", f"expected an integer (the default of {model.rpartition('.')[2]} is "
+                                             f"{default}), found {describe(kwargs[key])}")
     for place, group_kwargs in places[1:]:
         for p in parameters:
             given = p.name in step_kwargs or p.name in group_kwargs or p.name in _SUPPLIED_KEYWORDS
@@ -298,6 +360,20 @@ def _check_queues_between(check: _Checker, previous: Step, step: Step, k: int) -
             f"expected a group with in_queue {unread[0]}, an out_queue of pipeline[{k - 1}] that nothing else reads, "
             f"found in_queues {_set(read)}",
         )
+
+
+def _check_segments_merged(check: _Checker, steps: tuple[Step, ...]) -> None:
+    """A step that splits items into segments needs a later step that merges them, or no item ever finishes."""
+    for k, step in enumerate(steps):
+        if step.num_segments > 1 and not any(merges_segments(later.model) for later in steps[k + 1:]):
+            check.fail(f"pipeline[{k}].num_segments",
+                       f"expected 1, or a later step whose model merges segments (merges_segments = True, such as "
+                       f"models.aggregator.Aggregator), found {step.num_segments} and no such step after it")
+
+
+def merges_segments(model: str) -> bool:
+    """Whether a model class (already imported by validation) declares that it merges an item's segments."""
+    return getattr(load_object(model), "merges_segments", False) is True
 
 
 def _set(values: set[Any]) -> str:
@@ -356,6 +432,8 @@ class _Checker:
     def as_number(self, value: Any, json_path: str, minimum: int) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
             self.fail(json_path, f"expected a number >= {minimum}, found {describe(value)}")
+        if value == math.inf:  # only an in-memory config can hold it: load_config refuses 1e999
+            self.fail(json_path, f"expected a finite number >= {minimum}, found {describe(value)}")
         return value
 
     def as_class_path(self, value: Any, json_path: str, method: str) -> str:
@@ -408,3 +486,28 @@ def _no_constant(file: str) -> Callable[[str], Any]:
         raise ConfigError(file, f"value {name}", f"expected a finite JSON number, found {name}")
 
     return reject
+
+
+def _bounded_int(file: str) -> Callable[[str], int]:
+    """Refuse integer literals longer than any count or size can be, before converting them."""
+
+    def parse(digits: str) -> int:
+        if len(digits.lstrip("-")) > MAX_INTEGER_DIGITS:
+            raise ConfigError(file, f"value {digits[:12]}... ({len(digits.lstrip('-'))} digits)",
+                              f"expected an integer of at most {MAX_INTEGER_DIGITS} digits, found a longer one")
+        return int(digits)
+
+    return parse
+
+
+def _finite_float(file: str) -> Callable[[str], float]:
+    """Refuse number literals such as 1e999, which Python would read as infinity."""
+
+    def parse(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            shown = text if len(text) <= 24 else text[:21] + "..."
+            raise ConfigError(file, f"value {shown}", "expected a finite JSON number, found one beyond the range of a double")
+        return value
+
+    return parse

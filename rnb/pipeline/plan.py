@@ -6,6 +6,7 @@ what it outputs is a config error (exit 2), not a failed job.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -69,7 +70,7 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
             # -b is the default `batch` of batching steps: models that take one get it unless the config sets it.
             if "batch" in inspect.signature(model.__init__).parameters and "batch" not in kwargs:
                 kwargs["batch"] = batch_size
-            shapes = () if k == last else _output_shapes(config, k, model, kwargs)
+            shapes = _output_shapes(config, k, model, kwargs, final=k == last)
             dtypes = () if k == last else _output_dtypes(config, k, model, kwargs, len(shapes))
             for i, gpu in enumerate(group.gpus):
                 placements.append(Placement(
@@ -84,6 +85,50 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
     return placements
 
 
+def check_slot_memory(config: PipelineConfig, placements: list[Placement],
+                      gpu_memory: Mapping[int, int]) -> None:
+    """Refuse output slots that cannot be allocated: shared memory on the CPU, device memory on a GPU.
+
+    Sizes come from keywords (frames, height, max_bytes, ...), so a typo of a
+    few digits asks for more memory than exists; torch would fail part way
+    through setting up, or its size arithmetic would overflow.  `gpu_memory`
+    maps a logical GPU index to its total bytes (from NVML).
+    """
+    need: dict[str, int] = {}
+    largest: dict[str, tuple[int, Placement]] = {}
+    for p in placements:
+        slot = sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+                   for shape, dtype in zip(p.output_shapes, p.output_dtypes or (torch.float32,) * len(p.output_shapes)))
+        need[p.device] = need.get(p.device, 0) + slot * p.num_slots
+        if slot * p.num_slots > largest.get(p.device, (-1, p))[0]:
+            largest[p.device] = (slot * p.num_slots, p)
+    for device, total in need.items():
+        if device == "cpu":
+            limit, place = _shared_memory_bytes(), "free in /dev/shm"
+        else:
+            limit, place = gpu_memory.get(int(device.split(":")[1])), f"of {device}"
+        if limit is None or total <= limit:
+            continue
+        p = largest[device][1]
+        raise ConfigError(config.path, f"pipeline[{p.step}].num_shared_tensors",
+                          f"expected output slots that fit in memory, found {p.num_slots} slots of shapes "
+                          f"{list(p.output_shapes)} per runner and {_gib(total)} for all slots on {device}, "
+                          f"more than the {_gib(limit)} {place}")
+
+
+def _shared_memory_bytes() -> int:
+    """What CPU slots may use: torch shares them through /dev/shm, else they are bounded by physical memory."""
+    try:
+        stats = os.statvfs("/dev/shm")
+        return stats.f_bavail * stats.f_frsize
+    except OSError:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _gib(count: int) -> str:
+    return f"{count / 2**30:.3g} GiB"
+
+
 def _check_selector(config: PipelineConfig, k: int, g: int, selector: str, num_queues: int,
                     kwargs: Mapping[str, Any]) -> None:
     """Build the selector once here, so a keyword it rejects is a config error (exit 2), not a failed job."""
@@ -94,14 +139,19 @@ def _check_selector(config: PipelineConfig, k: int, g: int, selector: str, num_q
                           f"expected keywords that {selector} accepts, found {type(error).__name__}: {error}") from None
 
 
-def _output_shapes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+def _output_shapes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str, Any],
+                   final: bool) -> tuple[tuple[int, ...], ...]:
+    """The shapes of a step's output slots; on the final step output_shape() is only asked, to vet the keywords."""
     where = f"pipeline[{k}].model"
     try:
         shapes = model.output_shape(**kwargs)
     except Exception as error:  # the model's own complaint about its keywords is the config error
         raise ConfigError(config.path, where, f"expected output_shape() to accept the step's keywords, found {type(error).__name__}: {error}") from None
+    if final:
+        return ()
     valid = isinstance(shapes, tuple) and len(shapes) > 0 and all(
-        isinstance(shape, tuple) and shape and all(isinstance(d, int) and d > 0 for d in shape) for shape in shapes)
+        isinstance(shape, tuple) and shape and all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                                   for d in shape) for shape in shapes)
     if not valid:
         raise ConfigError(config.path, where, f"expected output_shape() to give a non-empty tuple of shapes (tuples of positive ints) because the step feeds another, found {shapes!r}")
     return shapes

@@ -26,6 +26,7 @@ SOURCE_FACTORIES: dict[str, str] = {
 # anything starts, so that a source which cannot work is a config error (exit 2) rather than a failed client;
 # `may_write` False (--check) forbids it to create anything, such as a dataset it would generate
 SOURCE_CHECKS: dict[str, str] = {
+    "synthetic": "rnb.pipeline.sources.check_synthetic",
     "dataset": "rnb.pipeline.dataset_source.check_source",
     "videos": "rnb.pipeline.dataset_source.check_source",
 }
@@ -59,10 +60,19 @@ def open_source(source: Mapping[str, Any], config_path: str, seed: int = 0) -> I
     return iter(factory(source, config_path))
 
 
-def synthetic_source(source: Mapping[str, Any], config_path: str) -> Iterable[int]:
-    """Numbered requests 0, 1, 2, ...: for models that make their own input."""
+def check_synthetic(source: Mapping[str, Any], config_path: str, may_write: bool = True) -> None:
+    """The synthetic source takes no options: any other key is a typo or meant for another kind."""
     if source.get("synthetic", True) is not True:
         raise ConfigError(config_path, "source.synthetic", "expected true (or no source at all)")
+    for key in source:
+        if key != "synthetic":
+            raise ConfigError(config_path, f"source.{key}", "expected no other key beside \"synthetic\", which takes "
+                              "no options, found an unknown key")
+
+
+def synthetic_source(source: Mapping[str, Any], config_path: str) -> Iterable[int]:
+    """Numbered requests 0, 1, 2, ...: for models that make their own input."""
+    check_synthetic(source, config_path)
     return itertools.count()
 
 
