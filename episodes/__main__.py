@@ -1,7 +1,13 @@
-"""`python -m episodes verify ROOT`: are the byte-range frames identical to a full-file decode?
+"""`python -m episodes verify|bench ROOT`: check the byte-range frames, or time the ways of reading episodes.
 
-Exit status: 0 when every episode-camera is identical, 1 when any differs
-(or fails), 2 for bad arguments or a dataset that cannot be opened.
+verify: are the byte-range frames identical to a full-file decode? Exit
+status 0 when every episode-camera is identical, 1 when any differs (or
+fails), 2 for bad arguments or a dataset that cannot be opened.
+
+bench: LeRobot's episode-streaming tracks side by side (episodes.streaming),
+one table. Exit status 0 when every track ran, 1 when one failed (its row
+says why, the others are still printed), 2 for bad arguments or a dataset
+that cannot be opened.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import torch
 
 from episodes.errors import EpisodeDataError
 from episodes.source import open_episodes
+from episodes.streaming import TRACKS, StreamingOptions, run_tracks, track_table
 from episodes.verify import EpisodeCheck, verify_dataset
 
 
@@ -22,7 +29,26 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("root", help="LeRobot v3.0 dataset root (path or fsspec URL), or a glob of MP4 files")
     verify.add_argument("--device", default="cpu", help="decode device: cpu or cuda:N (default cpu)")
     verify.add_argument("--cameras", nargs="+", metavar="KEY", help="video keys to check (default: all)")
+    _bench_arguments(commands.add_parser("bench", help="time LeRobot's episode-streaming tracks side by side"))
     return parser
+
+
+def _bench_arguments(bench: argparse.ArgumentParser) -> None:
+    defaults = StreamingOptions()
+    bench.add_argument("root", help="LeRobot v3.0 dataset root (path or fsspec URL), or a glob of MP4 files")
+    bench.add_argument("--strategy", default="all", choices=[*TRACKS, "all"],
+                       help="which track to run (default: all of them)")
+    for name, help_text in (("pool_size", "episodes in the pool"),
+                            ("frames_per_episode", "random frames per pooled episode and camera"),
+                            ("frame_pool_size", "random (episode, camera, frame) targets of random-frames"),
+                            ("coalesce_gap_kb", "merge byte windows at most this many KiB apart"),
+                            ("workers", "fetch threads"), ("prefetch_ahead", "episodes indexed prefetches ahead"),
+                            ("seed", "random seed")):
+        bench.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name),
+                           help=f"{help_text} (default {getattr(defaults, name)})")
+    bench.add_argument("--include-decode", action="store_true",
+                       help="decode the frames too (default: fetch and build mini-MP4s only, as LeRobot's default)")
+    bench.add_argument("--no-sidecar", action="store_true", help="build MP4 indexes from headers, not the sidecar")
 
 
 def _device(text: str) -> str:
@@ -42,8 +68,33 @@ def _print_check(check: EpisodeCheck) -> None:
         print(f"DIFFERENT episode {check.episode} camera {check.key}: {check.detail}", flush=True)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    names = list(TRACKS) if args.strategy == "all" else [args.strategy]
+    try:
+        options = StreamingOptions(
+            pool_size=args.pool_size, frames_per_episode=args.frames_per_episode,
+            frame_pool_size=args.frame_pool_size, coalesce_gap_kb=args.coalesce_gap_kb, workers=args.workers,
+            prefetch_ahead=args.prefetch_ahead, include_decode=args.include_decode, seed=args.seed,
+            use_sidecar=not args.no_sidecar)
+        ds = open_episodes(args.root)
+    except (EpisodeDataError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"dataset {args.root}: {ds.num_episodes} episodes, cameras {', '.join(ds.video_keys)}, {ds.fps:g} fps",
+          flush=True)
+    rows = []
+    for row in run_tracks(ds, names, options):
+        rows.append(row)
+        print(f"{row.track}: {'failed: ' + row.error if row.error else f'{row.wall_s:.2f} s'}", file=sys.stderr,
+              flush=True)
+    print(track_table(rows))
+    return 1 if any(row.error for row in rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "bench":
+        return _bench(args)
     try:
         device = _device(args.device)
         ds = open_episodes(args.root)
