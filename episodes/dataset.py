@@ -75,6 +75,7 @@ class LeRobotDataset:
         self._data_files: dict[tuple[int, int], str] = {}
         self._read_info()
         self._read_episodes()
+        self._check_paths()
 
     def _read_info(self) -> None:
         where = self.storage.url(INFO_PATH)
@@ -123,6 +124,25 @@ class LeRobotDataset:
             raise DatasetFormatError(
                 f"{where}: episode {int(bad[0])}: field 'length' disagrees with dataset_to_index - dataset_from_index"
             )
+
+    def _check_paths(self) -> None:
+        """Format every distinct file path the episodes table leads to, once, when the dataset opens.
+
+        A template or index that leaves the root (or, on local disk, a file
+        that is a symlink out of it) is then refused before anything runs,
+        not at the first episode that happens to use it.
+        """
+        col = self._columns
+        wanted = [(self._data_template, "data_path", "data/chunk_index", "data/file_index", {})]
+        wanted += [(self._video_template, "video_path", video_column(key, "chunk_index"),
+                    video_column(key, "file_index"), {"video_key": key}) for key in self.video_keys]
+        for template, field, chunks, files, values in wanted:
+            pairs = np.stack([col[chunks], col[files]], axis=1)
+            _, firsts = np.unique(pairs, axis=0, return_index=True)
+            for ep in firsts:
+                rel = self._path(template, field, int(ep), chunk_index=int(pairs[ep, 0]),
+                                 file_index=int(pairs[ep, 1]), **values)
+                self.storage.path(rel)
 
     def _probe_episode_files(self) -> list[str]:
         """Find episodes Parquet files without a listing: LeRobot numbers them densely,

@@ -2,8 +2,8 @@
 
 One versioned npz file holds the index of every video file seen so far,
 each entry stamped with the file's size and change marker (mtime or ETag).
-It lives in `<root>/meta/` when the root is a writable local LeRobot
-dataset, else in a per-root cache directory. A stale entry (size or marker
+It lives in a per-root cache directory, never inside the dataset, so a
+read-only dataset works and a user's dataset holds only what they put there. A stale entry (size or marker
 changed) is ignored and rebuilt; an unreadable sidecar is treated as empty,
 because it is only ever a shortcut.
 """
@@ -38,15 +38,14 @@ def default_cache_dir() -> Path:
 def local_cache_path(storage: Storage, name: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """Where a derived file `name` of `storage`'s root lives (the MP4 sidecar, the usage-format arrays).
 
-    Next to the dataset when the root is a local LeRobot dataset whose
-    `meta/` directory we may write; otherwise under `cache_dir` (default
-    `default_cache_dir()`) in a directory named after a hash of the root URL.
+    Under `cache_dir` (default `default_cache_dir()`), in a directory named
+    after a hash of the root: its URL, or for a local root its real path, so
+    that every spelling of one directory shares one cache.
     """
-    if fsspec.utils.get_protocol(storage.root) in ("file", "local"):
-        meta = Path(fsspec.core.strip_protocol(storage.root)) / "meta"
-        if meta.is_dir() and os.access(meta, os.W_OK):
-            return meta / name
-    digest = hashlib.sha256(storage.root.encode()).hexdigest()[:16]
+    root = storage.root
+    if fsspec.utils.get_protocol(root) in ("file", "local"):
+        root = os.path.realpath(fsspec.core.strip_protocol(root))
+    digest = hashlib.sha256(root.encode()).hexdigest()[:16]
     return Path(cache_dir or default_cache_dir()) / digest / name
 
 

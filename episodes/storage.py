@@ -10,11 +10,14 @@ from __future__ import annotations
 import bisect
 import functools
 import io
+import os
 import posixpath
+import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import fsspec
@@ -28,6 +31,32 @@ except ImportError:  # pragma: no cover - aiohttp is a pinned requirement
     aiohttp = None
 
 T = TypeVar("T")
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+# The protocols whose paths are files on this machine, where a symlink could lead out of the dataset.
+_LOCAL = ("file", "local")
+
+
+class ServerFault(Exception):
+    """A server's answer that cannot be the bytes asked for; `str()` says what it sent instead."""
+
+
+class RangeIgnored(ServerFault):
+    """The server answered a Range request with the whole file (HTTP 200): it does not serve ranges."""
+
+
+class RangeMismatch(ServerFault):
+    """The server's Content-Range is not the range asked for: a misbehaving cache or server, maybe transient."""
+
+
+def open_filesystem(url: str, **options: Any) -> tuple[Any, str]:
+    """fsspec's filesystem and path for `url`; a protocol whose package is missing is one FetchError saying which."""
+    try:
+        return fsspec.core.url_to_fs(url, **options)
+    except ImportError as exc:
+        protocol = fsspec.utils.get_protocol(url)
+        raise FetchError(f"{url}: the {protocol}:// filesystem needs a package that is not installed ({exc}); "
+                         "install it into the environment, or use a local path or an http(s):// URL") from None
 
 
 @dataclass(frozen=True)
@@ -75,12 +104,14 @@ def _is_transient(exc: BaseException) -> bool:
     status = getattr(exc, "status", None)
     if isinstance(status, int):
         return status >= 500 or status == 429
-    if isinstance(exc, (TimeoutError, ConnectionError)):
+    if isinstance(exc, (TimeoutError, ConnectionError, RangeMismatch)):
         return True
     return aiohttp is not None and isinstance(exc, aiohttp.ClientError)
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ServerFault):
+        return str(exc)
     status = getattr(exc, "status", None)
     if isinstance(status, int):
         return f"HTTP {status} {getattr(exc, 'message', '')}".rstrip()
@@ -92,6 +123,9 @@ class Storage:
 
     Picklable: only the root and options travel to a spawned process, which
     opens its own filesystem (fsspec HTTP sessions cannot cross processes).
+    With `confine` (the default) a local file that resolves, through
+    symlinks, outside the root is refused: a dataset's metadata names its
+    files, and must not be able to make us read /etc/passwd.
     """
 
     def __init__(
@@ -102,6 +136,7 @@ class Storage:
         retries: int = 3,
         backoff_s: float = 0.2,
         timeout_s: float = 30.0,
+        confine: bool = True,
     ) -> None:
         if retries < 0 or backoff_s < 0 or timeout_s <= 0:
             raise ValueError("retries and backoff_s must be >= 0 and timeout_s > 0")
@@ -110,6 +145,7 @@ class Storage:
         self.retries = retries
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
+        self.confine = confine
         self._open_fs()
 
     def _open_fs(self) -> None:
@@ -119,12 +155,16 @@ class Storage:
             client_kwargs = dict(options.get("client_kwargs", {}))
             client_kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=self.timeout_s))
             options["client_kwargs"] = client_kwargs
-        self.fs, self._base = fsspec.core.url_to_fs(self.root, **options)
+        self.fs, self._base = open_filesystem(self.root, **options)
         self._base = self._base.rstrip("/")
+        self._http = protocol in ("http", "https")
+        self._confined = _confinement(self._base) if self.confine and protocol in _LOCAL else ()
+        self._checked: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["fs"], state["_base"]
+        for derived in ("fs", "_base", "_http", "_confined", "_checked"):
+            del state[derived]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -135,8 +175,15 @@ class Storage:
         return f"Storage({self.root!r})"
 
     def path(self, rel: str) -> str:
-        """The filesystem path of `rel` (checked to stay inside the root)."""
-        return f"{self._base}/{relative_path(rel)}"
+        """The filesystem path of `rel`, checked to stay inside the root, through symlinks too on local disk."""
+        path = f"{self._base}/{relative_path(rel)}"
+        if self._confined and path not in self._checked:
+            real = os.path.realpath(path)
+            if not any(real == base or real.startswith(base + os.sep) for base in self._confined):
+                raise DatasetFormatError(f"{self.url(rel)}: is a symbolic link to a file outside the dataset root "
+                                         f"({self.root}); refusing to read it")
+            self._checked.add(path)
+        return path
 
     def url(self, rel: str) -> str:
         """The user-facing address of `rel`, for error messages."""
@@ -172,15 +219,23 @@ class Storage:
             raise ValueError(f"bad byte range [{start}, {end}) for {self.url(rel)}")
         if start == end:
             return b""
-        data = self._call(
-            rel, f"read of bytes [{start}, {end})", lambda p: self.fs.cat_file(p, start=start, end=end)
-        )
+        if self._http:
+            data = self._call(rel, f"read of bytes [{start}, {end})",
+                              lambda p: fsspec.asyn.sync(self.fs.loop, _http_range, self.fs, p, start, end))
+        else:
+            data = self._call(rel, f"read of bytes [{start}, {end})",
+                              lambda p: self.fs.cat_file(p, start=start, end=end))
         if len(data) != end - start:
             raise FetchError(
                 f"{self.url(rel)}: read of bytes [{start}, {end}) returned {len(data)} bytes,"
                 f" expected {end - start}"
             )
         return data
+
+    def probe_ranges(self, rel: str) -> None:
+        """One small range read of `rel`, so a server that ignores Range requests is found before a job starts."""
+        if self._http:
+            self.read_range(rel, 0, 1)
 
     def read_ranges(
         self, rel: str, ranges: Sequence[tuple[int, int]], *, coalesce_gap: int = 64 * 1024,
@@ -251,6 +306,44 @@ class Storage:
         client exception.
         """
         return pq.ParquetFile(_RangeFile(self, rel, self.info(rel).size))
+
+
+def _confinement(base: str) -> tuple[str, ...]:
+    """Real directories a local root's files may resolve into: the root, and a Hugging Face cache's blobs.
+
+    huggingface_hub's cache keeps a snapshot's files as symlinks from
+    `snapshots/<revision>/...` to `../../blobs/<hash>`: a dataset opened
+    there leads out of its root by design, but only into its repository.
+    """
+    real = Path(os.path.realpath(base or "/"))
+    for folder in (real, *real.parents):
+        if folder.parent.name == "snapshots" and (folder.parent.parent / "blobs").is_dir():
+            return str(real), str(folder.parent.parent / "blobs")
+    return (str(real),)
+
+
+async def _http_range(fs: Any, path: str, start: int, end: int) -> bytes:
+    """GET bytes [start, end) of `path`, insisting that the answer is exactly that range.
+
+    fsspec's own range read returns whatever body comes back; a server that
+    ignores Range (200 and the whole file) or answers another range would
+    hand wrong bytes to the MP4 parser, which would then blame the file.
+    """
+    options = fs.kwargs.copy()
+    headers = {**options.pop("headers", {}), "Range": f"bytes={start}-{end - 1}"}
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(path), headers=headers, **options) as response:
+        if response.status == 404:
+            raise FileNotFoundError(path)
+        response.raise_for_status()
+        if response.status == 200:
+            raise RangeIgnored("the server ignores Range requests: it answered HTTP 200 with the whole file")
+        answered = response.headers.get("Content-Range", "")
+        match = _CONTENT_RANGE.fullmatch(answered.strip())
+        if match is None or (int(match[1]), int(match[2])) != (start, end - 1):
+            raise RangeMismatch(f"the server answered Content-Range {answered or '(none)'!r} to a request for "
+                                f"bytes {start}-{end - 1}")
+        return await response.read()
 
 
 class _RangeFile(io.RawIOBase):

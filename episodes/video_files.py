@@ -12,14 +12,13 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import fsspec
 from fsspec.core import has_magic
 import numpy as np
 
 from episodes._mp4 import Mp4Index, build_index
 from episodes.dataset import EpisodeRecord, VideoSegment, checked_episode
 from episodes.errors import DatasetFormatError
-from episodes.storage import Storage
+from episodes.storage import Storage, open_filesystem
 
 VIDEO_KEY = "video"
 
@@ -85,7 +84,7 @@ def open_video_files(
     """A glob (local or fsspec URL, e.g. "data/*.mp4") or a list of files, as one-episode videos."""
     options = storage_options or {}
     if isinstance(files, (str, os.PathLike)):
-        fs, pattern = fsspec.core.url_to_fs(os.fspath(files), **options)
+        fs, pattern = open_filesystem(os.fspath(files), **options)
         found = sorted(fs.glob(pattern)) if has_magic(pattern) else [pattern]
         urls = [fs.unstrip_protocol(p) for p in found]
         if not urls:
@@ -93,13 +92,14 @@ def open_video_files(
     else:
         urls = []
         for f in files:
-            fs, path = fsspec.core.url_to_fs(os.fspath(f), **options)
+            fs, path = open_filesystem(os.fspath(f), **options)
             urls.append(fs.unstrip_protocol(path))
         if not urls:
             raise DatasetFormatError("open_video_files: the list of video files is empty")
     root = posixpath.commonpath([u.split("://", 1)[1].rsplit("/", 1)[0] or "/" for u in urls])
     protocol = urls[0].split("://", 1)[0]
+    # The user named these files (the glob), so a symlink among them is theirs to follow.
     storage = Storage(f"{protocol}://{root}", storage_options=storage_options, retries=retries,
-                      backoff_s=backoff_s, timeout_s=timeout_s)
+                      backoff_s=backoff_s, timeout_s=timeout_s, confine=False)
     rels = [u.split("://", 1)[1][len(root):].lstrip("/") for u in urls]
     return VideoFilesDataset(storage, rels)

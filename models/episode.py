@@ -30,8 +30,10 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from episodes import EpisodeByteCache, EpisodeDataset, FrameRequest, MiniRead, decode_frames, open_episodes
+from episodes import (EpisodeByteCache, EpisodeDataError, EpisodeDataset, FrameRequest, MiniRead, decode_frames,
+                      open_episodes)
 from rnb.harness.timecard import TimeCard
+from rnb.pipeline.config import KeywordError
 from rnb.pipeline.dataset_source import EpisodeRequest
 
 FETCH = ("episode", "clips")
@@ -180,6 +182,30 @@ def clip_shape(num_clips: int | Mapping[str, Any], clip_length: int, size: int) 
     return (ClipCount.parse(num_clips).maximum, 3, clip_length, size, size)
 
 
+def check_reads(source: EpisodeDataset | None, dataset: str | None, camera: str | None,
+                tabular: Sequence[str] | None) -> None:
+    """The dataset a loader reads (its own `dataset`, else the source's) must have its camera and data columns."""
+    if dataset is not None:
+        try:
+            source = open_episodes(dataset, "dataset")
+        except EpisodeDataError as error:
+            raise KeywordError("dataset", f"expected a LeRobot v3.0 dataset, found an error: {error}") from None
+    if source is None:
+        return
+    if camera is not None and camera not in source.video_keys:
+        raise KeywordError("camera", f"expected one of the cameras of {source.root} "
+                                     f"({', '.join(source.video_keys)}), found {camera!r}")
+    features = getattr(source, "features", None)  # plain video files have no data table
+    for i, column in enumerate(tabular or ()):
+        if features is None:
+            raise KeywordError("tabular", f"expected no data columns, since {source.root} is plain video files "
+                                          f"without a data table, found {column!r}")
+        columns = [name for name, feature in features.items() if feature.get("dtype") != "video"]
+        if column not in columns:
+            raise KeywordError(f"tabular[{i}]", f"expected a data column of {source.root} ({', '.join(columns)}), "
+                                                f"found {column!r}")
+
+
 class EpisodeLoader:
     """Request -> (clips, 3, clip_length, size, size) float clips, fetched and decoded on this step's device.
 
@@ -205,6 +231,11 @@ class EpisodeLoader:
     def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
                      **kwargs: Any) -> tuple[tuple[int, ...], ...]:
         return (clip_shape(num_clips, clip_length, size),)
+
+    @staticmethod
+    def check_dataset(source: EpisodeDataset | None, dataset: str | None = None, camera: str | None = None,
+                      tabular: list[str] | None = None, **kwargs: Any) -> None:
+        check_reads(source, dataset, camera, tabular)
 
     def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
                  time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
@@ -244,6 +275,11 @@ class EpisodeFetcher:
     @staticmethod
     def output_dtypes(**kwargs: Any) -> tuple[torch.dtype, ...]:
         return (torch.uint8,)
+
+    @staticmethod
+    def check_dataset(source: EpisodeDataset | None, dataset: str | None = None, camera: str | None = None,
+                      **kwargs: Any) -> None:
+        check_reads(source, dataset, camera, ())
 
     def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
                  time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:

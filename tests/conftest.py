@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 # Scripts the tests start (scripts/*.py, bench/run.py) import the project through the venv's
 # editable install, which may point at another checkout: this one's code must come first.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+# Derived files (MP4 index sidecars, usage-format columns) of the tests' datasets go to a fresh directory,
+# not the user's ~/.cache/rnb; spawned jobs inherit it.
+os.environ["RNB_CACHE_DIR"] = tempfile.mkdtemp(prefix="rnb-test-cache-")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from episodes import EpisodeByteCache, open_dataset
-from episodes.sidecar import SIDECAR_NAME, IndexSidecar
+from episodes.sidecar import SIDECAR_NAME, IndexSidecar, default_cache_dir
 from episodes.synthetic import SyntheticSpec, make_dataset
 from episodes.testing_server import serve_directory
 from tests.test_make_dataset import read_indices
@@ -48,7 +48,8 @@ def run_all(ds, **options) -> tuple[EpisodeByteCache, list[tuple[int, int]]]:
 
 def test_second_run_makes_zero_header_probes(root: Path) -> None:
     first, first_reads = run_all(open_dataset(str(root)))
-    assert first.sidecar_path == root / "meta" / SIDECAR_NAME and first.sidecar_path.is_file()
+    assert first.sidecar_path.is_file() and default_cache_dir() in first.sidecar_path.parents
+    assert not (root / "meta" / SIDECAR_NAME).exists()  # never inside the user's dataset
     assert first.stats().index_builds == 2 and first.stats().header_reads > 0
     second, second_reads = run_all(open_dataset(str(root)))
     stats = second.stats()

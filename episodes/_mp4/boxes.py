@@ -16,6 +16,15 @@ ReadRange = Callable[[int, int], bytes]
 
 _PROBE = 16
 
+# Box types that messages may name.  Any other four bytes are only data to us, and a message quoting them
+# (or the size beside them) would echo the content of whatever file was read: the first words of a text file.
+KNOWN_TYPES = frozenset({
+    "ftyp", "styp", "moov", "mdat", "free", "skip", "wide", "uuid", "meta", "moof", "mfra", "pdin", "sidx",
+    "mvhd", "trak", "tkhd", "edts", "elst", "mdia", "mdhd", "hdlr", "minf", "vmhd", "smhd", "dinf", "dref",
+    "stbl", "stsd", "stts", "ctts", "stss", "stsz", "stz2", "stsc", "stco", "co64", "sgpd", "sbgp", "udta",
+    "mvex", "trex", "avc1", "avc3", "avcC", "hvc1", "hev1", "hvcC", "av01", "av1C", "btrt", "pasp", "colr",
+})
+
 
 @dataclass(frozen=True)
 class Box:
@@ -37,21 +46,25 @@ def _parse_header(head: bytes, start: int, limit: int, name: str) -> Box:
         raise Mp4FormatError(f"{name}: box header at byte {start} is cut short (truncated file)")
     size, raw_type = struct.unpack_from(">I4s", head)
     box_type = raw_type.decode("latin-1")
+    shown = f"box '{box_type}'" if box_type in KNOWN_TYPES else "box"
     header = 8
     if size == 1:
         if len(head) < 16:
-            raise Mp4FormatError(f"{name}: 64-bit size of box '{box_type}' at byte {start} is cut short")
+            raise Mp4FormatError(f"{name}: 64-bit size of the {shown} at byte {start} is cut short")
         (size,) = struct.unpack_from(">Q", head, 8)
         header = 16
     elif size == 0:
         size = limit - start
     if box_type == "uuid":
         header += 16
+    if (size < header or start + size > limit) and box_type not in KNOWN_TYPES:
+        raise Mp4FormatError(f"{name}: the bytes at {start} are not an MP4 box header (an unknown type and a size "
+                             "that does not fit): not an MP4 file, or a corrupt one")
     if size < header:
-        raise Mp4FormatError(f"{name}: box '{box_type}' at byte {start} declares size {size}, smaller than its header")
+        raise Mp4FormatError(f"{name}: {shown} at byte {start} declares size {size}, smaller than its header")
     if start + size > limit:
         raise Mp4FormatError(
-            f"{name}: box '{box_type}' at byte {start} declares {size} bytes but only "
+            f"{name}: {shown} at byte {start} declares {size} bytes but only "
             f"{limit - start} remain (truncated or corrupt file)"
         )
     return Box(box_type, start, start + header, start + size)

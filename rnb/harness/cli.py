@@ -26,7 +26,7 @@ from rnb.harness.sampler import DEFAULT_INTERVAL_MS
 from rnb.pipeline.config import RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
 from rnb.pipeline.gpus import apply_cpu_override, validate_gpus
-from rnb.pipeline.plan import check_slot_memory, plan_runners
+from rnb.pipeline.plan import check_against_dataset, check_slot_memory, plan_runners
 from rnb.pipeline.sources import check_source
 
 # What applies when neither the command line nor the config's "run" object sets a value.
@@ -104,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             config = with_dataset(config, ns.dataset)
         args = resolve_args(ns, config)
         gpus = validate_gpus(config, cpu_only=args.cpu)
-        check_source(config.source, config.path, may_write=not ns.check)
+        dataset = check_source(config.source, config.path, may_write=not ns.check)
         placements = plan_runners(apply_cpu_override(config) if args.cpu else config, args.batch_size)
+        check_against_dataset(config, placements, dataset)
         check_slot_memory(config, placements, {gpu.logical_index: gpu.memory_total_bytes for gpu in gpus})
         if not ns.check:
             prepare_log_dir(args.log_dir)

@@ -31,6 +31,15 @@ class ConfigError(ValueError):
         super().__init__(f"{file}: {json_path}: {expected}")
 
 
+class KeywordError(ValueError):
+    """A model's complaint about one of its keywords (a `check_dataset` hook raises it); plan adds the JSON path."""
+
+    def __init__(self, keyword: str, expected: str) -> None:
+        self.keyword = keyword      # e.g. "camera", "tabular[1]"
+        self.expected = expected    # "expected ..., found ...", as ConfigError words it
+        super().__init__(f"{keyword}: {expected}")
+
+
 @dataclass(frozen=True)
 class QueueGroup:
     """One queue group of a step: a runner per entry of `gpus` (-1 = CPU)."""

@@ -120,23 +120,40 @@ def _check_not_directory(root: str, config_path: str) -> None:
                           f"(\"{base}/**/*.mp4\" to include subdirectories), found the directory {root}")
 
 
-def check_source(source: Mapping[str, Any], config_path: str, may_write: bool = True) -> None:
+def check_source(source: Mapping[str, Any], config_path: str, may_write: bool = True) -> EpisodeDataset | None:
     """Open the dataset or glob once in the main process (writing the dataset first if asked and missing).
 
-    Without `may_write` (--check) a dataset that a run would generate is left missing, and said so.
+    Without `may_write` (--check) a dataset that a run would generate is left missing, and said so (None
+    is returned then).  Over HTTP one byte of the first video is read by range, so a server that ignores
+    Range requests is refused here.
     """
     options = parse_options(source, config_path)
     if options.generate_if_missing and "://" not in options.root and not Path(options.root).exists():
         if not may_write:
             print(f"benchmark.py: dataset {options.root} is missing: a run (without --check) generates it there",
                   file=sys.stderr, flush=True)
-            return
+            return None
         from episodes.synthetic import make_dataset
 
         print(f"benchmark.py: dataset {options.root} is missing: generating the synthetic dataset there "
               "(scripts/make_dataset.py with default options)", file=sys.stderr, flush=True)
         make_dataset(options.root)
-    _open_checked(options, config_path)
+    ds = _open_checked(options, config_path)
+    _probe_ranges(ds, options, config_path)
+    return ds
+
+
+def _probe_ranges(ds: EpisodeDataset, options: SourceOptions, config_path: str) -> None:
+    """Read one byte of the first video by range, so a server that ignores Range requests is refused now."""
+    from episodes import EpisodeDataError
+
+    try:
+        videos = ds.episode(0).videos if ds.num_episodes else {}
+        for segment in list(videos.values())[:1]:
+            ds.storage.probe_ranges(segment.path)
+    except EpisodeDataError as error:
+        raise ConfigError(config_path, f"source.{options.kind}", "expected a server that answers byte-range "
+                          f"requests, found an error: {error}") from None
 
 
 def episode_source(source: Mapping[str, Any], config_path: str, seed: int = 0) -> Iterator[EpisodeRequest]:

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import torch
 
-from rnb.pipeline.config import ConfigError, PipelineConfig
+from rnb.pipeline.config import ConfigError, KeywordError, PipelineConfig
 from rnb.pipeline.dotted import load_object
 
 
@@ -83,6 +83,25 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
                     threads=threads if threads is not None else (share if gpu < 0 else None),
                 ))
     return placements
+
+
+def check_against_dataset(config: PipelineConfig, placements: list[Placement], dataset: Any) -> None:
+    """Let each model with a `check_dataset(dataset, **kwargs)` hook vet its keywords against the data it will read.
+
+    `dataset` is the source's opened dataset, or None (e.g. a synthetic
+    source); a camera or data column the dataset lacks is then exit 2, not
+    a failure at the first item.
+    """
+    for p in placements:
+        check = getattr(load_object(p.model), "check_dataset", None)
+        if check is None or p.instance > 0:  # replicas of a group share its keywords
+            continue
+        try:
+            check(dataset, **p.model_kwargs)
+        except KeywordError as error:
+            group = config.raw["pipeline"][p.step]["queue_groups"][p.group]
+            place = f"pipeline[{p.step}].queue_groups[{p.group}]" if error.keyword.split("[")[0] in group else f"pipeline[{p.step}]"
+            raise ConfigError(config.path, f"{place}.{error.keyword}", error.expected) from None
 
 
 def check_slot_memory(config: PipelineConfig, placements: list[Placement],

@@ -41,12 +41,14 @@ def source_factory_path(source: Mapping[str, Any], config_path: str) -> str:
     return SOURCE_FACTORIES[kind]
 
 
-def check_source(source: Mapping[str, Any], config_path: str, may_write: bool = True) -> None:
-    """Raise ConfigError if the source cannot work; kinds without a check only need a known kind."""
+def check_source(source: Mapping[str, Any], config_path: str, may_write: bool = True) -> Any:
+    """Raise ConfigError if the source cannot work; kinds without a check only need a known kind.
+
+    Returns the dataset the check opened (for models to vet their keywords against), or None.
+    """
     source_factory_path(source, config_path)
     check = SOURCE_CHECKS.get(next(iter(source), "synthetic"))
-    if check is not None:
-        load_object(check)(source, config_path, may_write)
+    return None if check is None else load_object(check)(source, config_path, may_write)
 
 
 def open_source(source: Mapping[str, Any], config_path: str, seed: int = 0) -> Iterator[Any]:

@@ -1,0 +1,193 @@
+"""Datasets and servers that cannot be trusted: refused at start, blamed correctly, never echoed.
+
+A remote protocol whose package is missing, a server that ignores Range
+requests or answers another range, an info.json template that leaves the
+root, a video that is a symlink out of it: each is one sentence, and the
+harness refuses it before anything starts (exit 2).  Nothing is written into
+the dataset, so a read-only dataset works.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import threading
+from contextlib import contextmanager
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from episodes import DatasetFormatError, EpisodeByteCache, FetchError, Mp4FormatError, open_dataset
+from episodes.synthetic import SyntheticSpec, make_dataset
+from rnb.harness import cli
+from tests.test_make_dataset import read_indices
+
+SPEC = SyntheticSpec(codec="h264", gop=4, episodes=3, cameras=1, episodes_per_file=2, min_length=6, max_length=8,
+                     width=32, height=32, seed=3)
+KEY = "observation.images.cam0"
+VIDEO = "videos/observation.images.cam0/chunk-000/file-000.mp4"  # episodes 0 and 1
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("untrusted") / "ds", SPEC)
+
+
+@pytest.fixture
+def root(source: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "ds"
+    shutil.copytree(source, copy)
+    return copy
+
+
+class RangeFaults(SimpleHTTPRequestHandler):
+    """Serves a directory; `ignore` answers Range requests with the whole file, `shift` moves the next N ranges."""
+
+    ignore = False
+    shift = 0
+    lock = threading.Lock()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        wanted = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+        path = Path(self.translate_path(self.path))
+        if wanted is None or self.ignore or not path.is_file():
+            super().do_GET()  # the stdlib server knows no Range: the whole file, HTTP 200
+            return
+        with RangeFaults.lock:
+            moved = 1 if RangeFaults.shift > 0 else 0
+            RangeFaults.shift -= moved
+        data = path.read_bytes()
+        start, end = int(wanted[1]) + moved, int(wanted[2]) + moved
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        self.send_header("Content-Length", str(end + 1 - start))
+        self.end_headers()
+        self.wfile.write(data[start:end + 1])
+
+
+@contextmanager
+def serve(root: Path, ignore: bool = False, shift: int = 0) -> Iterator[str]:
+    handler = type("Handler", (RangeFaults,), {"ignore": ignore})
+    RangeFaults.shift = shift
+    server = ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+def loader_config(tmp_path: Path, dataset: str, **keywords: object) -> str:
+    document = {"source": {"dataset": dataset, "order": "sequential"}, "pipeline": [
+        {"model": "models.episode.EpisodeLoader", "queue_groups": [{"gpus": [-1], "out_queues": [0]}],
+         "num_clips": 1, "clip_length": 2, "size": 16, **keywords},
+        {"model": "models.toy.TinyConvNet", "queue_groups": [{"gpus": [-1], "in_queue": 0}], "clips": 1}]}
+    path = tmp_path / "loader.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def refused(tmp_path: Path, config: str, capsys: pytest.CaptureFixture[str]) -> str:
+    log_dir = tmp_path / "logs"
+    assert cli.main(["-c", config, "-v", "2", "-mi", "0", "--log-dir", str(log_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and not log_dir.exists()
+    return err.strip()
+
+
+@pytest.mark.parametrize("url, package", [("s3://bucket/lerobot/ds", "Install s3fs to access S3"),
+                                          ("hf://datasets/lerobot/ds", "Install huggingface_hub to access HfFileSystem")])
+def test_a_remote_protocol_without_its_package_is_one_sentence_at_start(tmp_path, capsys, url, package):
+    expected = (f"{url}: the {url.split(':')[0]}:// filesystem needs a package that is not installed ({package}); "
+                "install it into the environment, or use a local path or an http(s):// URL")
+    with pytest.raises(FetchError, match=f"^{re.escape(expected)}$"):
+        open_dataset(url)
+    config = loader_config(tmp_path, url)
+    assert refused(tmp_path, config, capsys) == (
+        f"{config}: source.dataset: expected a LeRobot v3.0 dataset, found an error: {expected}")
+
+
+def test_a_server_that_ignores_range_is_refused_by_the_start_up_probe(root, tmp_path, capsys):
+    with serve(root, ignore=True) as url:
+        config = loader_config(tmp_path, url)
+        assert refused(tmp_path, config, capsys) == (
+            f"{config}: source.dataset: expected a server that answers byte-range requests, found an error: "
+            f"{url}/{VIDEO}: read of bytes [0, 1) failed (the server ignores Range requests: it answered HTTP 200 "
+            "with the whole file)")
+
+
+def test_a_wrong_content_range_is_retried_and_then_blamed_on_the_server(root, tmp_path):
+    with serve(root, shift=2) as url:  # two wrong answers, then right ones: the retries absorb them
+        with EpisodeByteCache(open_dataset(url, backoff_s=0.01), sidecar_dir=tmp_path) as cache:
+            assert read_indices(cache.get_episode_frames(1, KEY, [0, 1])) == [
+                cache.ds.episode(1).dataset_from_index + i for i in (0, 1)]
+    with serve(root, shift=10**6) as url:
+        with EpisodeByteCache(open_dataset(url, backoff_s=0.01), sidecar_dir=tmp_path / "fresh") as cache:
+            with pytest.raises(FetchError, match=(
+                    rf"^{re.escape(url)}/{VIDEO}: episode 0, camera {KEY}: read of bytes \[0, \d+\) failed after 4 "
+                    rf"attempts \(the server answered Content-Range 'bytes 1-\d+/\d+' to a request for bytes "
+                    rf"0-\d+\)$")):
+                cache.get_episode_frames(0, KEY, [0])
+
+
+def test_a_path_template_leaving_the_root_is_refused_when_the_dataset_opens(root, tmp_path, capsys):
+    info = json.loads((root / "meta/info.json").read_text())
+    info["data_path"] = "../elsewhere/file-{file_index:03d}.parquet"
+    (root / "meta/info.json").write_text(json.dumps(info))
+    sentence = (f"{root}/meta/info.json: field 'data_path' gives '../elsewhere/file-000.parquet' for episode 0, "
+                "which is outside the dataset root")
+    with pytest.raises(DatasetFormatError, match=f"^{re.escape(sentence)}$"):
+        open_dataset(str(root))
+    config = loader_config(tmp_path, str(root))
+    assert refused(tmp_path, config, capsys) == (
+        f"{config}: source.dataset: expected a LeRobot v3.0 dataset, found an error: {sentence}")
+
+
+def test_a_video_symlinked_out_of_the_root_is_refused_and_never_read(root, tmp_path, capsys):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n" * 50)
+    (root / VIDEO).unlink()
+    (root / VIDEO).symlink_to(secret)
+    sentence = (f"{root}/{VIDEO}: is a symbolic link to a file outside the dataset root ({root}); refusing to read it")
+    with pytest.raises(DatasetFormatError, match=f"^{re.escape(sentence)}$"):
+        open_dataset(str(root))
+    config = loader_config(tmp_path, str(root))
+    assert refused(tmp_path, config, capsys) == (
+        f"{config}: source.dataset: expected a LeRobot v3.0 dataset, found an error: {sentence}")
+
+
+def test_errors_never_echo_the_bytes_of_a_file_that_is_not_an_mp4(root, tmp_path):
+    (root / VIDEO).write_text("root:x:0:0:root:/root:/bin/bash\n" * 50)  # inside the root, so it is read
+    with EpisodeByteCache(open_dataset(str(root)), sidecar_dir=tmp_path) as cache:
+        with pytest.raises(Mp4FormatError) as caught:
+            cache.get_episode_frames(0, KEY, [0])
+    assert str(caught.value) == (f"{root}/{VIDEO}: episode 0, camera {KEY}: the bytes at 0 are not an MP4 box header "
+                                 "(an unknown type and a size that does not fit): not an MP4 file, or a corrupt one")
+
+
+def test_nothing_is_written_into_the_dataset(root, tmp_path, monkeypatch):
+    monkeypatch.setenv("RNB_CACHE_DIR", str(tmp_path / "cache"))
+    before = sorted((p.relative_to(root), p.stat().st_mtime_ns) for p in root.rglob("*"))
+    ds = open_dataset(str(root), usage_cache=True)
+    with EpisodeByteCache(ds) as cache:
+        assert read_indices(cache.get_episode_frames(2, KEY, [0])) == [ds.episode(2).dataset_from_index]
+        assert ds.episode_columns(2, ["index"])["index"][0] == ds.episode(2).dataset_from_index
+        assert cache.sidecar_path.is_file() and (tmp_path / "cache") in cache.sidecar_path.parents
+    assert sorted((p.relative_to(root), p.stat().st_mtime_ns) for p in root.rglob("*")) == before
+
+
+def test_a_camera_or_data_column_the_dataset_lacks_is_refused_before_start(root, tmp_path, capsys):
+    config = loader_config(tmp_path, str(root), camera="front")
+    assert refused(tmp_path, config, capsys) == (
+        f"{config}: pipeline[0].camera: expected one of the cameras of {root} ({KEY}), found 'front'")
+    config = loader_config(tmp_path, str(root), tabular=["observation.state", "torque"])
+    assert refused(tmp_path, config, capsys) == (
+        f"{config}: pipeline[0].tabular[1]: expected a data column of {root} (observation.state, action, timestamp, "
+        "frame_index, episode_index, index, task_index), found 'torque'")
