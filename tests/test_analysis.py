@@ -18,6 +18,7 @@ import pytest
 from rnb.analysis.jobs import (
     PERCENTILES, JobLogError, ValidityRules, load_jobs, read_job, stat_column, summarize_job,
 )
+from rnb.harness.spool import SPOOL_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 ANALYZE = REPO / "scripts" / "analyze.py"
@@ -219,3 +220,22 @@ def test_a_timings_file_without_a_step_column_is_named(real_job: Path, log_copy:
     with pytest.raises(JobLogError) as error:
         load_jobs(log_copy)
     assert str(error.value) == f"{timings}: lacks the column 'runner1_finish'."
+
+
+def test_a_job_killed_before_its_meta_json_is_listed_as_incomplete_beside_the_others(
+        real_job: Path, log_copy: Path, tmp_path: Path) -> None:
+    killed = log_copy / "261130_091500-mi0-b1-v900-qs50000"
+    killed.mkdir()
+    shutil.copy(real_job / "config.json", killed / "config.json")
+    (killed / SPOOL_DIR).mkdir()
+    pq.write_table(pq.read_table(real_job / "timings.parquet").slice(0, 7), killed / SPOOL_DIR / "part-000001.parquet")
+    (killed / SPOOL_DIR / "part-000002.parquet").write_bytes(b"PAR1 cut short by SIGKILL")
+    line = (f"{killed.name}: INCOMPLETE: no meta.json, so the job is still running or its main process was killed; "
+            f"7 finished items are in {killed / SPOOL_DIR}\n")
+    done = run_analyze(str(log_copy))
+    assert done.returncode == 0, done.stderr
+    assert real_job.name in done.stdout and done.stdout.endswith(line)
+    assert load_jobs(log_copy, rules=LENIENT).jobs.column("job_id").to_pylist() == [real_job.name]
+    shutil.rmtree(log_copy / real_job.name)
+    done = run_analyze(str(log_copy))
+    assert (done.returncode, done.stdout, done.stderr) == (0, line, "")

@@ -17,7 +17,9 @@ from pathlib import Path
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import JSON_COLUMNS, JobLogError, JobTables, ValidityRules, find_job_dirs, load_jobs, read_job
+from rnb.analysis.jobs import (JSON_COLUMNS, JobLogError, JobTables, ValidityRules, find_job_dirs, incomplete_job,
+                               is_complete, load_jobs, read_job)
+from rnb.harness.spool import SPOOL_DIR
 from rnb.analysis.report import format_compare, format_report, plot_jobs
 from rnb.analysis.trace import write_trace
 
@@ -81,11 +83,20 @@ def export(tables: JobTables, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rules = ValidityRules(min_duration_s=args.min_duration, min_items=args.min_items)
+    incomplete = []
     try:
         if args.trace:
             trace_one_job(args)
-        tables = load_compared(args, rules) if args.compare else load_jobs(args.paths, rules=rules)
-        export(tables, args)
+        if args.compare:
+            tables = load_compared(args, rules)
+        else:
+            dirs = find_job_dirs(args.paths)
+            # A job without meta.json (running, or its main process killed) is listed, not a reason to fail.
+            incomplete = [incomplete_job(path) for path in dirs if not is_complete(path)]
+            complete = [path for path in dirs if is_complete(path)]
+            tables = load_jobs(complete, rules=rules) if complete else None
+        if tables is not None:
+            export(tables, args)
     except JobLogError as exc:
         print(f"analyze: {exc}", file=sys.stderr)
         return 2
@@ -95,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         job_a, job_b = tables.jobs.to_pylist()
         print(format_compare(job_a, job_b))
-    else:
+    elif tables is not None:
         print(format_report(tables.jobs))
+    for job in incomplete:
+        print(f"{job.job_id}: INCOMPLETE: no meta.json, so the job is still running or its main process was killed; "
+              f"{job.spooled_items} finished items are in {job.path / SPOOL_DIR}")
     return 0
 
 

@@ -24,6 +24,7 @@ from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile
 from rnb.analysis.utilisation import utilisation_columns
 from rnb.harness.joblog import STEP_EVENTS
 from rnb.harness.sampler import SAMPLES_FILE
+from rnb.harness.spool import SPOOL_DIR
 from rnb.analysis.summary import stage_latencies
 
 TARGET_REACHED = "target reached"
@@ -34,7 +35,7 @@ ARG_KEYS: tuple[str, ...] = (
     "mean_interval_ms", "videos", "batch_size", "queue_size",
     "concurrency", "warmup", "seed", "cpu", "log_dir",
 )
-JOB_FILES: tuple[str, ...] = ("meta.json", "config.json", "timings.parquet")
+JOB_FILES: tuple[str, ...] = ("meta.json", "config.json", "timings.parquet", SPOOL_DIR)
 JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
     "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows",
     "busy_fraction", "cpu_percent")
@@ -65,6 +66,15 @@ class Job:
     timings: pa.Table
     num_steps: int
     samples: pa.Table | None = None   # samples.parquet; None for a job that has none (older logs)
+
+
+@dataclass(frozen=True)
+class IncompleteJob:
+    """A job directory without meta.json: its job is still running, or its main process was killed."""
+
+    job_id: str
+    path: Path
+    spooled_items: int   # finished items its main process had already streamed to disk
 
 
 class JobTables(NamedTuple):
@@ -105,7 +115,23 @@ def find_job_dirs(paths: Sequence[str | Path], names: Sequence[str] | None = Non
 
 
 def _is_job_dir(path: Path) -> bool:
-    return any((path / name).is_file() for name in JOB_FILES)
+    return any((path / name).exists() for name in JOB_FILES)
+
+
+def is_complete(path: Path) -> bool:
+    """Whether a job directory holds meta.json, the last file a job writes."""
+    return (path / "meta.json").is_file()
+
+
+def incomplete_job(path: Path) -> IncompleteJob:
+    """What an incomplete job directory holds: the items spooled so far (a part cut short by a kill is skipped)."""
+    rows = 0
+    for part in sorted((path / SPOOL_DIR).glob("*.parquet")):
+        try:
+            rows += pq.read_metadata(part).num_rows
+        except (OSError, pa.ArrowException):
+            continue
+    return IncompleteJob(path.name, path, rows)
 
 
 def read_job(path: str | Path) -> Job:
@@ -351,6 +377,9 @@ def load_jobs(
 ) -> JobTables:
     """All jobs of a log directory (or the job/log directories given), summarized and itemized."""
     paths = [log_dir] if isinstance(log_dir, (str, Path)) else list(log_dir)
-    jobs = [read_job(path) for path in find_job_dirs(paths, names)]
+    jobs = [read_job(path) for path in find_job_dirs(paths, names) if is_complete(path) or names is not None]
+    if not jobs:
+        raise JobLogError(f"{', '.join(str(p) for p in paths)}: holds no complete job (every job directory lacks "
+                          "its meta.json).")
     items = pa.concat_tables([item_rows(job) for job in jobs], promote_options="default")
     return JobTables(rows_to_table(summarize_job(job, rules) for job in jobs), items)
