@@ -5,11 +5,14 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from rnb.analysis.summary import stage_latencies
 from rnb.harness import cli
 
+SEGMENT_CHAIN = ["runner{k}_start", "inference{k}_start", "inference{k}_finish", "slot{k}_acquired", "runner{k}_finish"]
 STEP_COLUMNS = ["runner{k}_start", "inference{k}_start", "inference{k}_finish", "runner{k}_finish", "device{k}"]
 
 
@@ -95,6 +98,53 @@ def test_gpu_config_without_gpu_exits_2_and_cpu_flag_runs_replicas_and_merges_se
     assert seen == replicas and len(replicas) == 2
     for row in rows:
         assert row["device1"] == "cpu" and row["frames_decoded"] == 8  # counted once, not once per segment
-        # Merged times span the segments: starts are the earliest segment's, finishes the latest's.
-        assert row["inference0_finish"] <= row["runner1_start"] <= row["inference1_finish"] <= row["runner2_finish"]
+        # The item follows its first segment to reach step 2, then waits there for the other one.
+        chain = ["enqueue", *(c.format(k=k) for k in range(2) for c in SEGMENT_CHAIN), "runner2_start",
+                 "siblings2_arrived", "inference2_start", "inference2_finish", "runner2_finish"]
+        assert [row[name] for name in chain] == sorted(row[name] for name in chain)
+        arrivals = [row[f"seg{i}_runner2_start"] for i in range(2)]
+        assert (row["runner2_start"], row["siblings2_arrived"]) == (min(arrivals), max(arrivals))
+        first = arrivals.index(min(arrivals))
+        for i in range(2):
+            own = [f"seg{i}_{c.format(k=k)}" for k, c in [(0, c) for c in SEGMENT_CHAIN[3:]] + [(1, c) for c in SEGMENT_CHAIN]]
+            own += [f"seg{i}_runner2_start", f"seg{i}_inference2_start"]
+            assert [row[name] for name in own] == sorted(row[name] for name in own)
+            assert (row[f"seg{i}_out_queue0"], row[f"seg{i}_group1"], row[f"seg{i}_out_queue1"]) == (0, 0, 1)
+        assert row["instance1"] == row[f"seg{first}_instance1"] and row["runner1_start"] == row[f"seg{first}_runner1_start"]
+        stages = stage_latencies(pa.Table.from_pylist([row]), 3)
+        parts = [float(v[0]) for name, v in stages.items() if name != "end to end"]
+        assert min(parts) >= 0 and sum(parts) == pytest.approx(float(stages["end to end"][0]), abs=1e-9)
+    assert {row[f"seg{i}_instance1"] for row in rows for i in range(2)} == {0, 1}
+    assert_no_child_left(meta)
+
+
+ROUTED = {
+    "source": {"synthetic": True},
+    "pipeline": [
+        {"model": "models.toy.SyntheticFrames", "queue_groups": [{"gpus": [-1], "out_queues": [0, 1]}],
+         "num_shared_tensors": 4},
+        {"model": "models.batcher.Batcher", "num_shared_tensors": 4, "batch": 2, "timeout_ms": 60000,
+         "num_clips": 2, "clip_length": 4, "size": 16,
+         "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0]}, {"gpus": [-1], "in_queue": 1, "out_queues": [0]}]},
+        {"model": "models.toy.TinyConvNet", "queue_groups": [{"gpus": [-1], "in_queue": 0}], "clips": 4},
+    ],
+}
+
+
+def test_every_item_logs_the_replica_output_queue_and_batch_of_each_step(tmp_path):
+    code, meta, rows = run(tmp_path / "logs", "-c", write_config(tmp_path, ROUTED), "-v", "8", "-mi", "0")
+    assert code == 0 and [row["item_id"] for row in rows] == list(range(8))
+    route = ["group{k}", "instance{k}", "batch{k}", "batch_size{k}", "out_queue{k}"]
+    for row in rows:
+        i = row["item_id"]
+        # Round robin over queues 0 and 1; each queue feeds its own batcher group, which batches pairs in order.
+        assert [row[c.format(k=0)] for c in route] == [0, 0, i, 1, i % 2]
+        assert [row[c.format(k=1)] for c in route] == [i % 2, 0, i // 4, 2, 0]
+        assert [row[c.format(k=2)] for c in route[:4]] == [0, 0, row["batch2"], 2] and "out_queue2" not in row
+    batches = {}
+    for row in rows:
+        batches.setdefault((row["group1"], row["batch1"]), set()).add(row["batch2"])
+    assert sorted(batches) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(len(seen) == 1 for seen in batches.values())  # a batch stays one batch at the next step
+    assert sorted(seen.pop() for seen in batches.values()) == [0, 1, 2, 3]
     assert_no_child_left(meta)

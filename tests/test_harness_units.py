@@ -33,23 +33,83 @@ class CountingPaths:
         return (f"{self.prefix}{i}.mp4" for i in range(3))
 
 
-def test_fork_then_merge_restores_one_card_with_spanning_events_and_fields_counted_once():
+def _segment(part: TimeCard, device: str, instance: int, batch: int, times: list[float]) -> None:
+    """Stamp what the harness stamps on a segment from its hand-over at step 0 to its arrival at step 2."""
+    part.set_out_queue(0, 0)
+    for name, when in zip(["slot0_acquired", "runner0_finish", "runner1_start", "inference1_start",
+                           "inference1_finish", "slot1_acquired", "runner1_finish", "runner2_start",
+                           "inference2_start"], times):
+        part.record(name, when)
+    part.set_device(1, device), part.set_replica(1, 0, instance), part.set_batch(1, batch, 1)
+    part.set_out_queue(1, 1)
+    part.set_device(2, "cpu"), part.set_replica(2, 0, 0)
+
+
+def test_merge_follows_the_first_segment_to_arrive_and_keeps_each_segments_own_record():
     card = TimeCard(7, "7")
-    card.record("enqueue", 1.0)
-    card.set_device(0, "cpu")
+    for name, when in [("enqueue", 1.0), ("runner0_start", 2.0), ("inference0_start", 3.0), ("inference0_finish", 4.0)]:
+        card.record(name, when)
+    card.set_device(0, "cpu"), card.set_replica(0, 0, 0), card.set_batch(0, 0, 1)
     card.set_field("bytes_fetched", 100)
     card.set_field("episode", "ep7")
     first, second = card.fork(2)
-    first.record("runner1_start", 5.0), second.record("runner1_start", 4.0)
-    first.record("runner1_finish", 6.0), second.record("runner1_finish", 9.0)
-    first.set_device(1, "cuda:0"), second.set_device(1, "cuda:1")
+    _segment(first, "cuda:0", 0, 3, [5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0])
+    _segment(second, "cuda:1", 1, 5, [6.5, 7.0, 7.5, 8.5, 9.5, 9.7, 10.5, 11.0, 11.2])
     first.set_field("frames_decoded", 8), second.set_field("frames_decoded", 8)
     merged = TimeCard.merge([second, first])
     assert merged.segments == ()
-    assert merged.events == {"enqueue": 1.0, "runner1_start": 4.0, "runner1_finish": 9.0}
-    assert merged.devices == {0: "cpu", 1: "cuda:0+cuda:1"}
+    # Segment 1 reached step 2 first (11.0): the item follows it, waits for segment 0 (12.0), and
+    # step 2's inference is the call of segment 0, the last to arrive (13.0).
+    assert merged.events == {
+        "enqueue": 1.0, "runner0_start": 2.0, "inference0_start": 3.0, "inference0_finish": 4.0,
+        "slot0_acquired": 6.5, "runner0_finish": 7.0, "runner1_start": 7.5, "inference1_start": 8.5,
+        "inference1_finish": 9.5, "slot1_acquired": 9.7, "runner1_finish": 10.5, "runner2_start": 11.0,
+        "inference2_start": 13.0, "siblings2_arrived": 12.0}
+    assert merged.devices == {0: "cpu", 1: "cuda:0+cuda:1", 2: "cpu"}
+    assert [merged.route_entry(name) for name in ["group1", "instance1", "batch1", "batch_size1", "out_queue1"]] == [0, 1, 5, 1, 1]
     assert merged.fields == {"bytes_fetched": 100, "episode": "ep7", "frames_decoded": 16}
-    assert pickle.loads(pickle.dumps(merged)).events == merged.events
+    own = {"slot0_acquired": 0, "runner0_finish": 1, "runner1_start": 2, "inference1_start": 3, "inference1_finish": 4,
+           "slot1_acquired": 5, "runner1_finish": 6, "runner2_start": 7, "inference2_start": 8}
+    assert merged.per_segment == {
+        **{f"seg0_{name}": [5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0][i] for name, i in own.items()},
+        "seg0_out_queue0": 0, "seg0_device1": "cuda:0", "seg0_group1": 0, "seg0_instance1": 0, "seg0_batch1": 3,
+        "seg0_batch_size1": 1, "seg0_out_queue1": 1, "seg0_device2": "cpu", "seg0_group2": 0, "seg0_instance2": 0,
+        **{f"seg1_{name}": [6.5, 7.0, 7.5, 8.5, 9.5, 9.7, 10.5, 11.0, 11.2][i] for name, i in own.items()},
+        "seg1_out_queue0": 0, "seg1_device1": "cuda:1", "seg1_group1": 0, "seg1_instance1": 1, "seg1_batch1": 5,
+        "seg1_batch_size1": 1, "seg1_out_queue1": 1, "seg1_device2": "cpu", "seg1_group2": 0, "seg1_instance2": 0}
+    again = pickle.loads(pickle.dumps(merged))
+    assert [getattr(again, name) for name in TimeCard.__slots__] == [getattr(merged, name) for name in TimeCard.__slots__]
+
+
+def test_nested_forks_merge_inside_out_with_every_segment_named_by_its_path():
+    card = TimeCard(2)
+    card.record("inference0_finish", 1.0)
+    outer = card.fork(2)
+    for i, part in enumerate(outer):
+        part.record("runner0_finish", 2.0 + i)
+        part.record("runner1_start", 3.0 + i), part.record("inference1_start", 3.5 + i)
+        part.record("inference1_finish", 4.0 + i)
+    inner = [part.fork(2) for part in outer]
+    for i, pair in enumerate(inner):
+        for j, part in enumerate(pair):
+            part.record("runner1_finish", 5.0 + i + j / 4)
+            part.record("runner2_start", 6.0 + i + j / 4), part.record("inference2_start", 6.125 + i + j / 4)
+    halves = [TimeCard.merge(pair) for pair in inner]
+    assert [half.segments for half in halves] == [(part.segments[-1],) for part in outer]
+    assert [half.event("siblings2_arrived") for half in halves] == [6.25, 7.25]
+    for half in halves:
+        half.record("inference2_finish", 8.0)
+        half.record("runner2_finish", 8.5), half.record("runner3_start", 9.0), half.record("inference3_start", 9.5)
+    whole = TimeCard.merge(halves)
+    assert whole.events == {"inference0_finish": 1.0, "runner0_finish": 2.0, "runner1_start": 3.0,
+                            "inference1_start": 3.5, "inference1_finish": 4.0, "runner1_finish": 5.0,
+                            "runner2_start": 6.0, "inference2_start": 6.375, "inference2_finish": 8.0,
+                            "runner2_finish": 8.5, "runner3_start": 9.0, "inference3_start": 9.5,
+                            "siblings2_arrived": 6.25}
+    assert {name: whole.per_segment[name] for name in ["seg0-1_runner2_start", "seg1-0_runner2_start",
+                                                        "seg1_siblings2_arrived", "seg1_runner3_start"]} == {
+        "seg0-1_runner2_start": 6.25, "seg1-0_runner2_start": 7.0, "seg1_siblings2_arrived": 7.25,
+        "seg1_runner3_start": 9.0}
 
 
 def test_merge_refuses_an_incomplete_set_of_segments():

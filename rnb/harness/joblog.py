@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rnb.harness.timecard import TimeCard
+from rnb.harness.timecard import ROUTE_COLUMNS, TimeCard
 
 STEP_EVENTS = ("runner{k}_start", "inference{k}_start", "inference{k}_finish", "runner{k}_finish")
 
@@ -66,22 +66,32 @@ def host() -> str:
 
 
 def timings_table(cards: Iterable[TimeCard], num_steps: int, warmup: int) -> pa.Table:
-    """One row per finished item, in item order; model-set fields become nullable columns."""
+    """One row per finished item, in item order; model-set fields become nullable columns.
+
+    Per step: the harness's events, the device, then the route (replica,
+    batch, output queue; none on the final step).  Events a model records
+    itself and each merged segment's own record (seg{i}_...) follow.
+    """
     cards = sorted(cards, key=lambda card: card.item_id)
     columns: dict[str, pa.Array] = {
         "item_id": pa.array([c.item_id for c in cards], pa.int64()),
         "payload": pa.array([c.payload for c in cards], pa.string()),
         "is_warmup": pa.array([c.item_id < warmup for c in cards], pa.bool_()),
-        "enqueue": pa.array([c.events.get("enqueue") for c in cards], pa.float64()),
+        "enqueue": pa.array([c.event("enqueue") for c in cards], pa.float64()),
     }
     for k in range(num_steps):
         for template in STEP_EVENTS:
             name = template.format(k=k)
-            columns[name] = pa.array([c.events.get(name) for c in cards], pa.float64())
-        columns[f"device{k}"] = pa.array([c.devices.get(k) for c in cards], pa.string())
+            columns[name] = pa.array([c.event(name) for c in cards], pa.float64())
+        for template in ROUTE_COLUMNS[: len(ROUTE_COLUMNS) - (k == num_steps - 1)]:
+            name = template.format(k=k)
+            kind = pa.string() if template.startswith("device") else pa.int64()
+            columns[name] = pa.array([c.route_entry(name) for c in cards], kind)
     # Events a model records itself (e.g. a loader's fetch and decode) follow the harness's own.
     for name in sorted({name for c in cards for name in c.events} - set(columns)):
-        columns[name] = pa.array([c.events.get(name) for c in cards], pa.float64())
+        columns[name] = pa.array([c.event(name) for c in cards], pa.float64())
+    for name in dict.fromkeys(name for c in cards for name in c.per_segment):
+        columns[name] = pa.array([c.per_segment.get(name) for c in cards])
     defaults = {"bytes_fetched": pa.int64(), "frames_decoded": pa.int64()}
     extra_names = list(defaults) + sorted({name for c in cards for name in c.fields} - set(defaults))
     for name in extra_names:

@@ -71,6 +71,7 @@ class Runner:
         self.inbox = plumbing.requests if spec.in_queue is None else plumbing.step_queues[spec.step - 1][spec.in_queue]
         self.outboxes = [plumbing.step_queues[spec.step][q] for q in spec.out_queues]
         self._next_slot = 0
+        self._outputs = 0  # the model's outputs so far: each is one batch of the route
         with self._on_stream():
             self.model = load_object(spec.model)(self.device, **spec.model_kwargs)
         selector_class = load_object(spec.selector) if spec.selector else RoundRobinSelector
@@ -115,6 +116,7 @@ class Runner:
             card.record(f"runner{k}_start", arrived)
             card.record(f"inference{k}_start", started)
             card.set_device(k, self.spec.device)
+            card.set_replica(k, self.spec.group, self.spec.instance)
         self.emit(*self.model(tensors, non_tensors, time_card))
 
     def flush(self) -> None:
@@ -129,8 +131,11 @@ class Runner:
             return
         k = self.spec.step
         finished = time.time()
-        for card in as_cards(time_card):
+        batch = as_cards(time_card)
+        for card in batch:
             card.record(f"inference{k}_finish", finished)
+            card.set_batch(k, self._outputs, len(batch))
+        self._outputs += 1
         if self.is_final:
             self.count(as_cards(time_card))
         else:
@@ -148,6 +153,8 @@ class Runner:
             segments = list(zip(pieces, cards))
         for segment_tensors, segment_card in segments:
             box = self.selector.select(segment_tensors, non_tensors, segment_card)
+            for card in as_cards(segment_card):
+                card.set_out_queue(self.spec.step, self.spec.out_queues[box])
             index = self.acquire_slot()
             if index is None:
                 return
