@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rnb.harness import cli
-from rnb.harness.control import Plumbing, SharedSlot, Signal, Termination
+from rnb.harness.control import HopQueue, LocalBuffers, Plumbing, SharedSlot, Signal, SlotFlag, Termination
 from models.toy import SyntheticFrames
 from rnb.harness import joblog
 from rnb.pipeline.config import ConfigError, parse_config
@@ -126,6 +126,66 @@ def test_as_cards_accepts_a_card_or_a_batch_and_rejects_anything_else():
     assert as_cards([a, b]) == (a, b)
     with pytest.raises(TypeError, match="expected TimeCard or a sequence of them"):
         as_cards([a, "b"])
+
+
+def _set_after(flag: SlotFlag, delay_s: float) -> None:
+    time.sleep(delay_s)
+    flag.set()
+
+
+def test_slot_flag_wakes_a_producer_waiting_in_another_process_and_times_out_when_nobody_sets_it():
+    flag = SlotFlag(CTX)
+    assert flag.is_set() and flag.wait(0.0)
+    flag.clear(), flag.set(), flag.set(), flag.clear()  # wake-ups nobody waited for must not count as a set
+    started = time.monotonic()
+    assert flag.wait(0.2) is False and not flag.is_set() and time.monotonic() - started >= 0.2
+    setter = CTX.Process(target=_set_after, args=(flag, 0.3))
+    setter.start()
+    try:
+        assert flag.wait(120) is True and flag.is_set()  # a spawned child may take long to start
+    finally:
+        setter.join(10)
+    assert setter.exitcode == 0
+
+
+def _put_after(queue: HopQueue, delay_s: float, message: object) -> None:
+    time.sleep(delay_s)
+    queue.put(message)
+    queue.close()
+    queue.join_thread()
+
+
+def test_hop_queue_waits_for_a_message_from_another_process_and_keeps_the_capacity():
+    inbox = HopQueue(2, ctx=CTX)
+    started = time.monotonic()
+    with pytest.raises(queue.Empty):
+        inbox.get(timeout=0.2)
+    assert time.monotonic() - started >= 0.2
+    with pytest.raises(queue.Empty):
+        inbox.get_nowait()
+    sender = CTX.Process(target=_put_after, args=(inbox, 0.3, ("hello", 7)))
+    sender.start()
+    try:
+        assert inbox.get(timeout=120) == ("hello", 7)  # a spawned child may take long to start
+    finally:
+        sender.join(10)
+    inbox.put_nowait(1), inbox.put_nowait(2)
+    with pytest.raises(queue.Full):
+        inbox.put_nowait(3)
+    assert [inbox.get(timeout=10), inbox.get(timeout=10)] == [1, 2]
+
+
+def test_shared_slot_reads_full_and_partial_outputs_into_reused_buffers():
+    slot = SharedSlot.allocate(CTX, ((3, 2), (1,)), torch.device("cpu"))
+    buffers = LocalBuffers(torch.device("cpu"))
+    slot.write((torch.full((3, 2), 4.0), torch.tensor([9.0])), "here")
+    full, one = slot.read(torch.device("cpu"), buffers)
+    assert slot.sizes[:] == [3, 1] and torch.equal(full, torch.full((3, 2), 4.0)) and one.tolist() == [9.0]
+    assert full.data_ptr() == buffers.like(0, slot.tensors[0]).data_ptr() != slot.tensors[0].data_ptr()
+    slot.write((torch.full((1, 2), 5.0), torch.tensor([8.0])), "here")
+    part, _ = slot.read(torch.device("cpu"), buffers)
+    assert slot.sizes[:] == [1, 1] and torch.equal(part, torch.full((1, 2), 5.0))
+    assert part.data_ptr() == full.data_ptr()
 
 
 def test_shared_slot_keeps_valid_rows_and_rejects_outputs_that_do_not_fit():

@@ -6,6 +6,9 @@ through preallocated `SharedSlot`s; queues carry small messages.
 """
 from __future__ import annotations
 
+import math
+import multiprocessing.queues
+import select
 import time
 from dataclasses import dataclass
 from enum import IntEnum
@@ -78,18 +81,57 @@ class TerminationFlag:
         return self._when.value
 
 
+class SlotFlag:
+    """Whether a slot is free: a flag in shared memory, with a semaphore to wake a producer waiting on it.
+
+    It answers what a multiprocessing Event would (`is_set`, `set`, `clear`,
+    `wait`), and is asked at every hop; an Event pays a lock, a condition and
+    its notifications in Python for each, while a shared byte and one
+    semaphore post cost a fraction of a microsecond.  Only the slot's producer
+    clears and waits, only its consumer sets.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._value = ctx.RawValue("b", 1)
+        self._wake = ctx.Semaphore(0)
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+    def set(self) -> None:
+        self._value.value = 1
+        self._wake.release()
+
+    def clear(self) -> None:
+        self._value.value = 0
+        # Wake-ups left by sets nobody waited for would only cost spurious wake-ups later.
+        while self._wake.acquire(False):
+            pass
+
+    def wait(self, timeout: float) -> bool:
+        """True once the flag is set; False if `timeout` seconds pass first."""
+        deadline = time.monotonic() + timeout
+        while not self._value.value:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._wake.acquire(timeout=left):
+                return bool(self._value.value)
+        return True
+
+
 @dataclass(frozen=True)
 class SharedSlot:
     """One preallocated output buffer of a runner, reused for many items.
 
     `free` is set while nobody needs the data: the producer clears it before
     writing, the consumer sets it once it has copied the data out.  `sizes`
-    (shared, on the CPU) holds the valid first-dimension size of each tensor.
+    (shared memory) holds the valid first-dimension size of each tensor.
+    Every hop writes and reads a slot, so both skip the slicing a full tensor
+    does not need.
     """
 
     tensors: tuple[torch.Tensor, ...]
-    sizes: torch.Tensor
-    free: Any  # multiprocessing Event
+    sizes: Any  # multiprocessing RawArray of int64, one per tensor
+    free: SlotFlag
 
     @staticmethod
     def allocate(ctx: Any, shapes: tuple[tuple[int, ...], ...], device: torch.device,
@@ -102,20 +144,18 @@ class SharedSlot:
                 tensor.share_memory_()
         else:
             torch.cuda.synchronize(device)  # zeroed before any other process can see it
-        sizes = torch.zeros(len(shapes), dtype=torch.int64).share_memory_()
-        free = ctx.Event()
-        free.set()
-        return SharedSlot(tensors, sizes, free)
+        return SharedSlot(tensors, ctx.RawArray("q", len(shapes)), SlotFlag(ctx))
 
     def write(self, outputs: tuple[torch.Tensor, ...], where: str) -> None:
         """Copy outputs in (asynchronously on the current stream for CUDA); the caller syncs."""
         if len(outputs) != len(self.tensors):
             raise ValueError(f"{where}: the model returned {len(outputs)} output tensors but output_shape() declares {len(self.tensors)}")
         for index, (output, slot) in enumerate(zip(outputs, self.tensors)):
-            if output.dim() != slot.dim() or output.shape[0] > slot.shape[0] or output.shape[1:] != slot.shape[1:]:
-                raise ValueError(f"{where}: output tensor {index} has shape {tuple(output.shape)}, which does not fit output_shape() {tuple(slot.shape)}")
-            slot[: output.shape[0]].copy_(output, non_blocking=True)
-            self.sizes[index] = output.shape[0]
+            shape, room = output.shape, slot.shape
+            if len(shape) != len(room) or shape[0] > room[0] or shape[1:] != room[1:]:
+                raise ValueError(f"{where}: output tensor {index} has shape {tuple(shape)}, which does not fit output_shape() {tuple(room)}")
+            (slot if shape[0] == room[0] else slot[: shape[0]]).copy_(output, non_blocking=True)
+            self.sizes[index] = shape[0]
 
     def read(self, device: torch.device, buffers: LocalBuffers | None = None) -> tuple[torch.Tensor, ...]:
         """Copies of the valid rows on `device`; the caller syncs, then releases the slot.
@@ -128,11 +168,13 @@ class SharedSlot:
         # a copy to the CPU must be complete when it returns.
         non_blocking = device.type == "cuda"
         copies = []
-        for index, (slot, size) in enumerate(zip(self.tensors, self.sizes.tolist())):
+        for index, (slot, size) in enumerate(zip(self.tensors, self.sizes[:])):
+            valid = slot if size == slot.shape[0] else slot[:size]
             if buffers is None:
-                copies.append(slot[:size].to(device, copy=True, non_blocking=non_blocking))
+                copies.append(valid.to(device, copy=True, non_blocking=non_blocking))
             else:
-                copies.append(buffers.like(index, slot)[:size].copy_(slot[:size], non_blocking=non_blocking))
+                buffer = buffers.like(index, slot)
+                copies.append((buffer if size == slot.shape[0] else buffer[:size]).copy_(valid, non_blocking=non_blocking))
         return tuple(copies)
 
 
@@ -169,6 +211,27 @@ class Signal:
     time_card: Any  # TimeCard or a tuple of them (a batch)
 
 
+class HopQueue(multiprocessing.queues.Queue):
+    """A multiprocessing queue whose `get` waits on one poll object kept for the queue's lifetime.
+
+    The standard queue builds and tears down a selector at every `get` with
+    a timeout, which costs more than the rest of the message on a no-op hop;
+    everything else (the feeder thread, the locks, the capacity) is the
+    standard queue's.
+    """
+
+    def _reset(self, after_fork: bool = False) -> None:
+        super()._reset(after_fork)
+        self._poller: select.poll | None = None
+        self._poll = self._wait_readable
+
+    def _wait_readable(self, timeout: float = 0.0) -> bool:
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self._reader.fileno(), select.POLLIN)
+        return bool(self._poller.poll(max(0, math.ceil(timeout * 1000))))
+
+
 @dataclass(frozen=True)
 class Plumbing:
     """Everything the children share: queues, the flag, counters and the start gate.
@@ -190,9 +253,9 @@ class Plumbing:
     @staticmethod
     def build(ctx: Any, queue_names: list[set[int]], queue_size: int, concurrency: int | None) -> Plumbing:
         return Plumbing(
-            requests=ctx.Queue(queue_size),
-            step_queues=tuple({q: ctx.Queue(queue_size) for q in sorted(names)} for names in queue_names),
-            results=ctx.Queue(),
+            requests=HopQueue(queue_size, ctx=ctx),
+            step_queues=tuple({q: HopQueue(queue_size, ctx=ctx) for q in sorted(names)} for names in queue_names),
+            results=HopQueue(ctx=ctx),
             status=ctx.Queue(),
             flag=TerminationFlag(ctx),
             finished=ctx.Value("q", 0),
