@@ -13,6 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from rnb.analysis.jobs import read_job
+from rnb.analysis.routing import replicas
+
 REPO = Path(__file__).resolve().parents[1]
 ANALYZE = REPO / "scripts" / "analyze.py"
 ORIGIN = 1000.0
@@ -190,6 +193,45 @@ def test_every_slice_of_a_handmade_job_in_place_and_order(handmade: Path, tmp_pa
         step1: [(8000, 1), (10000, 0), (13000, 1), (14000, 0), (18000, 1), (18500, 0)]}
     check_nesting(trace["traceEvents"])
     assert trace["otherData"] == {"job_id": "handmade", "origin_epoch_s": ORIGIN}
+
+
+def test_replicas_on_one_device_are_told_apart_by_the_logged_route(tmp_path: Path) -> None:
+    config = {"pipeline": [
+        {"model": "m.Loader", "queue_groups": [{"gpus": [-1], "out_queues": [0]}]},
+        {"model": "m.Net", "queue_groups": [{"gpus": [-1, -1], "in_queue": 0}]}]}
+    processes = [process("client", "client", None, None, None, None),
+                 process("step0-g0-r0", "runner", 0, 0, 0, "cpu"),
+                 process("step1-g0-r0", "runner", 1, 0, 0, "cpu"),
+                 process("step1-g0-r1", "runner", 1, 0, 1, "cpu")]
+    rows = [{"item_id": item, "enqueue": 1.0, **step_times(0, 2.0, 3.0, 4.0, 5.0), **step_times(1, 6.0, 7.0, 8.0, 9.0),
+             "device0": "cpu", "device1": "cpu"} for item in range(3)]
+    unrouted = read_job(write_job(tmp_path / "old", rows, processes, config, num_steps=2))
+    assert replicas(unrouted, 0) == ["step0-g0-r0"] * 3
+    assert replicas(unrouted, 1) == ["step 1: replica not logged"] * 3
+    for row, instance in zip(rows, [1, 0, 1]):
+        row.update(group1=0, instance1=instance)
+    routed = read_job(write_job(tmp_path / "new", rows, processes, config, num_steps=2))
+    assert replicas(routed, 1) == ["step1-g0-r1", "step1-g0-r0", "step1-g0-r1"]
+
+
+def test_a_merging_step_shows_the_wait_for_sibling_segments_before_its_copy(tmp_path: Path) -> None:
+    config = {"pipeline": [
+        {"model": "m.Splitter", "num_segments": 2, "queue_groups": [{"gpus": [-1], "out_queues": [0]}]},
+        {"model": "m.Merger", "queue_groups": [{"gpus": [-1], "in_queue": 0}]}]}
+    processes = [process("client", "client", None, None, None, None),
+                 process("step0-g0-r0", "runner", 0, 0, 0, "cpu"), process("step1-g0-r0", "runner", 1, 0, 0, "cpu")]
+    rows = [{"item_id": 0, "enqueue": 1.0, **step_times(0, 2.0, 3.0, 4.0, 6.0, acquired=5.0),
+             **step_times(1, 7.0, 10.0, 11.0, 12.0), "siblings1_arrived": 9.0, "device0": "cpu", "device1": "cpu"}]
+    out = tmp_path / "trace.json"
+    done = run_analyze(str(write_job(tmp_path / "logs" / "merged", rows, processes, config, num_steps=2)),
+                       "--trace", str(out))
+    assert done.returncode == 0, done.stderr
+    trace = json.loads(out.read_text())
+    merger = "step1-g0-r0"
+    assert item_slices(trace)[0][-4:] == [(merger, "sibling wait", 7000, 2000), (merger, "copy", 9000, 1000),
+                                         (merger, "inside", 10000, 1000), (merger, "copy", 11000, 1000)]
+    assert flows(trace)[1] == [("copy", "out"), ("queue", "through"), ("sibling wait", "in")]
+    check_nesting(trace["traceEvents"])
 
 
 def test_trace_needs_exactly_one_job(handmade: Path, tmp_path: Path) -> None:

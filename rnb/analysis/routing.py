@@ -15,15 +15,22 @@ UNKNOWN = "replica not logged"
 
 
 def replicas(job: Job, step: int) -> list[str]:
-    """Which process ran each row's item at `step`: the one runner of the step on the row's device.
+    """Which process ran each row's item at `step`, by the replica the job log names (group{k}, instance{k}).
 
-    Several replicas on one device cannot be told apart from the device
-    alone; their items go to one shared track named as such.
+    Logs written before the route was logged name only the device: there
+    the runner of the step on the row's device stands in, and several
+    replicas on one device, which cannot be told apart, share one track
+    named as such.
     """
     runners = [p for p in job.meta.get("processes") or [] if p.get("role") == "runner" and p.get("step") == step]
     unknown = f"step {step}: {UNKNOWN}"
     if len(runners) == 1:
         return [str(runners[0]["name"])] * job.timings.num_rows
+    group, instance = f"group{step}", f"instance{step}"
+    if group in job.timings.column_names and instance in job.timings.column_names:
+        by_replica = {(p.get("group"), p.get("instance")): str(p["name"]) for p in runners}
+        pairs = zip(job.timings.column(group).to_pylist(), job.timings.column(instance).to_pylist())
+        return [by_replica.get(pair, unknown) for pair in pairs]
     column = f"device{step}"
     devices = job.timings.column(column).to_pylist() if column in job.timings.column_names else []
     names = []

@@ -1,12 +1,14 @@
 """The one vocabulary of where an item's time goes, used by the harness, the summaries, the plots and the README.
 
 An item's time card collects epoch-second events (`StepEvents` names them);
-its end-to-end latency splits, for every step, into four parts (`PARTS`)
+its end-to-end latency splits, for every step, into five parts (`PARTS`)
 that add up exactly to it:
 
     previous hand-over (or enqueue)
       │ queue ........ waiting in the step's input queue
     runner{k}_start
+      │ sibling wait . at a step that merges segments: waiting for the item's other segments
+    siblings{k}_arrived (merging steps only)
       │ copy ......... copying the input out of the producer's slot
     inference{k}_start
       │ inside ....... the model's call
@@ -18,6 +20,11 @@ that add up exactly to it:
 
 A part has one name people read ("slot wait") and one key that column names
 spell it with ("slotwait", as in `slotwait1_ms` and `slotwait1_p99_ms`).
+
+An item split into segments is followed, up to the step that merges them,
+by its segment that reaches that step first (rnb.harness.timecard): its
+events stand for the item's, so the parts stay in order and add up, and what
+the other segments made the item wait is the merging step's sibling wait.
 """
 from __future__ import annotations
 
@@ -44,6 +51,11 @@ class StepEvents:
     def started(self) -> str:
         """The input is copied out; the model's call starts."""
         return f"inference{self.step}_start"
+
+    @property
+    def siblings_arrived(self) -> str:
+        """A step that merges segments took the item's last segment (the item arrived with its first)."""
+        return f"siblings{self.step}_arrived"
 
     @property
     def finished(self) -> str:
@@ -74,10 +86,12 @@ class Part:
 
 
 QUEUE = Part("queue", "queue", "waiting in the step's input queue")
+SIBLING_WAIT = Part("sibling wait", "siblingwait",
+                    "at a step that merges segments: from the item's first segment to its last taken off the queue")
 COPY = Part("copy", "copy", "copying the input out of the producer's slot and the output into the step's own")
 SLOT_WAIT = Part("slot wait", "slotwait", "waiting for a free output slot: back-pressure from the next step")
 INSIDE = Part("inside", "inside", "the model's call")
-PARTS: tuple[Part, ...] = (QUEUE, COPY, SLOT_WAIT, INSIDE)
+PARTS: tuple[Part, ...] = (QUEUE, SIBLING_WAIT, COPY, SLOT_WAIT, INSIDE)
 END_TO_END = Part("end to end", "e2e", "from enqueue to the final step's hand-over")
 
 
@@ -90,22 +104,29 @@ def part_latencies(table: pa.Table, num_steps: int) -> dict[str, np.ndarray]:
     """The end-to-end latency and every part of every step, in seconds, one value per item, by column key.
 
     The parts of all steps sum exactly to the end-to-end latency; a step
-    that hands nothing on (the final step) has a slot wait of 0.
+    that hands nothing on (the final step) has a slot wait of 0, one that
+    merges no segments a sibling wait of 0.
     """
     def column(name: str) -> np.ndarray:
         return table.column(name).to_numpy(zero_copy_only=False).astype(float)
+
+    def waited(until: str, since: np.ndarray) -> np.ndarray:
+        """Time from `since` to the event `until`, 0 for items (or jobs) that never recorded it."""
+        if until not in table.column_names:
+            return np.zeros_like(since)
+        times = column(until)
+        return np.where(np.isnan(times), 0.0, times - since)
 
     latencies: dict[str, np.ndarray] = {}
     before = column(ENQUEUE)
     for k in range(num_steps):
         events = StepEvents(k)
         arrived, started, finished, handed_over = (column(name) for name in events.always)
-        slot_wait = np.zeros_like(before)
-        if events.slot_acquired in table.column_names:
-            acquired = column(events.slot_acquired)
-            slot_wait = np.where(np.isnan(acquired), 0.0, acquired - finished)
+        slot_wait = waited(events.slot_acquired, finished)
+        sibling_wait = waited(events.siblings_arrived, arrived)
         latencies[part_key(QUEUE, k)] = arrived - before
-        latencies[part_key(COPY, k)] = (started - arrived) + (handed_over - finished) - slot_wait
+        latencies[part_key(SIBLING_WAIT, k)] = sibling_wait
+        latencies[part_key(COPY, k)] = (started - arrived) + (handed_over - finished) - slot_wait - sibling_wait
         latencies[part_key(SLOT_WAIT, k)] = slot_wait
         latencies[part_key(INSIDE, k)] = finished - started
         before = handed_over

@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from rnb.analysis.jobs import Job
 from rnb.analysis.routing import queue_labels, replicas
-from rnb.analysis.stages import COPY, ENQUEUE, INSIDE, QUEUE, SLOT_WAIT, StepEvents
+from rnb.analysis.stages import COPY, ENQUEUE, INSIDE, QUEUE, SIBLING_WAIT, SLOT_WAIT, StepEvents
 
 CATEGORY = "item"
 LANE_STRIDE = 1000           # tid of lane j of a process: the process's tid + j * LANE_STRIDE
@@ -177,7 +177,7 @@ class Timeline:
 
 
 def step_slices(timeline: Timeline, row: int, k: int, args: dict[str, Any]) -> list[Slice] | None:
-    """Copy in, inside (with the model's own spans), slot wait and copy out of one item at step k."""
+    """Sibling wait (at a merging step), copy in, inside (with the model's own spans), slot wait and copy out."""
     events = StepEvents(k)
     arrived, started, finished, handed = (timeline.at(name, row) for name in events.always)
     if None in (arrived, started, finished, handed):
@@ -191,8 +191,11 @@ def step_slices(timeline: Timeline, row: int, k: int, args: dict[str, Any]) -> l
         begin, end = timeline.at(f"{name}_start", row), timeline.at(f"{name}_finish", row)
         if begin is not None and end is not None and started <= begin <= end <= finished:
             inside.children.append(Slice(name, begin, end, step_args))
-    slices = [Slice(COPY.name, arrived, started, step_args,
-                    {"bind_id": bind_id(item, k, num_steps), "flow_in": True}), inside]
+    arrival = {"bind_id": bind_id(item, k, num_steps), "flow_in": True}
+    siblings = timeline.at(events.siblings_arrived, row)  # a step that merged the item's segments
+    slices = [] if siblings is None else [Slice(SIBLING_WAIT.name, arrived, siblings, step_args, arrival)]
+    slices += [Slice(COPY.name, arrived if siblings is None else siblings, started, step_args,
+                     arrival if siblings is None else {}), inside]
     if acquired is not None:
         slices.append(Slice(SLOT_WAIT.name, finished, acquired, step_args))
     out = Slice(COPY.name, acquired if acquired is not None else finished, handed, step_args)
