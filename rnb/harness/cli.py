@@ -26,7 +26,7 @@ from rnb.harness.sampler import DEFAULT_INTERVAL_MS
 from rnb.pipeline.config import RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
 from rnb.pipeline.gpus import apply_cpu_override, validate_gpus
-from rnb.pipeline.plan import check_against_dataset, check_slot_memory, plan_runners
+from rnb.pipeline.plan import check_against_dataset, check_slot_memory, limit_replicas, plan_runners
 from rnb.pipeline.sources import check_source
 
 # What applies when neither the command line nor the config's "run" object sets a value.
@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="how often CPU, memory and GPU use are sampled into samples.parquet "
                              f"(default {DEFAULT_INTERVAL_MS:g})")
     parser.add_argument("--dataset", help="replace the root (or video glob) of the config's dataset or videos source")
+    parser.add_argument("--max-replicas", dest="max_replicas", type=int,
+                        help="at most N runners per queue group (the first N of its gpus), to try a many-GPU config")
     return parser.parse_args(argv)
 
 
@@ -102,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(ns.config_file_path)
         if ns.dataset is not None:
             config = with_dataset(config, ns.dataset)
+        if ns.max_replicas is not None:
+            if ns.max_replicas < 1:
+                raise ConfigError("command line", "--max-replicas", f"expected an integer >= 1, found {ns.max_replicas}")
+            config = limit_replicas(config, ns.max_replicas)
         args = resolve_args(ns, config)
         gpus = validate_gpus(config, cpu_only=args.cpu)
         dataset = check_source(config.source, config.path, may_write=not ns.check)
@@ -113,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
+    for note in config.notes:
+        print(f"benchmark.py: {note}", file=sys.stderr)
     if ns.check:
         versions = ", ".join(f"{name} {version}" for name, version in joblog.versions().items())
         print(f"ready: {versions}; {config.path} is valid ({len(config.steps)} steps, {len(placements)} runners)")

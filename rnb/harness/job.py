@@ -120,7 +120,7 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
             finished=table.num_rows, reason=reason.reason,
             failed_process=supervisor.failure[0] if supervisor.failure else None, error=error,
             processes=[child.record for child in supervisor.children], gpus=gpus, num_steps=num_steps,
-            notes=supervisor.notes))
+            notes=[*config.notes, *supervisor.notes]))
     if error:
         print(f"benchmark.py: {error}", file=sys.stderr)
     print(summary_text(table, num_steps, args.warmup, table.num_rows, None if start is None else end - start, reason.reason))
@@ -139,7 +139,7 @@ def _setup_failed(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: li
     joblog.write_json(job_dir / "meta.json", joblog.meta_document(
         job=job_dir.name, config_path=config.path, args=dataclasses.asdict(args), start=None, end=time.time(),
         finished=0, reason=Termination.SETUP_FAILED.reason, failed_process=None, error=error, processes=[],
-        gpus=gpus, num_steps=num_steps, notes=[]))
+        gpus=gpus, num_steps=num_steps, notes=list(config.notes)))
     print(f"benchmark.py: {error}", file=sys.stderr)
     print(f"job log: {job_dir}")
     return 1

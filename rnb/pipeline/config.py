@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn
 
 from rnb.pipeline.dotted import load_object
+from rnb.pipeline.original import translate
 
 
 class ConfigError(ValueError):
@@ -68,6 +69,7 @@ class PipelineConfig:
     steps: tuple[Step, ...]
     run: Mapping[str, Any]          # defaults for CLI values ("videos", "mean_interval_ms", ...)
     raw: Mapping[str, Any]          # the parsed JSON as written, copied into the job log
+    notes: tuple[str, ...] = ()     # what was mapped from the original RnB's vocabulary (rnb.pipeline.original)
 
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config" / "default.json"
@@ -171,7 +173,9 @@ def parse_config(document: Any, file: str, path: str | None = None) -> PipelineC
     Separate from load_config so that tools and tests can build configs in memory.
     """
     check = _Checker(file)
-    top = check.as_object(document, "(top level)")
+    given = check.as_object(document, "(top level)")
+    translated = translate(given, check.fail)
+    top = translated.document
     for key in top:
         if key not in _TOP_KEYS:
             check.fail(key, f"expected one of the top-level keys ({', '.join(_TOP_KEYS)}), found an unknown key")
@@ -199,7 +203,8 @@ def parse_config(document: Any, file: str, path: str | None = None) -> PipelineC
         source=copy.deepcopy(source),
         steps=steps,
         run=run,
-        raw=copy.deepcopy(top),
+        raw=copy.deepcopy(given),
+        notes=translated.notes,
     )
 
 

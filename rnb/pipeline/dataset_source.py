@@ -96,7 +96,8 @@ def _open_checked(options: SourceOptions, config_path: str) -> EpisodeDataset:
     try:
         ds = open_episodes(options.root, options.kind)
     except (EpisodeDataError, OSError, ValueError) as error:
-        expected = "a LeRobot v3.0 dataset" if options.kind == "dataset" else "a glob matching MP4 files"
+        expected = ("a LeRobot v3.0 dataset" if options.kind == "dataset"
+                    else "a glob matching MP4 files (--dataset \"GLOB\" names other files)")
         raise ConfigError(config_path, f"source.{options.kind}", f"expected {expected}, found an error: {error}") from None
     for i, ep in enumerate(options.episodes or ()):
         if ep >= ds.num_episodes:
@@ -193,4 +194,6 @@ def with_dataset(config: PipelineConfig, root: str) -> PipelineConfig:
         raise ConfigError("command line", "--dataset", f"expected a config whose source is a dataset or videos, but {config.path} has a {kind} source")
     source = {key: value for key, value in config.source.items() if key != "generate_if_missing"}
     source[kind] = root
-    return dataclasses.replace(config, source=source, raw={**config.raw, "source": source})
+    # the source now says where requests come from, instead of an RnB iterator it replaced
+    raw = {key: value for key, value in config.raw.items() if key != "video_path_iterator"}
+    return dataclasses.replace(config, source=source, raw={**raw, "source": source})

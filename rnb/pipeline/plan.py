@@ -5,6 +5,7 @@ what it outputs is a config error (exit 2), not a failed job.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import os
@@ -49,6 +50,23 @@ def cpu_threads(config: PipelineConfig) -> int:
     cores = len(os.sched_getaffinity(0))
     runners = sum(1 for step in config.steps for group in step.queue_groups for gpu in group.gpus if gpu < 0)
     return max(1, cores // max(1, runners))
+
+
+def limit_replicas(config: PipelineConfig, most: int) -> PipelineConfig:
+    """At most `most` runners per queue group (--max-replicas), each group keeping its first gpus entries.
+
+    For trying a config written for many GPUs on a small machine; what was left out becomes a note of the job log.
+    """
+    steps = tuple(
+        dataclasses.replace(step, queue_groups=tuple(
+            dataclasses.replace(group, gpus=group.gpus[:most]) for group in step.queue_groups))
+        for step in config.steps)
+    before = sum(len(group.gpus) for step in config.steps for group in step.queue_groups)
+    after = sum(len(group.gpus) for step in steps for group in step.queue_groups)
+    if after == before:
+        return config
+    note = f"--max-replicas {most}: {after} of the config's {before} runners ran, each queue group keeping its first {most}"
+    return dataclasses.replace(config, steps=steps, notes=(*config.notes, note))
 
 
 def runner_name(step: int, group: int, instance: int) -> str:
