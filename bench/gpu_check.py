@@ -7,21 +7,21 @@ What it measures, each as paired repetitions (bench/common.py):
   P8d  the loader alone on cuda:0 (NVDEC) / on the CPU, items/s (information).
 Then it runs the GPU-marked pytest tests and prints their summary line.
 
-The GPU machine has torch but neither torchcodec nor py3nvml.  Prepare the
-wheels here once, from the repository root (torchcodec's CUDA build comes
-from PyTorch's index and must match the machine's torch; see KINDS.md):
+The GPU machine has its own torch (2.11, CUDA 13) but no torchcodec, no
+FFmpeg libraries and no py3nvml, and reaches no package index:
+bench/gpu_bundle.py says what is brought along and why. Once, here, from the
+repository root:
 
     echo /.whl/ >> .git/info/exclude
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \\
-        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \\
-        -d .whl torchcodec py3nvml xmltodict
+    python -m bench.gpu_check --prepare          # downloads 42 MiB of wheels into .whl/
 
-then call the device tool's `run` with carry [".whl"], timeout_s 540 and
-the command
+then call the device tool's `run` with carry [".whl"], timeout_s 540 and the
+command
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; \\
-    PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --json $OUT/gpu.json 2>&1 | tee $OUT/gpu.log
+    set -o pipefail; PYTHONUNBUFFERED=1 python3 -m bench.gpu_check --json $OUT/gpu.json 2>&1 | tee $OUT/gpu.log
+
+Finding .whl/, the script unpacks it under /tmp and runs itself again with
+PYTHONPATH and LD_LIBRARY_PATH pointing there (the pytest run inherits them).
 
 Exit code: 0 when every figure ran and the GPU tests passed, 1 otherwise,
 2 without CUDA.
@@ -29,6 +29,7 @@ Exit code: 0 when every figure ran and the GPU tests passed, 1 otherwise,
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,10 +38,13 @@ from pathlib import Path
 
 import torch
 
+from bench import gpu_bundle
 from bench.common import Effort, Goal, Report, Row, table_text, write_json
 from bench.harness_bench import chain_pipeline, harness_pair, loop_throughput
 
 LOADER = ("models.episode.EpisodeLoader", {"num_clips": 4, "clip_length": 8, "size": 112})
+WHEEL_DIR = Path(".whl")
+BUNDLED = "RNB_GPU_BUNDLE"  # set in the process that runs with the unpacked bundle
 NETWORK = ("models.r2p1d.R2P1DRunner", {"start_index": 1, "end_index": 5, "num_clips": 4, "clip_length": 8,
                                         "size": 112})
 
@@ -78,7 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/gpu_check.py", description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     parser.add_argument("--skip-tests", action="store_true", help="measure only, without the GPU pytest tests")
+    parser.add_argument("--prepare", action="store_true", help=f"download the wheels to carry into {WHEEL_DIR}/ and exit")
     args = parser.parse_args(argv)
+    if args.prepare:
+        total = gpu_bundle.prepare(WHEEL_DIR)
+        print(f"bench/gpu_check.py: {WHEEL_DIR}/ holds {total / 2**20:.1f} MiB of wheels to carry", flush=True)
+        return 0
+    if WHEEL_DIR.is_dir() and BUNDLED not in os.environ:
+        env = gpu_bundle.install(WHEEL_DIR, Path(tempfile.gettempdir()) / "rnb-gpu-bundle")
+        again = [sys.executable, "-m", "bench.gpu_check", *(sys.argv[1:] if argv is None else argv)]
+        return subprocess.run(again, env={**os.environ, **env, BUNDLED: "1"}).returncode
     if not torch.cuda.is_available():
         print("bench/gpu_check.py: torch sees no CUDA device; run this on a GPU machine", file=sys.stderr)
         return 2

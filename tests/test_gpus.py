@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rnb.pipeline.config import ConfigError, PipelineConfig, parse_config
-from rnb.pipeline.gpus import DeviceState, GpuInfo, GpuRequestError, apply_cpu_override, validate_gpus
+from rnb.pipeline.gpus import DeviceState, GpuInfo, GpuRequestError, apply_cpu_override, busy_notes, validate_gpus
 
 GIB = 2**30
 
@@ -131,7 +131,8 @@ def test_busy_gpu_with_compute_processes(fake: FakeNvml) -> None:
     with pytest.raises(GpuRequestError) as caught:
         validate_gpus(_config([[1]]), cpu_only=False)
     assert caught.value.json_path == "pipeline[0].queue_groups[0].gpus[0]"
-    assert caught.value.expected == "expected GPU 1 (physical 1, Fake GPU 1) to be free, found compute processes on it (pids 4242, 4343)"
+    assert caught.value.expected == ("expected GPU 1 (physical 1, Fake GPU 1) to be free, found compute processes on it "
+                                     "(pids 4242, 4343); --allow-busy-gpus runs on it anyway")
 
 
 def test_memory_threshold_default_and_override(fake: FakeNvml) -> None:
@@ -139,9 +140,20 @@ def test_memory_threshold_default_and_override(fake: FakeNvml) -> None:
     with pytest.raises(GpuRequestError) as caught:
         validate_gpus(_config([[0]]), cpu_only=False)
     assert caught.value.expected == (
-        "expected GPU 0 (physical 0, Fake GPU 0) to have under 5% of its memory in use, found 8.0 GiB of 80.0 GiB in use"
+        "expected GPU 0 (physical 0, Fake GPU 0) to have under 5% of its memory in use, found 8.0 GiB of 80.0 GiB in use; "
+        "--allow-busy-gpus runs on it anyway"
     )
     assert [i.logical_index for i in validate_gpus(_config([[0]]), cpu_only=False, max_memory_fraction=0.2)] == [0]
+
+
+def test_allow_busy_runs_on_a_busy_gpu_and_says_so(fake: FakeNvml) -> None:
+    fake.devices[1] = _device(1, used=8 * GIB, pids=(4242,))
+    infos = validate_gpus(_config([[1, 0]]), cpu_only=False, allow_busy=True)
+    assert infos == [GpuInfo(1, 1, "Fake GPU 1", "GPU-111-uuid", 80 * GIB, 8 * GIB, (4242,)),
+                     GpuInfo(0, 0, "Fake GPU 0", "GPU-000-uuid", 80 * GIB, 0, ())]
+    assert busy_notes(infos) == [
+        "--allow-busy-gpus: GPU 1 (physical 1, Fake GPU 1) was busy at the start (other compute processes: 4242; "
+        "8.0 GiB of 80.0 GiB in use), so its figures share the GPU with them"]
 
 
 def test_nvml_query_failure_is_one_sentence(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,7 +25,7 @@ from rnb.harness.job import RunArgs, run_job
 from rnb.harness.sampler import DEFAULT_INTERVAL_MS
 from rnb.pipeline.config import RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
-from rnb.pipeline.gpus import apply_cpu_override, validate_gpus
+from rnb.pipeline.gpus import apply_cpu_override, busy_notes, validate_gpus
 from rnb.pipeline.plan import check_against_dataset, check_slot_memory, limit_replicas, plan_runners
 from rnb.pipeline.sources import check_source
 
@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="how often CPU, memory and GPU use are sampled into samples.parquet "
                              f"(default {DEFAULT_INTERVAL_MS:g})")
     parser.add_argument("--dataset", help="replace the root (or video glob) of the config's dataset or videos source")
+    parser.add_argument("--allow-busy-gpus", dest="allow_busy_gpus", action="store_true",
+                        help="run on GPUs that other processes use (said in the job log) instead of refusing")
     parser.add_argument("--max-replicas", dest="max_replicas", type=int,
                         help="at most N runners per queue group (the first N of its gpus), to try a many-GPU config")
     return parser.parse_args(argv)
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("command line", "--max-replicas", f"expected an integer >= 1, found {ns.max_replicas}")
             config = limit_replicas(config, ns.max_replicas)
         args = resolve_args(ns, config)
-        gpus = validate_gpus(config, cpu_only=args.cpu)
+        gpus = validate_gpus(config, cpu_only=args.cpu, allow_busy=ns.allow_busy_gpus)
+        config = dataclasses.replace(config, notes=(*config.notes, *busy_notes(gpus)))
         dataset = check_source(config.source, config.path, may_write=not ns.check)
         placements = plan_runners(apply_cpu_override(config) if args.cpu else config, args.batch_size)
         check_against_dataset(config, placements, dataset)

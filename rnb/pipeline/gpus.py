@@ -29,6 +29,8 @@ class GpuInfo:
     name: str
     uuid: str
     memory_total_bytes: int
+    memory_used_bytes: int = 0      # when the job was checked: not 0 only where --allow-busy-gpus let it run
+    compute_pids: tuple[int, ...] = ()  # other processes computing on it then, likewise
 
 
 @dataclass(frozen=True)
@@ -93,13 +95,16 @@ class Nvml:
 
 
 def validate_gpus(
-    config: PipelineConfig, cpu_only: bool, max_memory_fraction: float = DEFAULT_MAX_MEMORY_FRACTION
+    config: PipelineConfig, cpu_only: bool, max_memory_fraction: float = DEFAULT_MAX_MEMORY_FRACTION,
+    allow_busy: bool = False,
 ) -> list[GpuInfo]:
     """Check every GPU the config asks for exists, is visible and is free; one GpuInfo per logical index.
 
     A GPU counts as free when no compute process runs on it and less than
     `max_memory_fraction` of its memory is in use: benchmark numbers taken next
-    to another job would be meaningless.
+    to another job would be meaningless. `allow_busy` (--allow-busy-gpus) lets
+    a busy GPU run anyway, for a user who knows; what was found stays in the
+    GpuInfo and busy_notes() says it in the job log.
     """
     requests = dict(_gpu_requests(config))
     if cpu_only or not requests:
@@ -115,7 +120,7 @@ def validate_gpus(
                 f"({exc}); write -1 in the config's gpus or pass --cpu to run on the CPU",
             ) from None
         try:
-            return _check_all(config.path, session, requests, max_memory_fraction)
+            return _check_all(config.path, session, requests, max_memory_fraction, allow_busy)
         except GpuRequestError:
             raise
         except Exception as exc:  # e.g. a GPU fallen off the bus: NVMLError subclasses
@@ -124,7 +129,8 @@ def validate_gpus(
             ) from None
 
 
-def _check_all(file: str, nvml: Nvml, requests: dict[int, str], max_memory_fraction: float) -> list[GpuInfo]:
+def _check_all(file: str, nvml: Nvml, requests: dict[int, str], max_memory_fraction: float,
+               allow_busy: bool) -> list[GpuInfo]:
     count = nvml.device_count()
     variable = os.environ.get("CUDA_VISIBLE_DEVICES")
     first_path = next(iter(requests.values()))
@@ -132,7 +138,7 @@ def _check_all(file: str, nvml: Nvml, requests: dict[int, str], max_memory_fract
     infos = []
     for logical, path in requests.items():
         physical = _physical(file, logical, path, visible, variable, count)
-        infos.append(_check_one(file, nvml, logical, path, physical, max_memory_fraction))
+        infos.append(_check_one(file, nvml, logical, path, physical, max_memory_fraction, allow_busy))
     return infos
 
 
@@ -171,20 +177,36 @@ def _physical(file: str, logical: int, path: str, visible: list[int], variable: 
     )
 
 
-def _check_one(file: str, nvml: Nvml, logical: int, path: str, physical: int, max_memory_fraction: float) -> GpuInfo:
+def _check_one(file: str, nvml: Nvml, logical: int, path: str, physical: int, max_memory_fraction: float,
+               allow_busy: bool) -> GpuInfo:
     state = nvml.device(physical)
     where = f"GPU {logical} (physical {physical}, {state.name})"
-    others = [pid for pid in state.compute_pids if pid != os.getpid()]
-    if others:
+    others = tuple(pid for pid in state.compute_pids if pid != os.getpid())
+    if others and not allow_busy:
         pids = ", ".join(str(pid) for pid in others)
-        raise GpuRequestError(file, path, f"expected {where} to be free, found compute processes on it (pids {pids})")
-    if state.memory_used_bytes > max_memory_fraction * state.memory_total_bytes:
+        raise GpuRequestError(file, path, f"expected {where} to be free, found compute processes on it (pids {pids}); "
+                                          "--allow-busy-gpus runs on it anyway")
+    if state.memory_used_bytes > max_memory_fraction * state.memory_total_bytes and not allow_busy:
         raise GpuRequestError(
             file, path,
             f"expected {where} to have under {max_memory_fraction:.0%} of its memory in use, "
-            f"found {state.memory_used_bytes / 2**30:.1f} GiB of {state.memory_total_bytes / 2**30:.1f} GiB in use",
+            f"found {state.memory_used_bytes / 2**30:.1f} GiB of {state.memory_total_bytes / 2**30:.1f} GiB in use; "
+            "--allow-busy-gpus runs on it anyway",
         )
-    return GpuInfo(logical, physical, state.name, state.uuid, state.memory_total_bytes)
+    return GpuInfo(logical, physical, state.name, state.uuid, state.memory_total_bytes, state.memory_used_bytes, others)
+
+
+def busy_notes(infos: list[GpuInfo], max_memory_fraction: float = DEFAULT_MAX_MEMORY_FRACTION) -> list[str]:
+    """One job-log note per GPU that was busy when the job was checked (only --allow-busy-gpus lets one run)."""
+    notes = []
+    for info in infos:
+        if info.compute_pids or info.memory_used_bytes > max_memory_fraction * info.memory_total_bytes:
+            pids = ", ".join(str(pid) for pid in info.compute_pids) or "none"
+            notes.append(f"--allow-busy-gpus: GPU {info.logical_index} (physical {info.physical_index}, {info.name}) "
+                         f"was busy at the start (other compute processes: {pids}; "
+                         f"{info.memory_used_bytes / 2**30:.1f} GiB of {info.memory_total_bytes / 2**30:.1f} GiB "
+                         "in use), so its figures share the GPU with them")
+    return notes
 
 
 def _visible_devices(file: str, path: str, variable: str, nvml: Nvml, count: int) -> list[int]:
