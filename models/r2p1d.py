@@ -16,10 +16,12 @@ import torch
 from torch import nn
 from torchvision.models.video import r2plus1d_18
 
-from models.episode import EpisodeLoader, clip_shape
+from models.episode import ClipCount, EpisodeLoader, clip_shape
 from rnb.harness.timecard import TimeCard
 
 NUM_STAGES = 5
+# most input sizes warmed up with cudnn.benchmark on; beyond it the autotuner would stall measured items
+MAX_WARM_SIZES = 16
 # output channels of stages 1..4; stage 5 gives num_classes logits
 _CHANNELS = (64, 64, 128, 256)
 
@@ -39,6 +41,21 @@ def stage_shape(stage: int, clip_length: int, size: int, num_classes: int = 400)
     for _ in range(stage - 2):       # layer2 and layer3 halve time, height and width
         t, s = _half(t), _half(s)
     return (_CHANNELS[stage - 1], t, s, s)
+
+
+def input_rows(num_clips: int | Mapping[str, Any], batch: int) -> list[int]:
+    """Every first dimension an input can have: the clip counts of 1 to `batch` items stacked together.
+
+    A batcher hands over a partial batch when its input is idle, so every count of items up to `batch`
+    occurs. (Segments of a split item are not foreseen.)
+    """
+    choices = ClipCount.parse(num_clips).choices
+    totals: set[int] = set()
+    current = {0}
+    for _ in range(batch):
+        current = {rows + clips for rows in current for clips in choices}
+        totals |= current
+    return sorted(totals)
 
 
 def check_cut(start_index: int, end_index: int) -> None:
@@ -74,10 +91,31 @@ class R2P1DRunner:
         self.output = stage_shape(end_index, clip_length, size, num_classes)
         weights = f"checkpoint {checkpoint}" if checkpoint else f"random weights (seed {seed}; no checkpoint given)"
         self.notes = [f"R2P1DRunner stages {start_index}-{end_index}: {weights}"]
-        sample = torch.zeros((1, *stage_shape(start_index - 1, clip_length, size, num_classes)), device=device)
+        clip = stage_shape(start_index - 1, clip_length, size, num_classes)
+        if warmup > 0:
+            self.notes.append(self._warm_up(torch.device(device), input_rows(num_clips, batch), clip, warmup))
+
+    def _warm_up(self, device: torch.device, rows: list[int], clip: tuple[int, ...], passes: int) -> str:
+        """Run the network before the clock starts, on a GPU at every input size the run can bring.
+
+        With cudnn.benchmark, cuDNN times its algorithms for each new input shape on first sight; warming
+        every size up front keeps that out of the measured items. When too many sizes are possible it stays
+        off, so no item pays for a search. On the CPU one pass at the smallest size loads the kernels.
+        """
+        if device.type != "cuda":
+            sizes, how = rows[:1], "on the CPU"
+        elif len(rows) <= MAX_WARM_SIZES:
+            torch.backends.cudnn.benchmark = True
+            sizes, how = rows, "cudnn.benchmark on"
+        else:
+            sizes, how = rows[-1:], f"cudnn.benchmark off: {len(rows)} input sizes possible"
         with torch.inference_mode():
-            for _ in range(warmup):
-                self.net(sample)
+            for n in sizes:
+                for _ in range(passes):
+                    self.net(torch.zeros((n, *clip), device=device))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return f"R2P1DRunner warm-up ({how}): {passes} pass(es) at {', '.join(map(str, sizes))} rows"
 
     @staticmethod
     def output_shape(start_index: int = 1, end_index: int = 5, num_clips: int | Mapping[str, Any] = 10,

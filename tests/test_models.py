@@ -20,7 +20,7 @@ from models.aggregator import Aggregator
 from models.batcher import Batcher
 from models.episode import (EpisodeDecoder, EpisodeFetcher, EpisodeLoader, ClipCount, sample_clip_frames,
                             to_clips)
-from models.r2p1d import R2P1DRunner, stage_shape
+from models.r2p1d import R2P1DRunner, input_rows, stage_shape
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.dataset_source import EpisodeRequest, SourceOptions, parse_options, requests
 from rnb.pipeline.plan import plan_runners
@@ -183,6 +183,23 @@ def test_output_dtypes_reach_the_planned_slots():
     fetch, decode, _ = plan_runners(parse_config(document, "c.json"), 1)
     assert (fetch.output_shapes, fetch.output_dtypes) == (((4096,),), (torch.uint8,))
     assert (decode.output_shapes, decode.output_dtypes) == (((2, 3, 4, 32, 32),), ())
+
+
+def test_warm_up_sizes_are_every_row_count_a_batch_of_items_can_have():
+    rnb = {"choices": [1, 15], "weights": [10, 1]}
+    assert input_rows(rnb, 1) == [1, 15]
+    assert input_rows(rnb, 3) == [1, 2, 3, 15, 16, 17, 30, 31, 45]
+    assert input_rows(10, 4) == [10, 20, 30, 40]
+    runner = R2P1DRunner(CPU, 1, 5, num_clips=rnb, clip_length=4, size=32)
+    assert runner.notes[-1] == "R2P1DRunner warm-up (on the CPU): 1 pass(es) at 1 rows"
+
+
+@pytest.mark.gpu
+def test_gpu_runner_turns_cudnn_benchmark_on_and_warms_every_size():
+    runner = R2P1DRunner(torch.device("cuda:0"), 1, 5, num_clips={"choices": [1, 15], "weights": [10, 1]},
+                         clip_length=4, size=32, batch=2)
+    assert torch.backends.cudnn.benchmark
+    assert runner.notes[-1] == "R2P1DRunner warm-up (cudnn.benchmark on): 1 pass(es) at 1, 2, 15, 16, 30 rows"
 
 
 def test_every_stage_shape_matches_the_network_and_cut_logits_equal_whole_logits():
