@@ -13,50 +13,57 @@ add (their own events and fields) travels by name.
 """
 from __future__ import annotations
 
+import functools
 import re
 import time
 from typing import Any, Iterable, NamedTuple, Sequence
 
-# The events the harness stamps at every step k, in the order they happen; position j of step k
-# is entry 1 + len(EVENT_LAYOUT) * k + j of a card's times (entry 0 is the enqueue).
-ENQUEUE = "enqueue"
-EVENT_LAYOUT = ("runner{k}_start", "inference{k}_start", "inference{k}_finish", "slot{k}_acquired", "runner{k}_finish")
-# What the harness knows of the way an item took through step k, at position 6k + j of a card's route.
+from rnb.analysis.stages import ENQUEUE, StepEvents
+
+# A card's times hold the enqueue at entry 0, then the events the harness stamps at step k (in the order they
+# happen: arrived, started, finished, slot acquired, handed over) at entries 1 + 5k to 5 + 5k.
+_PER_STEP = 5
+_ARRIVED, _STARTED = 0, 1
+# What the harness knows of the way an item took through step k, at entry 6k + j of a card's route.
 # The output queue comes last: it is chosen per segment, after the step's output has been forked.
 ROUTE_COLUMNS = ("device{k}", "group{k}", "instance{k}", "batch{k}", "batch_size{k}", "out_queue{k}")
-# At a step that merges segments: when the item's last segment was taken off the queue.
-SIBLINGS_ARRIVED = "siblings{k}_arrived"
-
-_ARRIVED, _STARTED = 0, 1
 _DEVICE, _GROUP, _INSTANCE, _BATCH, _BATCH_SIZE, _OUT_QUEUE = range(len(ROUTE_COLUMNS))
-_NAME = re.compile(r"^([a-z_]+?)(\d+)(_[a-z]+)?$")
+_STEP_NAME = re.compile(r"^([a-z_]+?)(\d+)(_[a-z]+)?$")
 
 
-def _positions(templates: tuple[str, ...]) -> dict[tuple[str, str], int]:
-    """(prefix, suffix) of each template, e.g. ("runner", "_start"), -> its position in a step."""
-    return {(template.split("{k}")[0], template.split("{k}")[1]): j for j, template in enumerate(templates)}
+@functools.lru_cache(maxsize=None)
+def _step_layout(step: int) -> tuple[str, ...]:
+    events = StepEvents(step)
+    return events.arrived, events.started, events.finished, events.slot_acquired, events.handed_over
 
 
-_EVENT_POSITIONS = _positions(EVENT_LAYOUT)
-_ROUTE_POSITIONS = _positions(ROUTE_COLUMNS)
-_index_cache: dict[str, int | None] = {ENQUEUE: 0}
-
-
+@functools.lru_cache(maxsize=None)
 def event_index(name: str) -> int | None:
     """Where a harness event lives in a card's times; None for any other name (a model's own event)."""
-    if name not in _index_cache:
-        match = _NAME.match(name)
-        position = match and _EVENT_POSITIONS.get((match.group(1), match.group(3) or ""))
-        _index_cache[name] = None if position is None else 1 + len(EVENT_LAYOUT) * int(match.group(2)) + position
-    return _index_cache[name]
+    if name == ENQUEUE:
+        return 0
+    match = _STEP_NAME.match(name)
+    step = int(match.group(2)) if match else -1
+    layout = _step_layout(step) if step >= 0 else ()
+    return 1 + _PER_STEP * step + layout.index(name) if name in layout else None
 
 
 def event_name(index: int) -> str:
-    return ENQUEUE if index == 0 else EVENT_LAYOUT[(index - 1) % len(EVENT_LAYOUT)].format(k=(index - 1) // len(EVENT_LAYOUT))
+    return ENQUEUE if index == 0 else _step_layout((index - 1) // _PER_STEP)[(index - 1) % _PER_STEP]
 
 
 def route_name(index: int) -> str:
     return ROUTE_COLUMNS[index % len(ROUTE_COLUMNS)].format(k=index // len(ROUTE_COLUMNS))
+
+
+@functools.lru_cache(maxsize=None)
+def _route_index(name: str) -> int:
+    match = _STEP_NAME.match(name)
+    if match:
+        template = f"{match.group(1)}{{k}}{match.group(3) or ''}"
+        if template in ROUTE_COLUMNS:
+            return len(ROUTE_COLUMNS) * int(match.group(2)) + ROUTE_COLUMNS.index(template)
+    raise KeyError(f"{name!r} is not a route column; expected one of {', '.join(ROUTE_COLUMNS)}")
 
 
 class Fork(NamedTuple):
@@ -136,11 +143,7 @@ class TimeCard:
 
     def route_entry(self, name: str) -> Any:
         """A route column's value for this item, e.g. route_entry("group1"); None if not recorded."""
-        match = _NAME.match(name)
-        position = match and _ROUTE_POSITIONS.get((match.group(1), match.group(3) or ""))
-        if position is None:
-            raise KeyError(f"{name!r} is not a route column; expected one of {', '.join(ROUTE_COLUMNS)}")
-        index = len(ROUTE_COLUMNS) * int(match.group(2)) + position
+        index = _route_index(name)
         return self.route[index] if index < len(self.route) else None
 
     @property
@@ -196,7 +199,7 @@ class TimeCard:
         if step is None:
             first = last = parts[0]
         else:
-            arrival = 1 + len(EVENT_LAYOUT) * step + _ARRIVED
+            arrival = 1 + _PER_STEP * step + _ARRIVED
             first = min(parts, key=lambda part: part.times[arrival])
             last = max(parts, key=lambda part: part.times[arrival])
         merged = TimeCard(first.item_id, first.payload)
@@ -205,7 +208,7 @@ class TimeCard:
         merged.route = list(first.route)
         merged.marks = dict(first.marks)
         if step is not None and last is not first:
-            merged.marks[SIBLINGS_ARRIVED.format(k=step)] = last.times[arrival]
+            merged.marks[StepEvents(step).siblings_arrived] = last.times[arrival]
             _put(merged.times, arrival + _STARTED, last.times[arrival + _STARTED])
         shared_marks = _shared_marks(parts)
         for part in parts:
@@ -227,9 +230,9 @@ def _card(item_id: int, payload: str, times: list, route: list, marks: dict | No
 
 def _merging_step(parts: list[TimeCard], fork: Fork) -> int | None:
     """The step that merges the segments: the last one every segment has arrived at since the fork."""
-    arrived = [i for i in range(1, min(len(p.times) for p in parts), len(EVENT_LAYOUT))
+    arrived = [i for i in range(1, min(len(p.times) for p in parts), _PER_STEP)
                if i >= fork.times and all(p.times[i] is not None for p in parts)]
-    return (arrived[-1] - 1) // len(EVENT_LAYOUT) if arrived else None
+    return (arrived[-1] - 1) // _PER_STEP if arrived else None
 
 
 def _own_record(part: TimeCard, fork: Fork, shared_marks: set[str]) -> dict[str, Any]:
