@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rnb.analysis.summary import stage_latencies
+from rnb.analysis.stages import part_latencies
 from rnb.harness import cli
 
 SEGMENT_CHAIN = ["runner{k}_start", "inference{k}_start", "inference{k}_finish", "slot{k}_acquired", "runner{k}_finish"]
@@ -111,9 +111,11 @@ def test_gpu_config_without_gpu_exits_2_and_cpu_flag_runs_replicas_and_merges_se
             assert [row[name] for name in own] == sorted(row[name] for name in own)
             assert (row[f"seg{i}_out_queue0"], row[f"seg{i}_group1"], row[f"seg{i}_out_queue1"]) == (0, 0, 1)
         assert row["instance1"] == row[f"seg{first}_instance1"] and row["runner1_start"] == row[f"seg{first}_runner1_start"]
-        stages = stage_latencies(pa.Table.from_pylist([row]), 3)
-        parts = [float(v[0]) for name, v in stages.items() if name != "end to end"]
-        assert min(parts) >= 0 and sum(parts) == pytest.approx(float(stages["end to end"][0]), abs=1e-9)
+        parts = {key: float(value[0]) for key, value in part_latencies(pa.Table.from_pylist([row]), 3).items()}
+        e2e = parts.pop("e2e")
+        assert min(parts.values()) >= 0 and sum(parts.values()) == pytest.approx(e2e, abs=1e-9)
+        assert parts["siblingwait2"] == row["siblings2_arrived"] - row["runner2_start"] > 0
+        assert parts["siblingwait0"] == parts["siblingwait1"] == 0
     assert {row[f"seg{i}_instance1"] for row in rows for i in range(2)} == {0, 1}
     assert_no_child_left(meta)
 
