@@ -12,9 +12,8 @@ of about 80 MB, generated in half the time) and the rows' notes give the
 file size.  Every timed figure is the median of paired, alternating
 repetitions (bench.common.paired).
 
-No row models a slower link than loopback: nginx's `limit_rate` lets each
-request burst a full second's worth of bytes before it throttles, so the
-5 MB range requests of both sides would never be slowed.
+P3 runs on loopback; P3n (bench/access_bench.py) runs the same case
+through the test server's network profile (episodes.testing_network).
 """
 from __future__ import annotations
 
@@ -157,11 +156,14 @@ def full_file_frames(file_url: str, indices: Sequence[int]) -> Callable[[], torc
     return run
 
 
-def remote_rows(server: NginxServer, root: Path, workdir: Path, effort: Effort) -> list[Row]:
+def remote_rows(server: NginxServer, root: Path, workdir: Path, effort: Effort, *,
+                link: str = "nginx on loopback", only: tuple[str, ...] = ("P3", "P3h", "P3a"),
+                suffix: str = "") -> list[Row]:
     """Seconds to an episode's first clip, and to all its frames, over HTTP: full remote file / byte-range path.
 
     Before timing, both paths must return identical frames, so the figure
-    compares equal work.
+    compares equal work. `only` picks the cases, `suffix` marks their ids
+    (e.g. "n" for the network profile) and `link` names the link in notes.
     """
     local = open_dataset(str(root))
     rel = local.episode(EPISODE).videos[KEY].path
@@ -181,18 +183,19 @@ def remote_rows(server: NginxServer, root: Path, workdir: Path, effort: Effort) 
 
     cases = (
         ("P3", f"first {CLIP} frames, index from the sidecar", True, CLIP, SPEED_GOAL,
-         f"nginx on loopback, cold cache; episode {EPISODE} of {local.num_episodes} ({len(every)} frames) in one "
+         f"{link}, cold cache; episode {EPISODE} of {local.num_episodes} ({len(every)} frames) in one "
          f"{video_megabytes(root):.3g} MB file; both sides return identical frames"),
         ("P3h", f"first {CLIP} frames, MP4 headers read", False, CLIP, SPEED_GOAL, ""),
         ("P3a", f"all {len(every)} frames, index from the sidecar", True, len(every), None,
          "decoding the whole episode dominates both sides, so this row shows what is left of the fetch saving"),
     )
-    return [measure_pair(id, f"s to an episode's {when} over HTTP: full remote file / byte range", goal,
+    return [measure_pair(id + suffix, f"s to an episode's {when} over HTTP{' (' + link + ')' if suffix else ''}: "
+                         "full remote file / byte range", goal,
                          ("full file", "s", _timed(full_file_frames(f"{server.url}/{rel}", indices[:count]))),
                          ("byte range", "s", _timed(byte_range_frames(server.url, sidecar_dir, use_sidecar,
                                                                         every[:count]))),
                          effort.reps, note=note)
-            for id, when, use_sidecar, count, goal, note in cases]
+            for id, when, use_sidecar, count, goal, note in cases if id in only]
 
 
 # ---- P4: decode ------------------------------------------------------------------

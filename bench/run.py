@@ -87,17 +87,29 @@ def _harness(name: str) -> Callable[[Effort, Workspace], list[Row]]:
     return run
 
 
+def _access(name: str) -> Callable[[Effort, Workspace], list[Row]]:
+    def run(effort: Effort, space: Workspace) -> list[Row]:
+        from bench.access_bench import access_rows
+        return access_rows(name, effort, DATA_CACHE, space.dir, lambda: space.dataset)
+    return run
+
+
 BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P1s": _harness("p1_sleeping_steps"),
     "P1h": _harness("p1_harness_per_hop"),
     "P1c": _harness("p1_contention"),
     "P2": p2_bytes,
+    "P2r": _access("P2r"),
     "P3": p3_remote,
+    "P3n": _access("P3n"),
+    "P3r": _access("P3r"),
     "P4": p4_decode,
     "P5": _harness("p5_ipc"),
     "P6": _harness("p6_scaling"),
     "P7": p7_sidecar,
     "P8": p8_gpu,
+    "P10": _access("P10"),
+    "P11": _access("P11"),
 }
 
 

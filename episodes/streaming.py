@@ -123,14 +123,18 @@ def pool_targets(ds: EpisodeDataset, pool: Sequence[int], options: StreamingOpti
 
 
 def random_targets(ds: EpisodeDataset, options: StreamingOptions) -> Targets:
-    """`frame_pool_size` random (episode, camera, instant) targets over the whole dataset, grouped per episode-camera."""
+    """`frame_pool_size` random (episode, camera, frame) targets over the whole dataset, grouped per episode-camera.
+
+    Groups keep the order in which their first target was drawn, the order a
+    shuffling loader would ask for them; instants within a group are sorted.
+    """
     rng = np.random.default_rng(options.seed + 2)
     episodes = rng.integers(0, ds.num_episodes, size=options.frame_pool_size)
     cameras = rng.integers(0, len(ds.video_keys), size=options.frame_pool_size)
     grouped: dict[tuple[int, str], list[int]] = {}
     for ep, camera in zip(episodes.tolist(), cameras.tolist()):
         grouped.setdefault((ep, ds.video_keys[camera]), []).append(int(rng.integers(0, ds.episode_length(ep))))
-    return {slot: np.sort(np.asarray(frames)) / ds.fps for slot, frames in sorted(grouped.items())}
+    return {slot: np.sort(np.asarray(frames)) / ds.fps for slot, frames in grouped.items()}
 
 
 class PeakRss:

@@ -32,6 +32,7 @@ from torchvision.transforms.v2 import functional as F
 
 from episodes import (EpisodeByteCache, EpisodeDataError, EpisodeDataset, FrameRequest, MiniRead, decode_frames,
                       open_episodes)
+from episodes.cache import DEFAULT_COALESCE_GAP
 from rnb.harness.timecard import TimeCard
 from rnb.pipeline.config import KeywordError
 from rnb.pipeline.dataset_source import EpisodeRequest
@@ -106,12 +107,14 @@ class EpisodeReader:
 
     def __init__(self, dataset: str | None, camera: str | None, num_clips: int | Mapping[str, Any],
                  clip_length: int, prefetch: int, byte_budget: int, workers: int | None, seed: int,
-                 decode_threads: int | None = None, usage_cache: bool = False, fetch: str = "episode") -> None:
+                 decode_threads: int | None = None, usage_cache: bool = False, fetch: str = "episode",
+                 coalesce_gap: int = DEFAULT_COALESCE_GAP) -> None:
         if clip_length < 1 or prefetch < 0:
             raise ValueError(f"clip_length must be >= 1 and prefetch >= 0, got {clip_length} and {prefetch}")
         if fetch not in FETCH:
             raise ValueError(f"fetch must be \"episode\" or \"clips\", got {fetch!r}")
         self.fetch_mode = fetch
+        self.coalesce_gap = coalesce_gap
         self.dataset = dataset
         self.camera = camera
         self.clip_count = ClipCount.parse(num_clips)
@@ -130,7 +133,8 @@ class EpisodeReader:
         if (kind, root) not in self._open:
             ds = open_episodes(root, kind, usage_cache=self.usage_cache)
             self._open[(kind, root)] = ds, EpisodeByteCache(ds, byte_budget=self.byte_budget, workers=self.workers,
-                                                            decode_threads=self.decode_threads)
+                                                            decode_threads=self.decode_threads,
+                                                            coalesce_gap=self.coalesce_gap)
         return self._open[(kind, root)]
 
     def plan(self, request: Any, item_id: int) -> ClipPlan:
@@ -209,7 +213,9 @@ def check_reads(source: EpisodeDataset | None, dataset: str | None, camera: str 
 class EpisodeLoader:
     """Request -> (clips, 3, clip_length, size, size) float clips, fetched and decoded on this step's device.
 
-    `fetch` is "episode" or "clips" (see the module docstring). `tabular`
+    `fetch` is "episode" or "clips" (see the module docstring); with
+    "clips", GOP windows at most `coalesce_gap` bytes apart are read as one
+    range (LeRobot's 256 KiB suits a network; 0 reads only the windows). `tabular`
     names data columns (e.g. ["observation.state", "action"]) to
     pass on as (frames, dim) numpy arrays in non_tensors["tabular"]; with
     `tabular_cache` (the default) they are sliced from usage-format copies
@@ -220,12 +226,13 @@ class EpisodeLoader:
                  num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
                  tabular: list[str] | None = None, prefetch: int = 2, byte_budget: int = 2**30,
                  workers: int | None = None, seed: int = 0, decode_threads: int | None = None,
-                 tabular_cache: bool = True, fetch: str = "episode") -> None:
+                 tabular_cache: bool = True, fetch: str = "episode", coalesce_gap: int = DEFAULT_COALESCE_GAP) -> None:
         self.device = device
         self.size = size
         self.tabular = list(tabular or [])
         self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed,
-                                    decode_threads, usage_cache=bool(self.tabular) and tabular_cache, fetch=fetch)
+                                    decode_threads, usage_cache=bool(self.tabular) and tabular_cache, fetch=fetch,
+                                    coalesce_gap=coalesce_gap)
 
     @staticmethod
     def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
@@ -263,10 +270,10 @@ class EpisodeFetcher:
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
                  num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, prefetch: int = 2,
                  byte_budget: int = 2**30, workers: int | None = None, seed: int = 0, max_bytes: int = 2**24,
-                 fetch: str = "episode") -> None:
+                 fetch: str = "episode", coalesce_gap: int = DEFAULT_COALESCE_GAP) -> None:
         self.max_bytes = max_bytes
         self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed,
-                                    fetch=fetch)
+                                    fetch=fetch, coalesce_gap=coalesce_gap)
 
     @staticmethod
     def output_shape(max_bytes: int = 2**24, **kwargs: Any) -> tuple[tuple[int, ...], ...]:

@@ -51,6 +51,7 @@ def window_mini(path: Path, numbers: list[int]):
                           FRAMES), windows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_every_frame_alone_decodes_bit_identically_from_its_window(clip_dir: Path, kind: str) -> None:
     """B-frames, negative composition offsets, edit lists, open-GOP leading pictures, AV1, interleaved audio."""
@@ -94,6 +95,7 @@ def test_an_open_gop_leading_picture_starts_one_keyframe_earlier(clip_dir: Path)
         assert run.start == sync[np.searchsorted(sync, cra) - 1] and run.stop == sample + 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_windows_equal_the_full_file_decode_for_every_frame_of_every_episode(roots: dict[str, Path], kind: str,
                                                                              tmp_path: Path) -> None:
