@@ -17,6 +17,7 @@ from episodes.errors import DatasetFormatError
 from episodes.layout import ROW_INDEX
 from episodes.source import guess_kind
 from episodes.synthetic import SyntheticSpec, make_dataset
+from episodes.sidecar import local_cache_path
 from episodes.tabular import USAGE_DIR
 
 SPEC = SyntheticSpec(episodes=6, cameras=1, episodes_per_file=3, min_length=10, max_length=40, width=32,
@@ -79,14 +80,15 @@ def test_episode_columns_equal_the_parquet_rows(root: Path, usage: bool) -> None
         assert got["observation.state"].shape == (ds.episode_length(ep), 6)
         assert (got["observation.state"].dtype, got["timestamp"].dtype, got["frame_index"].dtype) == (
             np.float32, np.float32, np.int64)
-    assert (root / "meta" / USAGE_DIR).is_dir() == usage
+    assert local_cache_path(ds.storage, USAGE_DIR).is_dir() == usage
+    assert not (root / "meta" / USAGE_DIR).exists()  # derived files never go inside the dataset
 
 
 def test_usage_copies_are_memmaps_reused_by_a_new_reader(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = open_episodes(str(root), usage_cache=True)
     state = first.episode_columns(4, ["observation.state"])["observation.state"]
     assert mapped(state) and not state.flags.writeable
-    folder = root / "meta" / USAGE_DIR / "data%2Fchunk-000%2Ffile-001.parquet"
+    folder = local_cache_path(first.storage, USAGE_DIR) / "data%2Fchunk-000%2Ffile-001.parquet"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["columns"] == sorted(["observation.state", ROW_INDEX])
 
