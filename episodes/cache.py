@@ -42,7 +42,7 @@ from episodes.reads import (CacheStats, FrameRead, FrameRequest, MiniRead, fetch
                             numbers_at)
 from episodes.sidecar import IndexSidecar, sidecar_path
 from episodes.source import EpisodeDataset
-from episodes.windows import WindowJob, fetch_ranges, window_mini
+from episodes.windows import RangeBatch, WindowJob, fetch_ranges, file_mini, window_mini
 
 T = TypeVar("T")
 DEFAULT_COALESCE_GAP = 256 * 1024  # LeRobot's --coalesce-gap-kb default
@@ -323,11 +323,20 @@ class EpisodeByteCache:
         concurrently. A request whose whole episode is already cached uses
         that mini-MP4 instead (a hit, its bytes reused).
         """
-        return [read for read, _, _ in self._window_reads(requests, coalesce_gap)]
+        plans, batch = self._fetch_plans(requests, coalesce_gap)
+        out = []
+        for plan in plans:
+            if isinstance(plan, WindowJob):
+                read = window_mini(plan, batch.blobs[id(plan)], batch.charged[id(plan)], batch.waited[id(plan)])
+                self._add(synthesize_s=read.synthesize_s)
+                out.append(read)
+            else:
+                out.append(plan[0])
+        return out
 
-    def _window_reads(self, requests: Sequence[FrameRequest],
-                      coalesce_gap: int | None) -> list[tuple[MiniRead, np.ndarray, str]]:
-        """Each request's mini-MP4 read, its frame numbers in the order asked, and its place for messages."""
+    def _fetch_plans(self, requests: Sequence[FrameRequest], coalesce_gap: int | None,
+                     ) -> tuple[list[WindowJob | tuple[MiniRead, np.ndarray, str]], RangeBatch]:
+        """Each request planned (windows, or a cached episode's mini-MP4), and the batch's ranges read."""
         self._check_open()
         gap = self.coalesce_gap if coalesce_gap is None else coalesce_gap
         if gap < 0:
@@ -336,18 +345,11 @@ class EpisodeByteCache:
         jobs = [plan for plan in plans if isinstance(plan, WindowJob)]
         batch = fetch_ranges(self.storage, self._io, jobs, gap)
         self._add(range_requests=batch.range_requests, bytes_useful=batch.useful_bytes)
-        out = []
-        for plan in plans:
-            if isinstance(plan, WindowJob):
-                read = window_mini(plan, batch.blobs[id(plan)], batch.charged[id(plan)], batch.waited[id(plan)])
-                w = plan.windows
-                self._add(misses=1, windows=len(w.frame_numbers), window_runs=len(w.runs),
-                          bytes_planned=w.planned_bytes, bytes_fetched=read.bytes_fetched, lookup_s=read.lookup_s,
-                          fetch_s=read.fetch_s, synthesize_s=read.synthesize_s)
-                out.append((read, plan.numbers, plan.where))
-            else:
-                out.append(plan)
-        return out
+        for job in jobs:
+            w = job.windows
+            self._add(misses=1, windows=len(w.frame_numbers), window_runs=len(w.runs), bytes_planned=w.planned_bytes,
+                      bytes_fetched=batch.charged[id(job)], lookup_s=job.lookup_s, fetch_s=batch.waited[id(job)])
+        return plans, batch
 
     def _plan(self, request: FrameRequest) -> WindowJob | tuple[MiniRead, np.ndarray, str]:
         """The request's windows, or, when its whole episode is cached, that mini-MP4 and the frame numbers."""
@@ -403,10 +405,46 @@ class EpisodeByteCache:
 
     def read_many(self, requests: Sequence[FrameRequest], *, device: str | torch.device = "cpu",
                   coalesce_gap: int | None = None) -> list[FrameRead]:
-        """Frames of many requests fetched as frame windows, coalesced across requests of one file (fetch_windows)."""
+        """Frames of many requests fetched as frame windows, coalesced across requests of one file (fetch_windows).
+
+        The requests of one file decode from one mini-MP4 of all their
+        samples through one decoder; each request's FrameRead carries its
+        own bytes and lookup, and the first of a file the shared
+        synthesis and decode times.
+        """
         device = str(torch.device(device))
-        return [self._frames(got, numbers, (int(request.episode), request.key), device, where)
-                for request, (got, numbers, where) in zip(requests, self._window_reads(requests, coalesce_gap))]
+        plans, batch = self._fetch_plans(requests, coalesce_gap)
+        out: dict[int, FrameRead] = {}
+        by_file: dict[str, list[tuple[int, WindowJob]]] = {}
+        for i, (request, plan) in enumerate(zip(requests, plans)):
+            if isinstance(plan, WindowJob):
+                by_file.setdefault(plan.rel, []).append((i, plan))
+            else:
+                got, numbers, where = plan
+                out[i] = self._frames(got, numbers, (int(request.episode), request.key), device, where)
+        for members in by_file.values():
+            out.update(self._decode_file(members, batch, device))
+        return [out[i] for i in range(len(plans))]
+
+    def _decode_file(self, members: list[tuple[int, WindowJob]], batch: RangeBatch,
+                     device: str) -> dict[int, FrameRead]:
+        """Decode every frame the jobs of one file want through one mini-MP4, then hand each job its frames."""
+        jobs = [job for _, job in members]
+        t0 = time.perf_counter()
+        mini = file_mini(jobs, batch)
+        t1 = time.perf_counter()
+        where = f"{jobs[0].url}: episodes {', '.join(str(job.ep) for job in jobs)}, camera {jobs[0].key}"
+        frames = self._decode(None, mini, mini.frame_numbers, device, where)
+        t2 = time.perf_counter()
+        self._add(synthesize_s=t1 - t0, decode_s=t2 - t1, frames_decoded=len(mini.frame_numbers))
+        out = {}
+        for k, (i, job) in enumerate(members):
+            w = job.windows
+            wanted = w.frame_samples[np.searchsorted(w.frame_numbers, job.numbers)]
+            rows = torch.from_numpy(np.searchsorted(mini.frame_numbers, wanted)).to(frames.device)
+            out[i] = FrameRead(frames[rows], False, batch.charged[id(job)], 0, len(job.numbers), job.lookup_s,
+                               batch.waited[id(job)], t1 - t0 if k == 0 else 0.0, t2 - t1 if k == 0 else 0.0)
+        return out
 
     def decode(self, got: MiniRead, ep: int, key: str, frame_numbers: Sequence[int] | np.ndarray,
                device: str | torch.device = "cpu") -> FrameRead:

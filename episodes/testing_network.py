@@ -112,16 +112,30 @@ async def _relay(listen_port: int, upstream_port: int, profile: NetworkProfile) 
         await server.serve_forever()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nothing listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """Terminate a helper process we started, kill it if it lingers, and close its pipes."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
 @contextlib.contextmanager
 def slow_link(upstream_port: int, profile: NetworkProfile, timeout_s: float = 20.0) -> Iterator[int]:
     """Run the relay to 127.0.0.1:`upstream_port` until the block exits; yields the port to connect to."""
-    port = _free_port()
+    port = free_port()
     # Run as a script, not `-m episodes...`: the package's __init__ would load torch for nothing.
     command = [sys.executable, __file__, str(port), str(upstream_port), str(profile.mbit_per_s), str(profile.rtt_ms)]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -134,14 +148,7 @@ def slow_link(upstream_port: int, profile: NetworkProfile, timeout_s: float = 20
                                f"{proc.stderr.read()[-500:]}")
         yield port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        stop_process(proc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from episodes.testing_network import NetworkProfile, slow_link
+from episodes.testing_network import NetworkProfile, free_port, slow_link, stop_process
 
 NGINX = "/usr/sbin/nginx"
 
@@ -67,12 +67,6 @@ class NginxServer:
         return sum(path_part in line for line in self.access_log.read_text().splitlines())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve_directory(root: Path, tmp: Path, timeout_s: float = 10.0,
                     profile: NetworkProfile | None = None) -> Iterator[NginxServer]:
@@ -83,7 +77,7 @@ def serve_directory(root: Path, tmp: Path, timeout_s: float = 10.0,
     if not Path(NGINX).exists():
         raise FileNotFoundError(f"{NGINX} does not exist: install Debian's nginx package to serve datasets over HTTP")
     tmp.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     config = tmp / "nginx.conf"
     config.write_text(_CONFIG.format(tmp=tmp, port=port, root=Path(root).resolve()))
     proc = subprocess.Popen([NGINX, "-c", str(config), "-p", str(tmp), "-e", str(tmp / "error.log")],
@@ -103,10 +97,4 @@ def serve_directory(root: Path, tmp: Path, timeout_s: float = 10.0,
                 port = link.enter_context(slow_link(port, profile))
             yield NginxServer(url=f"http://127.0.0.1:{port}", access_log=tmp / "access.log")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
+        stop_process(proc)

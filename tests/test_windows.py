@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from episodes import EpisodeByteCache, open_dataset
+from episodes import cache as cache_module
 from episodes._mp4.span import episode_span
 from episodes._mp4.windows import frame_windows
 from episodes._mp4.writer import build_mini_mp4, gather_samples
@@ -116,8 +117,11 @@ def test_windows_equal_the_full_file_decode_for_every_frame_of_every_episode(roo
     reference.close()
 
 
-def test_a_batch_coalesces_across_episodes_of_one_file_and_counts_every_byte(roots: dict[str, Path],
-                                                                              tmp_path: Path) -> None:
+def test_a_batch_coalesces_across_episodes_of_one_file_and_counts_every_byte(
+        roots: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[object] = []
+    real_open = cache_module.open_decoder
+    monkeypatch.setattr(cache_module, "open_decoder", lambda mini, *a, **k: opened.append(mini) or real_open(mini, *a, **k))
     ds = open_dataset(str(roots["h264_bframes_moov_end"]))
     key = ds.video_keys[0]
     rng = np.random.default_rng(1)
@@ -134,8 +138,10 @@ def test_a_batch_coalesces_across_episodes_of_one_file_and_counts_every_byte(roo
             planned.setdefault(seg.path, []).extend((run.byte_start, run.byte_end) for run in runs)
         for gap, expected_requests in ((0, None), (10**9, len(planned))):
             before = cache.stats()
+            opened.clear()
             reads = cache.read_many(requests, coalesce_gap=gap)
             after = cache.stats()
+            assert len(opened) == len(planned)  # one decoder per file, not per episode
             merged = {rel: coalesce_ranges(ranges, gap) for rel, ranges in planned.items()}
             requests_made = sum(len(m) for m in merged.values())
             assert after.range_requests - before.range_requests == requests_made
@@ -220,3 +226,16 @@ def test_windows_over_http_make_one_request_per_coalesced_range(roots: dict[str,
         for request, read in zip(requests, reads):
             assert torch.equal(read.frames, reference.frames(request.episode, key, request.frame_numbers))
     reference.close()
+
+
+@pytest.mark.gpu
+def test_windows_decode_on_nvdec_equals_the_cpu(roots: dict[str, Path], tmp_path: Path) -> None:
+    ds = open_dataset(str(roots["h264_bframes_moov_end"]))
+    key = ds.video_keys[0]
+    requests = [FrameRequest(ep, key, frame_numbers=[0, ds.episode_length(ep) // 2, ds.episode_length(ep) - 1])
+                for ep in range(ds.num_episodes)]
+    with EpisodeByteCache(ds, sidecar_dir=tmp_path) as cache:
+        gpu = cache.read_many(requests, device="cuda:0")
+        cpu = cache.read_many(requests)
+    for on_gpu, on_cpu in zip(gpu, cpu):
+        assert on_gpu.frames.device.type == "cuda" and torch.equal(on_gpu.frames.cpu(), on_cpu.frames)
