@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+import numpy as np
+import psutil
 import pyarrow.parquet as pq
+import torch
 import torch.multiprocessing as mp
 
 from rnb.harness import cli
@@ -31,10 +33,27 @@ from rnb.harness.timecard import TimeCard
 REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO / "data" / "synthetic"
 HANDOFF_TIMEOUT_S = 60.0  # no single 18 MB hand-off takes anywhere near this; past it the peer is gone
+JOB_GAP_S = 900.0  # P1h: the most a whole harness job may take between two commands to the message producer
 
 # P1's two steps: big enough that each call does real work (~ms), as a video model's would.
 FRAMES_KW = {"clips": 2, "frames": 8, "height": 112, "width": 112}
 NET_KW = {"clips": 2, "classes": 10}
+
+
+def run_job(config: dict[str, Any], items: int, workdir: Path) -> Path:
+    """Run one bulk job of `config` through the CLI in this process; its job directory. Raises unless it reached its target."""
+    config_path = workdir / "config.json"
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    log_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="logs-"))
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+        code = cli.main(["-c", str(config_path), "-mi", "0", "-v", str(items), "--log-dir", str(log_dir)])
+    (job_dir,) = log_dir.iterdir()
+    meta = json.loads((job_dir / "meta.json").read_text(encoding="utf-8"))
+    if code != 0 or meta["termination_reason"] != "target reached":
+        raise RuntimeError(f"the harness job in {job_dir} ended with exit code {code} "
+                           f"({meta['termination_reason']}): {meta['error'] or output.getvalue().strip()[-300:]}")
+    return job_dir
 
 
 def run_harness(config: dict[str, Any], items: int, workdir: Path, windows: int = 1) -> list[float]:
@@ -47,31 +66,30 @@ def run_harness(config: dict[str, Any], items: int, workdir: Path, windows: int 
     seconds on this shared 2-core machine) makes many jobs too slow.
     Raises if the job did not reach its target.
     """
-    config_path = workdir / "config.json"
-    config_path.write_text(json.dumps(config), encoding="utf-8")
-    log_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="logs-"))
-    output = io.StringIO()
-    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
-        code = cli.main(["-c", str(config_path), "-mi", "0", "-v", str(items), "--log-dir", str(log_dir)])
-    (job_dir,) = log_dir.iterdir()
+    job_dir = run_job(config, items, workdir)
     meta = json.loads((job_dir / "meta.json").read_text(encoding="utf-8"))
-    if code != 0 or meta["termination_reason"] != "target reached":
-        raise RuntimeError(f"the harness job in {job_dir} ended with exit code {code} "
-                           f"({meta['termination_reason']}): {meta['error'] or output.getvalue().strip()[-300:]}")
     if windows == 1:
         return [meta["throughput_items_per_s"]]
-    last_step = meta["num_steps"] - 1
-    finishes = sorted(pq.read_table(job_dir / "timings.parquet").column(f"runner{last_step}_finish").to_pylist())
-    return window_rates(meta["start_time"], finishes, windows)
+    return window_rates(meta["start_time"], finish_times(job_dir, meta["num_steps"]), windows)
+
+
+def finish_times(job_dir: Path, num_steps: int) -> list[float]:
+    return sorted(pq.read_table(job_dir / "timings.parquet").column(f"runner{num_steps - 1}_finish").to_pylist())
 
 
 def window_rates(start: float, finishes: list[float], windows: int) -> list[float]:
     """items/s of `windows` consecutive, near-equal groups of sorted finish times after `start`."""
+    edges, counts = window_edges(start, finishes, windows)
+    return [count / (edges[w + 1] - edges[w]) for w, count in enumerate(counts)]
+
+
+def window_edges(start: float, finishes: list[float], windows: int) -> tuple[list[float], list[int]]:
+    """The times bounding `windows` near-equal groups of sorted finishes (from `start`), and each group's size."""
     if len(finishes) < windows:
         raise ValueError(f"{len(finishes)} finished items cannot fill {windows} windows")
     bounds = [round(len(finishes) * w / windows) for w in range(windows + 1)]
     edges = [start] + [finishes[bound - 1] for bound in bounds[1:]]
-    return [(bounds[w + 1] - bounds[w]) / (edges[w + 1] - edges[w]) for w in range(windows)]
+    return edges, [bounds[w + 1] - bounds[w] for w in range(windows)]
 
 
 def harness_pair(effort: Effort, id: str, what: str, goal: Goal, a: tuple[str, dict[str, Any]],
@@ -168,10 +186,46 @@ def per_hop_us(items_per_s: float, hops: int) -> float:
 
 
 def _message_producer(out: Any, commands: Any) -> None:
-    """Child: per command, put `count` item numbers on a multiprocessing queue, nothing else."""
-    while (count := commands.get(timeout=HANDOFF_TIMEOUT_S)) is not None:
+    """Child: per command, put `count` item numbers on a multiprocessing queue, nothing else.
+
+    A whole harness job may run between two commands, hence the long wait.
+    """
+    while (count := commands.get(timeout=JOB_GAP_S)) is not None:
         for item in range(count):
             out.put(item)
+
+
+def window_cpu_s(job_dir: Path, edges: list[float]) -> list[float]:
+    """CPU seconds all of a job's processes (main included) spent in each window between consecutive `edges`.
+
+    Each process's cumulative CPU time from samples.parquet is interpolated
+    at the edges; CPU time, unlike wall time, barely depends on what else
+    the machine runs.
+    """
+    samples = pq.read_table(job_dir / "samples.parquet").to_pylist()
+    spent = np.zeros(len(edges) - 1)
+    for process in {row["process"] for row in samples if row["process"] is not None}:
+        rows = [(row["time"], row["cpu_s"]) for row in samples if row["process"] == process]
+        times, cpu = zip(*sorted(rows))
+        spent += np.diff(np.interp(edges, times, cpu))
+    return spent.tolist()
+
+
+def hop_costs(job_dir: Path, windows: int, hops: int) -> list[tuple[float, float]]:
+    """(wall, CPU) microseconds per item per hop of each window of a bulk job (see run_harness for windows)."""
+    meta = json.loads((job_dir / "meta.json").read_text(encoding="utf-8"))
+    edges, counts = window_edges(meta["start_time"], finish_times(job_dir, meta["num_steps"]), windows)
+    spent = window_cpu_s(job_dir, edges)
+    return [(1e6 * (end - begin) / (count * hops), 1e6 * cpu / (count * hops))
+            for begin, end, count, cpu in zip(edges, edges[1:], counts, spent)]
+
+
+def message_costs(peer: _Peer, count: int) -> tuple[float, float]:
+    """(wall, CPU) microseconds per bare message: `count` messages from the peer's process to this one."""
+    child = psutil.Process(peer.process.pid)
+    before = sum(child.cpu_times()[:2]) + time.process_time()
+    rate = peer.throughput(count)
+    return per_hop_us(rate, 1), 1e6 * (sum(child.cpu_times()[:2]) + time.process_time() - before) / count
 
 
 def p1_harness_per_hop(effort: Effort) -> list[Row]:
@@ -183,24 +237,30 @@ def p1_harness_per_hop(effort: Effort) -> list[Row]:
     peer = _Peer(ctx, _message_producer, lambda item: item, inbox, inbox)
     try:
         with tempfile.TemporaryDirectory(prefix="rnb-P1h-") as tmp:
-            windows = effort.reps if effort.quick else 1
             if effort.quick:
-                harness = [per_hop_us(rate, CHAIN_STEPS) for rate in run_harness(config, items, Path(tmp), windows)]
-                bare = [per_hop_us(peer.throughput(items // windows), 1) for _ in range(windows)]
+                harness = hop_costs(run_job(config, items, Path(tmp)), effort.reps, CHAIN_STEPS)
+                bare = [message_costs(peer, items // effort.reps) for _ in range(effort.reps)]
             else:
-                harness, bare = paired(lambda: per_hop_us(run_harness(config, items, Path(tmp))[0], CHAIN_STEPS),
-                                       lambda: per_hop_us(peer.throughput(items), 1), effort.reps, warmup=0)
+                pairs = paired(lambda: hop_costs(run_job(config, items, Path(tmp)), 1, CHAIN_STEPS)[0],
+                               lambda: message_costs(peer, items), effort.reps, warmup=0)
+                harness, bare = (list(side) for side in pairs)
     finally:
         peer.close()
-    a, b = Side.of("harness", "us/item/hop", harness), Side.of("bare queue", "us/message", bare)
-    ratios = [x / y for x, y in zip(a.values, b.values)]
-    return [Row("P1h", f"us of harness per item per hop, {CHAIN_STEPS} no-op steps (bulk); "
-                       "the figure is in us, not a ratio", Goal("<=", 20), a, b, a.median, min(a.values),
-                max(a.values), len(a.values),
-                note=f"{items} items per job through {CHAIN_STEPS} CPU runners of bench.harness_bench.Idle; B: one "
-                     f"int per message from a spawned process through a multiprocessing queue; per hop the harness "
-                     f"costs {statistics.median(ratios):.1f}x a bare message (median of the paired ratios); "
-                     + ("--quick: windows of one job, not interleaved" if effort.quick else "jobs interleaved"))]
+    how = "--quick: windows of one job, not interleaved" if effort.quick else "jobs interleaved"
+    wall = Side.of("harness", "us/item/hop", [w for w, _ in harness]), Side.of("bare queue", "us/message", [w for w, _ in bare])
+    cpu = Side.of("harness", "CPU us/item/hop", [c for _, c in harness]), Side.of("bare queue", "CPU us/message", [c for _, c in bare])
+    ratios = [x / y for x, y in zip(wall[0].values, wall[1].values)]
+    return [
+        Row("P1h", f"us of harness per item per hop, {CHAIN_STEPS} no-op steps (bulk); the figure is in us, "
+                   "not a ratio", Goal("<=", 20), *wall, wall[0].median, min(wall[0].values), max(wall[0].values),
+            len(wall[0].values),
+            note=f"{items} items per job through {CHAIN_STEPS} CPU runners of bench.harness_bench.Idle; B: one int "
+                 f"per message from a spawned process through a multiprocessing queue; per hop the harness takes "
+                 f"{statistics.median(ratios):.1f}x the time of a bare message (median of the paired ratios); {how}"),
+        compare("P1hc", "CPU time of all processes per item per hop / per bare queue message", None, *cpu,
+                note="CPU seconds from the job's samples.parquet (client, runners and main) and from psutil for "
+                     f"the message's two processes; unlike wall time they barely depend on the machine's load; {how}"),
+    ]
 
 
 def p1_contention(effort: Effort) -> list[Row]:

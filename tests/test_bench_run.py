@@ -6,10 +6,12 @@ import subprocess
 import sys
 import time
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bench.harness_bench import Idle, chain_pipeline, per_hop_us, window_rates
+from bench.harness_bench import Idle, chain_pipeline, hop_costs, per_hop_us, window_rates
 from bench.run import BENCHMARKS
 
 ENTRY_KEYS = {"id", "what", "ratio", "goal", "met", "min", "max", "reps", "a", "b", "note"}
@@ -52,6 +54,17 @@ def test_window_rates_split_finishes_into_equal_groups() -> None:
     assert window_rates(0.0, [1.0, 2.0, 3.0, 4.0, 6.0], 2) == [2 / 2, 3 / 4]
 
 
+def test_hop_costs_split_wall_and_sampled_cpu_time_per_item_per_hop(tmp_path) -> None:
+    # Two windows of 2 items each: (10, 12] and (12, 14]; process a spends 1 CPU s per second throughout,
+    # b spends 0.25 per second from 10 on, so each window holds 2.5 CPU s for 2 items through 4 hops.
+    (tmp_path / "meta.json").write_text(json.dumps({"start_time": 10.0, "num_steps": 2}))
+    pq.write_table(pa.table({"runner1_finish": [11.0, 12.0, 13.0, 14.0]}), tmp_path / "timings.parquet")
+    pq.write_table(pa.table({"time": [9.0, 15.0, 10.0, 14.0, 10.0], "process": ["a", "a", "b", "b", None],
+                             "cpu_s": [0.0, 6.0, 1.0, 2.0, None]}), tmp_path / "samples.parquet")
+    assert hop_costs(tmp_path, 2, 4) == [(250_000.0, 312_500.0), (250_000.0, 312_500.0)]
+    assert hop_costs(tmp_path, 1, 4) == [(250_000.0, 312_500.0)]
+
+
 def test_window_rates_refuses_more_windows_than_items() -> None:
     with pytest.raises(ValueError, match=r"^2 finished items cannot fill 5 windows$"):
         window_rates(0.0, [1.0, 2.0], 5)
@@ -62,7 +75,7 @@ def test_quick_p1h_reports_microseconds_per_hop_against_a_bare_queue_message(tmp
     done = subprocess.run([sys.executable, "bench/run.py", "--quick", "--only", "P1h", "--json", str(path)],
                           capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr
-    (entry,) = json.loads(path.read_text())["entries"]
+    entry, cpu = json.loads(path.read_text())["entries"]
     assert entry["id"] == "P1h" and entry["goal"] == "<= 20" and entry["reps"] == 5
     assert entry["a"]["unit"] == "us/item/hop" and entry["b"]["unit"] == "us/message"
     # The figure is the harness side itself (microseconds), not a ratio of the two sides.
@@ -70,6 +83,11 @@ def test_quick_p1h_reports_microseconds_per_hop_against_a_bare_queue_message(tmp
     assert (entry["min"], entry["max"]) == (min(entry["a"]["values"]), max(entry["a"]["values"]))
     assert entry["met"] == (entry["ratio"] <= 20)
     assert all(value > 0 for value in entry["b"]["values"])
+    # Its CPU-time twin: a plain ratio of the two sides' CPU microseconds, for information.
+    assert cpu["id"] == "P1hc" and cpu["goal"] is None and cpu["met"] is None and cpu["reps"] == 5
+    assert (cpu["a"]["unit"], cpu["b"]["unit"]) == ("CPU us/item/hop", "CPU us/message")
+    ratios = sorted(a / b for a, b in zip(cpu["a"]["values"], cpu["b"]["values"]))
+    assert (cpu["ratio"], cpu["min"], cpu["max"]) == (ratios[2], ratios[0], ratios[-1])
 
 
 def test_per_hop_us_divides_the_time_of_an_item_among_its_hops() -> None:
