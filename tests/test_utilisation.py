@@ -9,6 +9,7 @@ import pytest
 
 from rnb.analysis.jobs import load_jobs, read_job
 from rnb.analysis.report import format_utilisation, load_curves, stage_colours
+from rnb.analysis.stages import PARTS
 from rnb.analysis.utilisation import bottleneck, busy_fractions, union_seconds
 from tests.test_trace import handmade, run_analyze  # noqa: F401  (the fixture is used by name)
 
@@ -50,7 +51,7 @@ def test_the_report_names_each_runners_busy_fraction_and_the_bottleneck(handmade
 def test_stage_colours_are_distinct_for_any_number_of_steps() -> None:
     for steps in range(1, 9):
         colours = stage_colours(steps)
-        assert len(colours) == len(set(colours)) == 4 * steps
+        assert len(colours) == len(set(colours)) == len(PARTS) * steps
 
 
 def test_closed_loop_jobs_make_a_curve_of_their_own_ordered_by_concurrency() -> None:

@@ -20,17 +20,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rnb.analysis.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
 from rnb.analysis.utilisation import utilisation_columns
-from rnb.harness.joblog import STEP_EVENTS
 from rnb.harness.sampler import SAMPLES_FILE
 from rnb.harness.spool import SPOOL_DIR
-from rnb.analysis.summary import stage_latencies
 
 TARGET_REACHED = "target reached"
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 STAT_NAMES: tuple[str, ...] = ("min", "mean", *(f"p{q:g}".replace(".", "_") for q in PERCENTILES), "max")
-STAGE_PARTS: tuple[str, ...] = ("queue", "copy", "slotwait", "inside")
 ARG_KEYS: tuple[str, ...] = (
     "mean_interval_ms", "videos", "batch_size", "queue_size",
     "concurrency", "warmup", "seed", "cpu", "log_dir",
@@ -148,7 +146,7 @@ def read_job(path: str | Path) -> Job:
         num_steps = int(meta["num_steps"])
     except (KeyError, TypeError, ValueError) as exc:
         raise JobLogError(f"{path / 'meta.json'}: needs an integer 'num_steps'.") from exc
-    for column in ("item_id", "is_warmup", "enqueue", *_step_columns(num_steps)):
+    for column in ("item_id", "is_warmup", ENQUEUE, *_step_columns(num_steps)):
         if column not in timings.column_names:
             raise JobLogError(f"{timings_path}: lacks the column {column!r}.")
     return Job(str(meta.get("job_id", path.name)), path, meta, config, timings, num_steps, _read_samples(path))
@@ -177,27 +175,11 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _step_columns(num_steps: int) -> list[str]:
-    return [template.format(k=k) for k in range(num_steps) for template in STEP_EVENTS]
+    return [name for k in range(num_steps) for name in StepEvents(k).always]
 
 
 def _column(table: pa.Table, name: str) -> np.ndarray:
     return table.column(name).to_numpy(zero_copy_only=False)
-
-
-def derived_latencies(timings: pa.Table, num_steps: int) -> dict[str, np.ndarray]:
-    """End-to-end and per-stage latencies of each item in seconds, under this module's column prefixes.
-
-    The stages partition the end-to-end time exactly: queue wait + copy + slot wait +
-    inside, summed over the steps, equals the end-to-end latency.
-    """
-    stages = stage_latencies(timings, num_steps)
-    out = {"e2e": stages["end to end"]}
-    for k in range(num_steps):
-        out[f"queue{k}"] = stages[f"step {k} queue wait"]
-        out[f"copy{k}"] = stages[f"step {k} copy"]
-        out[f"slotwait{k}"] = stages.get(f"step {k} slot wait", np.zeros_like(out["e2e"]))
-        out[f"inside{k}"] = stages[f"step {k} inference"]
-    return out
 
 
 def latency_stats(seconds: np.ndarray) -> dict[str, float | None]:
@@ -240,7 +222,7 @@ def e2e_percentile_ms(job: Job, percentile: float) -> float:
     measured = measured_rows(job)
     if job.meta.get("termination_reason") != TARGET_REACHED or measured.num_rows == 0:
         return math.inf
-    return float(np.nanpercentile(derived_latencies(measured, job.num_steps)["e2e"] * 1000.0, percentile))
+    return float(np.nanpercentile(part_latencies(measured, job.num_steps)[END_TO_END.key] * 1000.0, percentile))
 
 
 def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
@@ -252,12 +234,12 @@ def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
     meta = job.meta
     args = meta.get("args") or {}
     measured = measured_rows(job)
-    latencies = derived_latencies(measured, job.num_steps)
+    latencies = part_latencies(measured, job.num_steps)
     count = measured.num_rows
     duration = 0.0
     if count:
-        last_finish = np.nanmax(_column(measured, f"runner{job.num_steps - 1}_finish"))
-        duration = float(last_finish - np.nanmin(_column(measured, "enqueue")))
+        last_finish = np.nanmax(_column(measured, StepEvents(job.num_steps - 1).handed_over))
+        duration = float(last_finish - np.nanmin(_column(measured, ENQUEUE)))
     reason = str(meta.get("termination_reason"))
     invalid = check_validity(reason, count, duration, rules)
     row: dict[str, Any] = {
@@ -281,7 +263,7 @@ def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
         "measured_duration_s": duration,
         "measured_throughput_items_per_s": count / duration if duration > 0 else None,
     }
-    for prefix in ("e2e", *(f"{part}{k}" for k in range(job.num_steps) for part in STAGE_PARTS)):
+    for prefix in (END_TO_END.key, *(part_key(part, k) for k in range(job.num_steps) for part in PARTS)):
         for stat, value in latency_stats(latencies[prefix]).items():
             row[stat_column(prefix, stat)] = value
     for field in ("bytes_fetched", "frames_decoded"):
@@ -295,7 +277,7 @@ def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
     row["peak_device_bytes"] = json.dumps(device_bytes)
     row["max_peak_device_bytes"] = max(device_bytes.values(), default=None)
     row["notes"] = json.dumps(meta.get("notes") or [])
-    row.update(percentile_columns(latencies["e2e"], rules.confidence))
+    row.update(percentile_columns(latencies[END_TO_END.key], rules.confidence))
     row.update(throughput_columns(job))
     row.update(utilisation_columns(job))
     return row
@@ -303,7 +285,7 @@ def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
 
 def bound_column(stat: str, end: str) -> str:
     """The column of one end ("low" or "high") of a percentile's confidence interval, e.g. `e2e_p99_high_ms`."""
-    return stat_column("e2e", f"{stat}_{end}")
+    return stat_column(END_TO_END.key, f"{stat}_{end}")
 
 
 def percentile_columns(e2e_s: np.ndarray, confidence: float) -> dict[str, float | None]:
@@ -323,7 +305,7 @@ def throughput_columns(job: Job) -> dict[str, Any]:
                                          "steady_end_s", "steady_throughput_items_per_s"))
     if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end <= start:
         return row
-    series = windowed_throughput(_column(job.timings, f"runner{job.num_steps - 1}_finish").astype(float), start, end)
+    series = windowed_throughput(_column(job.timings, StepEvents(job.num_steps - 1).handed_over).astype(float), start, end)
     steady = steady_state(series)
     row.update(throughput_window_s=series.window_s, throughput_windows=json.dumps(series.rates.tolist()))
     if steady is not None:
@@ -356,7 +338,7 @@ def _items_per_device(job: Job) -> dict[str, dict[str, int]]:
 def item_rows(job: Job) -> pa.Table:
     """The job's timings with its id in front and the derived latencies (ms) appended."""
     table = job.timings.add_column(0, "job_id", pa.array([job.job_id] * job.timings.num_rows, pa.string()))
-    for name, seconds in derived_latencies(job.timings, job.num_steps).items():
+    for name, seconds in part_latencies(job.timings, job.num_steps).items():
         table = table.append_column(f"{name}_ms", pa.array(seconds * 1000.0, pa.float64()))
     return table
 

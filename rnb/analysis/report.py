@@ -14,8 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rnb.harness.sampler import SAMPLES_FILE
-from rnb.analysis.jobs import STAGE_PARTS, STAT_NAMES, bound_column, stat_column
+from rnb.analysis.jobs import STAT_NAMES, bound_column, stat_column
+from rnb.analysis.stages import END_TO_END, PARTS, part_key
 
+E2E = END_TO_END.key
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("job", "job_id"),
     ("reason", "termination_reason"),
@@ -23,10 +25,10 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("items", "measured_items"),
     ("window s", "measured_duration_s"),
     ("items/s", "measured_throughput_items_per_s"),
-    ("p50 ms", stat_column("e2e", "p50")),
-    ("p99 ms", stat_column("e2e", "p99")),
-    ("p99.9 ms", stat_column("e2e", "p99_9")),
-    ("max ms", stat_column("e2e", "max")),
+    ("p50 ms", stat_column(E2E, "p50")),
+    ("p99 ms", stat_column(E2E, "p99")),
+    ("p99.9 ms", stat_column(E2E, "p99_9")),
+    ("max ms", stat_column(E2E, "max")),
     ("peak RSS MiB", "max_peak_rss_bytes"),
     ("peak dev MiB", "max_peak_device_bytes"),
 )
@@ -35,7 +37,7 @@ MAX_TIME_ROWS = 6   # jobs drawn over time under the latency bars; more would ma
 COMPARE_FIELDS: tuple[str, ...] = (
     "mean_interval_ms", "concurrency", "videos", "batch_size", "measured_items", "measured_duration_s",
     "throughput_items_per_s", "measured_throughput_items_per_s",
-    *(stat_column("e2e", s) for s in ("min", "mean", "p50", "p90", "p95", "p99", "p99_9", "max")),
+    *(stat_column(E2E, s) for s in ("min", "mean", "p50", "p90", "p95", "p99", "p99_9", "max")),
     "bytes_fetched_per_s", "frames_decoded_per_s", "max_peak_rss_bytes", "max_peak_device_bytes",
 )
 
@@ -69,13 +71,13 @@ def format_summary(jobs: pa.Table) -> str:
 
 
 def format_stages(job: dict[str, Any]) -> str:
-    """Per-stage breakdown of one job row: queue wait, copy and inside time of each step."""
+    """Per-stage breakdown of one job row: each part of each step, then end to end."""
     rows = []
     for k in range(job["num_steps"]):
-        for part in STAGE_PARTS:
-            prefix = f"{part}{k}"
-            rows.append([f"step {k}", part, *(_cell(job.get(stat_column(prefix, s))) for s in STAGE_STATS)])
-    rows.append(["all", "end to end", *(_cell(job.get(stat_column("e2e", s))) for s in STAGE_STATS)])
+        for part in PARTS:
+            stats = (_cell(job.get(stat_column(part_key(part, k), s))) for s in STAGE_STATS)
+            rows.append([f"step {k}", part.name, *stats])
+    rows.append(["all", END_TO_END.name, *(_cell(job.get(stat_column(E2E, s))) for s in STAGE_STATS)])
     devices = json.loads(job.get("items_per_device") or "{}")
     spread = "; ".join(f"step {k}: " + ", ".join(f"{d} {n}" for d, n in counts.items()) for k, counts in devices.items())
     header = f"{job['job_id']} (items per device: {spread or '-'})"
@@ -86,7 +88,7 @@ def format_percentiles(job: dict[str, Any]) -> str:
     """Each end-to-end percentile with its confidence interval; '-' marks an end the items cannot bound."""
     cells = []
     for stat in STAT_NAMES[2:-1]:
-        value = job.get(stat_column("e2e", stat))
+        value = job.get(stat_column(E2E, stat))
         if value is not None:
             low, high = (_cell(job.get(bound_column(stat, end))) for end in ("low", "high"))
             cells.append(f"{stat.replace('_', '.')} {value:.3g} [{low}, {high}]")
@@ -125,7 +127,7 @@ def format_compare(job_a: dict[str, Any], job_b: dict[str, Any]) -> str:
     """Two job rows side by side; the ratio is B / A, so >1 means B is larger."""
     fields = [*COMPARE_FIELDS]
     steps = max(job_a["num_steps"], job_b["num_steps"])
-    fields += [stat_column(f"{part}{k}", s) for k in range(steps) for part in STAGE_PARTS for s in ("mean", "p99")]
+    fields += [stat_column(part_key(part, k), s) for k in range(steps) for part in PARTS for s in ("mean", "p99")]
     rows = [
         ["config_path", str(job_a.get("config_path")), str(job_b.get("config_path")), ""],
         ["termination_reason", job_a["termination_reason"], job_b["termination_reason"], ""],
@@ -147,7 +149,7 @@ def load_curves(jobs: pa.Table) -> dict[str, list[tuple[str, float, float]]]:
     """
     curves: dict[str, list[tuple[float, str, float, float]]] = {}   # (order, label, items/s, p99)
     for job in jobs.to_pylist():
-        throughput, p99 = job["measured_throughput_items_per_s"], job[stat_column("e2e", "p99")]
+        throughput, p99 = job["measured_throughput_items_per_s"], job[stat_column(E2E, "p99")]
         if throughput is None or p99 is None:
             continue
         name = Path(str(job["config_path"])).name
@@ -166,7 +168,7 @@ def stage_colours(num_steps: int) -> list[Any]:
     """One distinct colour per (step, stage part), in stacking order."""
     import matplotlib
 
-    count = num_steps * len(STAGE_PARTS)
+    count = num_steps * len(PARTS)
     if count <= 20:
         return [matplotlib.colormaps["tab20"](index) for index in range(count)]
     return [matplotlib.colormaps["turbo"](index / (count - 1)) for index in range(count)]
@@ -178,9 +180,9 @@ def _stage_bars(axis: Any, records: list[dict[str, Any]]) -> None:
     bottoms = [0.0] * len(records)
     colours = iter(stage_colours(steps))
     for k in range(steps):
-        for part in STAGE_PARTS:
-            heights = [r.get(stat_column(f"{part}{k}", "mean")) or 0.0 for r in records]
-            axis.bar(positions, heights, bottom=bottoms, label=f"step {k} {part}", color=next(colours))
+        for part in PARTS:
+            heights = [r.get(stat_column(part_key(part, k), "mean")) or 0.0 for r in records]
+            axis.bar(positions, heights, bottom=bottoms, label=f"step {k} {part.name}", color=next(colours))
             bottoms = [b + h for b, h in zip(bottoms, heights)]
     axis.set_ylabel("mean latency (ms)")
     axis.set_title("end-to-end latency by stage")

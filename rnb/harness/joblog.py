@@ -17,9 +17,8 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rnb.analysis.stages import ENQUEUE, StepEvents
 from rnb.harness.timecard import ROUTE_COLUMNS, TimeCard
-
-STEP_EVENTS = ("runner{k}_start", "inference{k}_start", "inference{k}_finish", "runner{k}_finish")
 
 
 def job_id(start: float, mean_interval_ms: float, batch_size: int, videos: int, queue_size: int,
@@ -77,11 +76,10 @@ def timings_table(cards: Iterable[TimeCard], num_steps: int, warmup: int) -> pa.
         "item_id": pa.array([c.item_id for c in cards], pa.int64()),
         "payload": pa.array([c.payload for c in cards], pa.string()),
         "is_warmup": pa.array([c.item_id < warmup for c in cards], pa.bool_()),
-        "enqueue": pa.array([c.event("enqueue") for c in cards], pa.float64()),
+        ENQUEUE: pa.array([c.event(ENQUEUE) for c in cards], pa.float64()),
     }
     for k in range(num_steps):
-        for template in STEP_EVENTS:
-            name = template.format(k=k)
+        for name in StepEvents(k).always:
             columns[name] = pa.array([c.event(name) for c in cards], pa.float64())
         for template in ROUTE_COLUMNS[: len(ROUTE_COLUMNS) - (k == num_steps - 1)]:
             name = template.format(k=k)
