@@ -1,4 +1,4 @@
 """RnB's load generator, now `rnb.harness.client`."""
-from rnb.harness.client import ClientSpec, generate, main
+from rnb.harness.client import ClientSpec, generate
 
-__all__ = ["ClientSpec", "generate", "main"]
+__all__ = ["ClientSpec", "generate"]

@@ -1,4 +1,4 @@
-"""RnB's runner, now `rnb.harness.runner`: one process per (step, queue group, gpus entry)."""
-from rnb.harness.runner import Runner, RunnerSpec, main
+"""RnB's runner, now `rnb.harness.runner`: the loop of one process per (step, queue group, gpus entry)."""
+from rnb.harness.runner import Runner, RunnerSpec
 
-__all__ = ["Runner", "RunnerSpec", "main"]
+__all__ = ["Runner", "RunnerSpec"]

@@ -2,7 +2,7 @@
 
 Each compares the harness with what a user would write instead, on the same
 work, so the ratio says what RnB's machinery costs or buys.  Harness runs go
-through `cli.main` in this process (its children are real spawned
+through `rnb.harness.cli.main` in this process (its children are real spawned
 processes) and use the throughput the job log reports: items finished
 between the start gate and the termination flag, start-up excluded.
 """

@@ -11,14 +11,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rnb.harness import cli
-from rnb.harness.control import HopQueue, LocalBuffers, Plumbing, SharedSlot, Signal, SlotFlag, Termination
 from models.toy import SyntheticFrames
-from rnb.harness import joblog
+from rnb.harness import cli, joblog
+from rnb.harness.control import HopQueue, LocalBuffers, Plumbing, SharedSlot, SlotFlag, Termination
+from rnb.harness.local import LocalTransport, LocalWiring
+from rnb.harness.messages import Request, Signal
+from rnb.harness.runner import Runner, RunnerSpec
+from rnb.harness.timecard import TimeCard, as_cards
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.sources import open_source
-from rnb.harness.timecard import TimeCard, as_cards
-from rnb.harness.runner import Runner, RunnerSpec
 
 CTX = mp.get_context("spawn")
 
@@ -214,9 +215,10 @@ class _TensorSpy(pickle.Pickler):
         return NotImplemented
 
 
-def _spec(step: int, model: str, slots, sources, out_queues, kwargs, target=2, segments=1) -> RunnerSpec:
-    return RunnerSpec(f"step{step}-g0-r0", step, 0, 0, "cpu", model, kwargs, None,
-                      None if step == 0 else 0, out_queues, segments, target, slots, sources)
+def _runner(plumbing: Plumbing, step: int, model: str, slots, sources, out_queues, kwargs, target=2) -> Runner:
+    spec = RunnerSpec(name=f"step{step}-g0-r0", step=step, group=0, instance=0, device="cpu", model=model,
+                      model_kwargs=kwargs, in_queue=None if step == 0 else 0, out_queues=out_queues, target=target)
+    return Runner(spec, LocalTransport(spec, LocalWiring(slots, sources), plumbing))
 
 
 def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
@@ -224,13 +226,14 @@ def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
     kwargs = {"clips": 2, "frames": 2, "height": 4, "width": 4}
     shapes = SyntheticFrames.output_shape(**kwargs)
     slots = tuple(SharedSlot.allocate(CTX, shapes, torch.device("cpu")) for _ in range(2))
-    first = Runner(_spec(0, "models.toy.SyntheticFrames", slots, {}, (0,), kwargs), plumbing)
-    final = Runner(_spec(1, "models.toy.TinyConvNet", (), {(0, 0): slots}, (), {"clips": 2}), plumbing)
+    first = _runner(plumbing, 0, "models.toy.SyntheticFrames", slots, {}, (0,), kwargs)
+    final = _runner(plumbing, 1, "models.toy.TinyConvNet", (), {(0, 0): slots}, (), {"clips": 2})
 
     for item in range(2):
         card = TimeCard(item, repr(item))
         card.record("enqueue")
-        first.handle((item, card))
+        plumbing.requests.put(Request(item, card))
+        first.handle(first.transport.receive(timeout=10))
         signal = plumbing.step_queues[0][0].get(timeout=10)
         spy = _TensorSpy()
         spy.dump(signal)
@@ -238,10 +241,11 @@ def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
         assert isinstance(signal, Signal) and (signal.step, signal.slot) == (0, item)
         assert not slots[item].free.is_set()
         assert torch.equal(slots[item].tensors[0], SyntheticFrames.frames_for(item, shapes[0]))
-        final.handle(signal)
+        plumbing.step_queues[0][0].put(signal)
+        final.handle(final.transport.receive(timeout=10))
         assert slots[item].free.is_set()
 
-    finished = [card for _ in range(2) for card in plumbing.results.get(timeout=10)]
+    finished = [card for _ in range(2) for card in plumbing.results.get(timeout=10).cards]
     assert [card.item_id for card in finished] == [0, 1]
     assert plumbing.finished.value == 2 and plumbing.flag.reason == Termination.TARGET_REACHED
     for card in finished:
@@ -254,7 +258,7 @@ def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
 
 def test_final_step_refuses_unmerged_segments():
     plumbing = Plumbing.build(CTX, [], 10, None)
-    final = Runner(_spec(0, "models.toy.SyntheticFrames", (), {}, (), {}, target=5), plumbing)
+    final = _runner(plumbing, 0, "models.toy.SyntheticFrames", (), {}, (), {}, target=5)
     with pytest.raises(ValueError, match="item 4 reached the final step as an unmerged segment"):
         final.count(tuple(TimeCard(4).fork(2)))
 
@@ -315,8 +319,9 @@ def test_a_full_inter_step_queue_ends_the_job_with_that_reason_and_frees_the_slo
     plumbing = Plumbing.build(CTX, [{0}], 1, None)
     kwargs = {"clips": 1, "frames": 1, "height": 2, "width": 2}
     slots = tuple(SharedSlot.allocate(CTX, SyntheticFrames.output_shape(**kwargs), torch.device("cpu")) for _ in range(3))
-    first = Runner(_spec(0, "models.toy.SyntheticFrames", slots, {}, (0,), kwargs), plumbing)
+    first = _runner(plumbing, 0, "models.toy.SyntheticFrames", slots, {}, (0,), kwargs)
     for item in range(2):
-        first.handle((item, TimeCard(item)))
+        plumbing.requests.put(Request(item, TimeCard(item)))
+        first.handle(first.transport.receive(timeout=10))
     assert plumbing.flag.reason == Termination.INTER_STEP_QUEUE_FULL
     assert [slot.free.is_set() for slot in slots] == [False, True, True]

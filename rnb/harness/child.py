@@ -3,7 +3,8 @@
 Centralised so that failure reporting behaves identically everywhere: the
 main process learns the error as one line, the job stops at once, and the
 child's peak memory and the torch thread counts it ran with reach the job
-log even when it failed.
+log even when it failed.  `run_and_report` is the engine-independent part;
+`child_main` adds what a spawned local process needs.
 """
 from __future__ import annotations
 
@@ -18,27 +19,37 @@ from typing import Callable
 import torch
 
 from rnb.harness.control import Plumbing, Termination
+from rnb.harness.messages import Exited, Failed
+from rnb.harness.transport import ClientTransport, Transport
 
 
-def child_main(name: str, plumbing: Plumbing, work: Callable[[], None], device: torch.device | None = None) -> None:
-    """Run `work`, report how it ended on the status queue, and exit 0 (ok) or 1 (failed)."""
-    # Ctrl-C is the main process's business: it stops the children in order.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with_parent()
+def run_and_report(name: str, transport: Transport | ClientTransport, work: Callable[[], None],
+                   device: torch.device | None = None) -> int:
+    """Run `work`, report how it ended (Failed if it raised, then Exited) and return 0 (ok) or 1 (failed)."""
     code = 0
     try:
         work()
     except BaseException as error:  # the job must learn of any failure, whatever its type
         code = 1
-        plumbing.status.put(("error", name, f"{type(error).__name__}: {error}"))
-        plumbing.flag.raise_(Termination.PROCESS_FAILED)
+        transport.report(Failed(name, f"{type(error).__name__}: {error}"))
+        transport.stop(Termination.PROCESS_FAILED)
     peak_device = None
     if device is not None and device.type == "cuda":
         peak_device = torch.cuda.max_memory_allocated(device)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    plumbing.status.put(("exit", name, {"peak_rss_bytes": peak_rss, "peak_device_bytes": peak_device,
-                                        "intra_op_threads": torch.get_num_threads(),
-                                        "interop_threads": torch.get_num_interop_threads()}))
+    transport.report(Exited(name, peak_rss_bytes=peak_rss, peak_device_bytes=peak_device,
+                            intra_op_threads=torch.get_num_threads(),
+                            interop_threads=torch.get_num_interop_threads()))
+    return code
+
+
+def child_main(name: str, plumbing: Plumbing, transport: Transport | ClientTransport, work: Callable[[], None],
+               device: torch.device | None = None) -> None:
+    """A spawned process's whole life: run and report, flush what main needs, exit 0 (ok) or 1 (failed)."""
+    # Ctrl-C is the main process's business: it stops the children in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent()
+    code = run_and_report(name, transport, work, device)
     pipeline_queues = [plumbing.requests, *(q for step in plumbing.step_queues for q in step.values())]
     for queue in [plumbing.status, plumbing.results, *pipeline_queues]:
         if plumbing.flag.is_set and queue in pipeline_queues:

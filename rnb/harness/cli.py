@@ -13,12 +13,14 @@ GPU checked free by rnb.pipeline.gpus is the GPU the runner then uses.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import logging
 import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Iterator, NoReturn
 
 from rnb.harness import joblog
 from rnb.harness.job import RunArgs, run_job
@@ -96,12 +98,38 @@ def prepare_log_dir(log_dir: str) -> None:
         raise ConfigError("command line", "--log-dir", f"expected a directory this user may write, found {log_dir} read-only")
 
 
+@contextlib.contextmanager
+def terminal_logging(prog: str, loggers: tuple[str, ...] = ("rnb", "models")) -> Iterator[None]:
+    """While a command runs, what the project's modules log at INFO and above goes to stderr as `prog: message`."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{prog}: %(message)s"))
+    saved = []
+    for name in loggers:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.level))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        handler.flush()
+        for logger, level in saved:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The whole command: its exit code (0 done, 1 failed job, 2 invalid request, 130 interrupted)."""
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
         ns = parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
+    with terminal_logging("benchmark.py"):
+        return _run(ns)
+
+
+def _run(ns: argparse.Namespace) -> int:
     try:
         config = load_config(ns.config_file_path)
         if ns.dataset is not None:
@@ -128,4 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         versions = ", ".join(f"{name} {version}" for name, version in joblog.versions().items())
         print(f"ready: {versions}; {config.path} is valid ({len(config.steps)} steps, {len(placements)} runners)")
         return 0
-    return run_job(config, args, placements, [dataclasses.asdict(gpu) for gpu in gpus])
+    result = run_job(config, args, placements, [dataclasses.asdict(gpu) for gpu in gpus])
+    print(result.summary)
+    print(f"job log: {result.job_dir}")
+    return result.exit_code

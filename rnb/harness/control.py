@@ -1,8 +1,9 @@
-"""Shared plumbing between the main process, the client and the runners.
+"""Shared plumbing of the local engine between the main process, the client and the runners.
 
 The main process builds all of it before spawning, so every child gets the
 same queues, flag and shared tensors as spawn arguments.  Tensors move only
-through preallocated `SharedSlot`s; queues carry small messages.
+through preallocated `SharedSlot`s; queues carry the small messages of
+rnb.harness.messages.  `Termination` and `POLL_S` hold for every engine.
 """
 from __future__ import annotations
 
@@ -199,18 +200,6 @@ class LocalBuffers:
         return self._buffers[key]
 
 
-@dataclass(frozen=True)
-class Signal:
-    """What travels between steps: where the tensors wait, plus the small rest."""
-
-    step: int
-    group: int
-    instance: int
-    slot: int
-    non_tensors: dict
-    time_card: Any  # TimeCard or a tuple of them (a batch)
-
-
 class HopQueue(multiprocessing.queues.Queue):
     """A multiprocessing queue whose `get` waits on one poll object kept for the queue's lifetime.
 
@@ -243,8 +232,8 @@ class Plumbing:
 
     requests: Any
     step_queues: tuple[dict[int, Any], ...]
-    results: Any       # finished time cards, final step -> main
-    status: Any        # ("ready" | "error" | "exit", name, details) child -> main
+    results: Any       # rnb.harness.messages.Results, final step -> main
+    status: Any        # rnb.harness.messages.Ready, Failed, Exited: child -> main
     flag: TerminationFlag
     finished: Any      # shared count of finished items
     start: Any         # Event set by main once every child is ready

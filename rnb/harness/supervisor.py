@@ -7,6 +7,7 @@ kill, then join: no job hangs and no child outlives it.
 """
 from __future__ import annotations
 
+import dataclasses
 import queue
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any, Callable
 
 from rnb.harness.control import POLL_S, Plumbing, Termination
 from rnb.harness.joblog import process_record
+from rnb.harness.messages import Exited, Failed, Ready, Status
 from rnb.harness.timecard import TimeCard
 
 
@@ -59,22 +61,21 @@ class Supervisor:
             pass
         try:
             while True:
-                self.cards.extend(self.plumbing.results.get_nowait())
+                self.cards.extend(self.plumbing.results.get_nowait().cards)
         except queue.Empty:
             pass
 
-    def _on_status(self, message: tuple[str, str, Any]) -> None:
-        kind, name, details = message
-        record = next(child.record for child in self.children if child.record["name"] == name)
-        if kind == "ready":
-            self.ready.add(name)
-            self.notes.extend(note for note in details if note not in self.notes)
-        elif kind == "error":
-            record["status"], record["error"] = "failed", details
+    def _on_status(self, message: Status) -> None:
+        record = next(child.record for child in self.children if child.record["name"] == message.name)
+        if isinstance(message, Ready):
+            self.ready.add(message.name)
+            self.notes.extend(note for note in message.notes if note not in self.notes)
+        elif isinstance(message, Failed):
+            record["status"], record["error"] = "failed", message.error
             if self.failure is None:
-                self.failure = (name, details)
-        elif kind == "exit":
-            record.update(details)
+                self.failure = (message.name, message.error)
+        elif isinstance(message, Exited):
+            record.update(dataclasses.asdict(message))
 
     def _exited(self, child: Child, code: int) -> None:
         record = child.record

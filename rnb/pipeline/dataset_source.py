@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import random
-import sys
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,8 @@ from rnb.pipeline.config import ConfigError, PipelineConfig, describe
 
 if TYPE_CHECKING:
     from episodes.source import EpisodeDataset
+
+log = logging.getLogger(__name__)
 
 KINDS = ("dataset", "videos")
 _KEYS = {"dataset": ("dataset", "order", "seed", "episodes", "lookahead", "generate_if_missing"),
@@ -131,13 +133,12 @@ def check_source(source: Mapping[str, Any], config_path: str, may_write: bool = 
     options = parse_options(source, config_path)
     if options.generate_if_missing and "://" not in options.root and not Path(options.root).exists():
         if not may_write:
-            print(f"benchmark.py: dataset {options.root} is missing: a run (without --check) generates it there",
-                  file=sys.stderr, flush=True)
+            log.info("dataset %s is missing: a run (without --check) generates it there", options.root)
             return None
         from episodes.synthetic import make_dataset
 
-        print(f"benchmark.py: dataset {options.root} is missing: generating the synthetic dataset there "
-              "(scripts/make_dataset.py with default options)", file=sys.stderr, flush=True)
+        log.info("dataset %s is missing: generating the synthetic dataset there "
+                 "(scripts/make_dataset.py with default options)", options.root)
         make_dataset(options.root)
     ds = _open_checked(options, config_path)
     _probe_ranges(ds, options, config_path)

@@ -1,0 +1,171 @@
+"""The local engine's transport: one host, spawned processes, shared slots and torch.multiprocessing queues.
+
+A runner's outputs go into its own preallocated `SharedSlot`s (CUDA tensors
+for a GPU runner, shared-memory tensors on the CPU); the queue to the next
+step carries only a `Signal` naming the slot.  The consumer copies the data
+out into its own reused buffers, then sets the slot's `free` event so the
+producer may write it again.  Requests, results and status messages travel
+on plain queues; the flag and the start gate are shared objects
+(rnb.harness.control.Plumbing).
+
+This module also holds the two process entry points the main process spawns.
+"""
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from rnb.analysis.stages import StepEvents
+from rnb.harness import client
+from rnb.harness.child import child_main
+from rnb.harness.control import POLL_S, LocalBuffers, Plumbing, SharedSlot, Termination
+from rnb.harness.messages import Request, Results, Signal, Status
+from rnb.harness.runner import Runner, RunnerSpec
+from rnb.harness.timecard import TimeCard, as_cards
+from rnb.harness.transport import Input
+
+
+@dataclass(frozen=True)
+class LocalWiring:
+    """A runner's own output slots and, by (group, instance) of each producer, the slots it reads."""
+
+    slots: tuple[SharedSlot, ...]
+    sources: Mapping[tuple[int, int], tuple[SharedSlot, ...]]
+
+
+class _Shared:
+    """What the client's and the runners' transports do alike: the flag, the start gate, status."""
+
+    def __init__(self, plumbing: Plumbing) -> None:
+        self.plumbing = plumbing
+
+    @property
+    def stopped(self) -> bool:
+        return self.plumbing.flag.is_set
+
+    def stop(self, reason: Termination) -> None:
+        self.plumbing.flag.raise_(reason)
+
+    def report(self, status: Status) -> None:
+        self.plumbing.status.put(status)
+
+    def wait_for_start(self) -> bool:
+        return self.plumbing.wait_for_start()
+
+
+class LocalTransport(_Shared):
+    """A runner's transport (rnb.harness.transport.Transport) over slots and queues."""
+
+    def __init__(self, spec: RunnerSpec, wiring: LocalWiring, plumbing: Plumbing) -> None:
+        super().__init__(plumbing)
+        self.spec = spec
+        self.wiring = wiring
+        self.device = torch.device(spec.device)
+        self.events = StepEvents(spec.step)
+        self.inputs = LocalBuffers(self.device)
+        self.inbox = plumbing.requests if spec.in_queue is None else plumbing.step_queues[spec.step - 1][spec.in_queue]
+        self.outboxes = [plumbing.step_queues[spec.step][q] for q in spec.out_queues]
+        self._next_slot = 0
+
+    def _sync(self) -> None:
+        """Wait for copies queued on the current CUDA stream (the runner's own)."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def receive(self, timeout: float) -> Input | None:
+        try:
+            message = self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        arrived = time.time()
+        if isinstance(message, Request):
+            return Input((), {"request": message.payload}, message.card, arrived)
+        slot = self.wiring.sources[(message.group, message.instance)][message.slot]
+        tensors = slot.read(self.device, self.inputs)
+        self._sync()
+        slot.free.set()
+        return Input(tensors, message.non_tensors, message.time_card, arrived)
+
+    def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> bool:
+        index = self._acquire_slot()
+        if index is None:
+            return False
+        cards = as_cards(time_card)
+        # Separates waiting for a free slot (back-pressure from the next step) from the copy itself.
+        for card in cards:
+            card.record(self.events.slot_acquired)
+        slot = self.wiring.slots[index]
+        slot.write(tensors, f"{self.spec.name} ({self.spec.model})")
+        self._sync()
+        for card in cards:
+            card.record(self.events.handed_over)
+        signal = Signal(self.spec.step, self.spec.group, self.spec.instance, index, non_tensors, time_card)
+        try:
+            self.outboxes[queue_index].put_nowait(signal)
+        except queue.Full:
+            slot.free.set()
+            self.stop(Termination.INTER_STEP_QUEUE_FULL)
+            return False
+        return True
+
+    def _acquire_slot(self) -> int | None:
+        """The next free output slot, taken; None if the job ends while every slot is busy."""
+        slots = self.wiring.slots
+        while not self.stopped:
+            for offset in range(len(slots)):
+                index = (self._next_slot + offset) % len(slots)
+                if slots[index].free.is_set():
+                    slots[index].free.clear()
+                    self._next_slot = (index + 1) % len(slots)
+                    return index
+            slots[self._next_slot].free.wait(POLL_S)
+        return None
+
+    def finish(self, cards: tuple[TimeCard, ...]) -> bool:
+        finished = self.plumbing.finished
+        with finished.get_lock():
+            accepted = cards[: max(0, self.spec.target - finished.value)]
+            finished.value += len(accepted)
+            reached = finished.value >= self.spec.target
+        if accepted:
+            self.plumbing.results.put(Results(accepted))
+        if self.plumbing.in_flight is not None:
+            for _ in cards:
+                self.plumbing.in_flight.release()
+        return reached
+
+
+class LocalClientTransport(_Shared):
+    """The client's transport (rnb.harness.transport.ClientTransport): the request queue and the in-flight bound."""
+
+    def wait_for_room(self) -> bool:
+        in_flight = self.plumbing.in_flight
+        if in_flight is not None:
+            while not in_flight.acquire(timeout=POLL_S):
+                if self.stopped:
+                    return False
+        return not self.stopped
+
+    def submit(self, request: Request) -> bool:
+        try:
+            self.plumbing.requests.put_nowait(request)
+        except queue.Full:
+            self.stop(Termination.REQUEST_QUEUE_FULL)
+            return False
+        return True
+
+
+def runner_main(spec: RunnerSpec, wiring: LocalWiring, plumbing: Plumbing) -> None:
+    """Entry point of a spawned runner process."""
+    transport = LocalTransport(spec, wiring, plumbing)
+    child_main(spec.name, plumbing, transport, lambda: Runner(spec, transport).run(), torch.device(spec.device))
+
+
+def client_main(spec: client.ClientSpec, plumbing: Plumbing) -> None:
+    """Entry point of the spawned client process."""
+    transport = LocalClientTransport(plumbing)
+    child_main("client", plumbing, transport, lambda: client.generate(spec, transport))

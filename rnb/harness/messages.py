@@ -1,0 +1,71 @@
+"""Every message that crosses a process boundary, each a named frozen record.
+
+    client ──Request──▶ step 0 ──Signal──▶ step 1 ... final step ──Results──▶ main
+    every child ──Ready, then Failed (if it raised), then Exited──▶ main
+
+They are small and pickle cheaply: tensors never travel in a message (a
+Signal only says which shared slot holds them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+from rnb.harness.timecard import TimeCard
+
+
+@dataclass(frozen=True)
+class Request:
+    """Client -> step 0: one request of the source, and the item's new time card."""
+
+    payload: Any
+    card: TimeCard
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Step k -> step k+1: which producer's slot holds the tensors, plus the small rest."""
+
+    step: int
+    group: int
+    instance: int
+    slot: int
+    non_tensors: dict
+    time_card: Any  # TimeCard or a tuple of them (a batch)
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A child is set up (model loaded, source open) and waits at the start barrier."""
+
+    name: str
+    notes: tuple[str, ...] = ()  # lines for meta.json's notes, e.g. which weights a network runs with
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A child raised: its error as one line."""
+
+    name: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Exited:
+    """A child's last words, whether it succeeded or failed: what it used."""
+
+    name: str
+    peak_rss_bytes: int
+    peak_device_bytes: int | None   # None for a process that used no CUDA device
+    intra_op_threads: int
+    interop_threads: int
+
+
+@dataclass(frozen=True)
+class Results:
+    """Final step -> main: time cards of finished items, counted towards the target."""
+
+    cards: tuple[TimeCard, ...]
+
+
+Status = Union[Ready, Failed, Exited]

@@ -1,0 +1,88 @@
+"""The seam between the engine-independent loops (runner, client) and an engine.
+
+The runner loop (`rnb.harness.runner`) decides what happens to an item:
+time-card stamps, the model call, segments, the selector, batcher flushes,
+final-step checks.  How an input reaches a step, how outputs reach the next
+one, how the start barrier, the termination flag and the job's results are
+shared: that is the engine's, behind these two small protocols.  The local
+engine implements them in `rnb.harness.local` (shared slots and
+torch.multiprocessing queues); another engine implements the same methods.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from rnb.harness.control import Termination
+from rnb.harness.messages import Request, Status
+from rnb.harness.timecard import TimeCard
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input of a step, already the runner's own: the producer may reuse what it came from."""
+
+    tensors: tuple[torch.Tensor, ...]   # () for step 0, whose input is a request
+    non_tensors: dict                   # {"request": payload} for step 0
+    time_card: Any                      # TimeCard or a tuple of them (a batch)
+    arrived: float                      # epoch seconds when it was taken off the input, before any copy
+
+
+class Transport(Protocol):
+    """What a runner needs from its engine.  No method blocks longer than a poll interval past the job's end."""
+
+    @property
+    def stopped(self) -> bool:
+        """True once the job is over, for whatever reason."""
+
+    def stop(self, reason: Termination) -> None:
+        """End the job for everyone; the first reason given (by anyone) is the one recorded."""
+
+    def report(self, status: Status) -> None:
+        """Tell the main process how this runner is doing (Ready, Failed, Exited)."""
+
+    def wait_for_start(self) -> bool:
+        """Block at the start barrier; False if the job ended first."""
+
+    def receive(self, timeout: float) -> Input | None:
+        """The next input, copied out and its source released; None if nothing came within `timeout` seconds."""
+
+    def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> bool:
+        """Hand an output to output queue `queue_index` (an index into the step's out_queues).
+
+        Stamps the card's `slot_acquired` (the way on was free) and
+        `handed_over` (the output is on its way) events, which only the
+        transport can see.  False if the job ended first (the transport may
+        have ended it, e.g. a full queue).
+        """
+
+    def finish(self, cards: tuple[TimeCard, ...]) -> bool:
+        """Final step: count the cards towards the target and ship them to the main process.
+
+        Cards past the target are dropped.  True once the target is reached.
+        """
+
+
+class ClientTransport(Protocol):
+    """What the load generator needs from its engine."""
+
+    @property
+    def stopped(self) -> bool:
+        """True once the job is over, for whatever reason."""
+
+    def stop(self, reason: Termination) -> None:
+        """End the job for everyone; the first reason given is the one recorded."""
+
+    def report(self, status: Status) -> None:
+        """Tell the main process how the client is doing."""
+
+    def wait_for_start(self) -> bool:
+        """Block at the start barrier; False if the job ended first."""
+
+    def wait_for_room(self) -> bool:
+        """Closed loop: block until fewer than the concurrency are in flight; False if the job ended first."""
+
+    def submit(self, request: Request) -> bool:
+        """Send a request to step 0; False if it could not go (the request queue was full and the job ended)."""
