@@ -16,7 +16,12 @@ from rnb.harness.timecard import TimeCard
 
 
 class Aggregator:
-    """Usually the final step; as an inner step it outputs (items, num_classes) summed logits."""
+    """Usually the final step; as an inner step it outputs (items, num_classes) summed logits.
+
+    Sized by its input (clips, num_classes): every item has at least one clip,
+    so there are never more items than input rows.  `num_classes` and `batch`
+    describe the output only when no input shape is given.
+    """
 
     merges_segments = True  # config validation lets a step before this one split items (num_segments > 1)
 
@@ -24,8 +29,15 @@ class Aggregator:
         self.pending: dict[tuple, list[tuple[TimeCard, torch.Tensor]]] = {}
 
     @staticmethod
-    def output_shape(num_classes: int = 400, batch: int = 1, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
-        return ((batch, num_classes),)
+    def output_shape(num_classes: int = 400, batch: int = 1, input_shapes: tuple[tuple[int, ...], ...] | None = None,
+                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        if input_shapes is None:
+            return ((batch, num_classes),)
+        (rows, *classes), *rest = input_shapes
+        if rest or len(classes) != 1:
+            raise ValueError(f"Aggregator takes one tensor of (clips, num_classes) logits, but the previous step "
+                             f"outputs {input_shapes}")
+        return ((rows, classes[0]),)
 
     def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
                  time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:

@@ -19,6 +19,12 @@ from models.episode import clip_shape
 
 
 class Batcher:
+    """Sized by its input (the harness gives `output_shape` the previous step's output shapes).
+
+    `num_clips`, `clip_length` and `size` are accepted for configs that still
+    repeat the loader's keywords, and describe the input only without it.
+    """
+
     def __init__(self, device: torch.device, batch: int = 1, num_clips: int | Mapping[str, Any] = 10,
                  clip_length: int = 8, size: int = 112, timeout_ms: float = 50.0) -> None:
         if batch < 1 or timeout_ms < 0:
@@ -30,9 +36,12 @@ class Batcher:
 
     @staticmethod
     def output_shape(batch: int = 1, num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8,
-                     size: int = 112, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
-        rows, *clip = clip_shape(num_clips, clip_length, size)
-        return ((batch * rows, *clip),)
+                     size: int = 112, input_shapes: tuple[tuple[int, ...], ...] | None = None,
+                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        """`batch` inputs stacked along the first dimension; without `input_shapes`, clips of the loader's keywords."""
+        if input_shapes is None:
+            input_shapes = (clip_shape(num_clips, clip_length, size),)
+        return tuple((batch * rows, *rest) for rows, *rest in input_shapes)
 
     def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
                  time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:

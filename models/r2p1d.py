@@ -20,6 +20,7 @@ from models.episode import ClipCount, EpisodeLoader, clip_shape
 from rnb.harness.timecard import TimeCard
 
 NUM_STAGES = 5
+DEFAULT_CLIPS = 10  # clips per item a network assumes when neither its input nor its keywords say
 # most input sizes warmed up with cudnn.benchmark on; beyond it the autotuner would stall measured items
 MAX_WARM_SIZES = 16
 # output channels of stages 1..4; stage 5 gives num_classes logits
@@ -31,16 +32,38 @@ def _half(size: int) -> int:
     return (size - 1) // 2 + 1
 
 
-def stage_shape(stage: int, clip_length: int, size: int, num_classes: int = 400) -> tuple[int, ...]:
-    """Shape of one clip after `stage` (0 = the input clip itself)."""
-    if stage == 0:
-        return (3, clip_length, size, size)
+def stage_output(stage: int, clip: tuple[int, ...], num_classes: int = 400) -> tuple[int, ...]:
+    """Shape of one clip (C, T, H, W) after running `stage` on it."""
     if stage == NUM_STAGES:
         return (num_classes,)
-    t, s = clip_length, _half(size)  # the stem halves height and width only
-    for _ in range(stage - 2):       # layer2 and layer3 halve time, height and width
-        t, s = _half(t), _half(s)
-    return (_CHANNELS[stage - 1], t, s, s)
+    _, t, h, w = clip
+    if stage == 1:    # the stem halves height and width only
+        return (_CHANNELS[0], t, _half(h), _half(w))
+    if stage == 2:    # layer1 keeps the shape
+        return (_CHANNELS[1], t, h, w)
+    return (_CHANNELS[stage - 1], _half(t), _half(h), _half(w))  # layer2 and layer3 halve all three
+
+
+def run_stages(clip: tuple[int, ...], start_index: int, end_index: int, num_classes: int = 400) -> tuple[int, ...]:
+    """Shape of one clip entering stage `start_index`, after stages start_index..end_index."""
+    for stage in range(start_index, end_index + 1):
+        clip = stage_output(stage, clip, num_classes)
+    return clip
+
+
+def stage_shape(stage: int, clip_length: int, size: int, num_classes: int = 400) -> tuple[int, ...]:
+    """Shape of one clip of the network's input after `stage` (0 = the input clip itself)."""
+    return run_stages((3, clip_length, size, size), 1, stage, num_classes)
+
+
+def input_clip(start_index: int, input_shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """One clip of the previous step's output, checked to be what stage `start_index` takes."""
+    (rows, *clip), *rest = input_shapes
+    channels = 3 if start_index == 1 else _CHANNELS[start_index - 2]
+    if rest or len(clip) != 4 or clip[0] != channels:
+        raise ValueError(f"stage {start_index} takes one tensor of (clips, {channels}, frames, height, width), "
+                         f"but the previous step outputs {input_shapes}")
+    return tuple(clip)
 
 
 def input_rows(num_clips: int | Mapping[str, Any], batch: int) -> list[int]:
@@ -56,6 +79,15 @@ def input_rows(num_clips: int | Mapping[str, Any], batch: int) -> list[int]:
         current = {rows + clips for rows in current for clips in choices}
         totals |= current
     return sorted(totals)
+
+
+def warm_up_rows(num_clips: int | Mapping[str, Any] | None, batch: int,
+                 input_shapes: tuple[tuple[int, ...], ...] | None) -> list[int]:
+    """The input sizes to warm up: exactly those the loader's clip counts allow, when the step is told them;
+    else every row count up to the largest input (any may come); else those of the default 10 clips."""
+    if num_clips is None and input_shapes is not None:
+        return list(range(1, input_shapes[0][0] + 1))
+    return input_rows(DEFAULT_CLIPS if num_clips is None else num_clips, batch)
 
 
 def check_cut(start_index: int, end_index: int) -> None:
@@ -77,23 +109,29 @@ def build_stages(num_classes: int, checkpoint: str | None, seed: int) -> tuple[n
 class R2P1DRunner:
     """Stages start_index..end_index on (rows, *stage input) tensors.
 
-    rows is at most `batch` times the largest `num_clips` (a Batcher before
-    this step stacks `batch` items); `-b` sets `batch` unless the config does.
+    In a pipeline the input's shape is the previous step's output
+    (`input_shapes`, given by the harness), so a config names only the cut.
+    Without it (a model built by hand, or an old config) `num_clips`,
+    `clip_length`, `size` and `batch` describe the input: rows are at most
+    `batch` times the largest `num_clips`.  Given, `num_clips` (the loader's
+    clip counts) also tells the warm-up exactly which input sizes can come.
     """
 
     def __init__(self, device: torch.device, start_index: int = 1, end_index: int = 5,
-                 num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
+                 num_clips: int | Mapping[str, Any] | None = None, clip_length: int = 8, size: int = 112,
                  num_classes: int = 400, batch: int = 1, checkpoint: str | None = None, seed: int = 0,
-                 warmup: int = 1) -> None:
+                 warmup: int = 1, input_shapes: tuple[tuple[int, ...], ...] | None = None) -> None:
         check_cut(start_index, end_index)
         stages = build_stages(num_classes, checkpoint, seed)[start_index - 1: end_index]
         self.net = nn.Sequential(*stages).to(device).eval()
-        self.output = stage_shape(end_index, clip_length, size, num_classes)
+        clip = (input_clip(start_index, input_shapes) if input_shapes is not None
+                else stage_shape(start_index - 1, clip_length, size, num_classes))
+        self.output = run_stages(clip, start_index, end_index, num_classes)
         weights = f"checkpoint {checkpoint}" if checkpoint else f"random weights (seed {seed}; no checkpoint given)"
         self.notes = [f"R2P1DRunner stages {start_index}-{end_index}: {weights}"]
-        clip = stage_shape(start_index - 1, clip_length, size, num_classes)
         if warmup > 0:
-            self.notes.append(self._warm_up(torch.device(device), input_rows(num_clips, batch), clip, warmup))
+            rows = warm_up_rows(num_clips, batch, input_shapes)
+            self.notes.append(self._warm_up(torch.device(device), rows, clip, warmup))
 
     def _warm_up(self, device: torch.device, rows: list[int], clip: tuple[int, ...], passes: int) -> str:
         """Run the network before the clock starts, on a GPU at every input size the run can bring.
@@ -118,14 +156,19 @@ class R2P1DRunner:
         return f"R2P1DRunner warm-up ({how}): {passes} pass(es) at {', '.join(map(str, sizes))} rows"
 
     @staticmethod
-    def output_shape(start_index: int = 1, end_index: int = 5, num_clips: int | Mapping[str, Any] = 10,
+    def output_shape(start_index: int = 1, end_index: int = 5, num_clips: int | Mapping[str, Any] | None = None,
                      clip_length: int = 8, size: int = 112, num_classes: int = 400, batch: int = 1,
-                     checkpoint: str | None = None, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+                     checkpoint: str | None = None, input_shapes: tuple[tuple[int, ...], ...] | None = None,
+                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
         check_cut(start_index, end_index)
         if checkpoint is not None and not os.path.isfile(checkpoint):
             raise ValueError(f"checkpoint {checkpoint} is not a file")
-        rows = batch * clip_shape(num_clips, clip_length, size)[0]
-        return ((rows, *stage_shape(end_index, clip_length, size, num_classes)),)
+        if input_shapes is not None:
+            rows, clip = input_shapes[0][0], input_clip(start_index, input_shapes)
+        else:
+            rows = batch * clip_shape(DEFAULT_CLIPS if num_clips is None else num_clips, clip_length, size)[0]
+            clip = stage_shape(start_index - 1, clip_length, size, num_classes)
+        return ((rows, *run_stages(clip, start_index, end_index, num_classes)),)
 
     def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
                  time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:

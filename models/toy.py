@@ -70,7 +70,7 @@ class SyntheticFrames:
 
 
 class TinyConvNet:
-    """Any later step: a one-layer Conv3d classifier with seeded random weights."""
+    """Any later step: a one-layer Conv3d classifier with seeded random weights; `clips` is accepted, not needed."""
 
     def __init__(self, device: torch.device, clips: int = 2, classes: int = 10, channels: int = 8,
                  seed: int = 0, record_pid: bool = False, fail_at_init: bool = False,
@@ -87,8 +87,10 @@ class TinyConvNet:
         torch.random.set_rng_state(generator_state)
 
     @staticmethod
-    def output_shape(clips: int = 2, classes: int = 10, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
-        return ((clips, classes),)
+    def output_shape(clips: int = 2, classes: int = 10, input_shapes: tuple[tuple[int, ...], ...] | None = None,
+                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        """(clips, classes): the clips are the input's rows (`clips` only describes them without an input)."""
+        return ((clips if input_shapes is None else input_shapes[0][0], classes),)
 
     def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
                  time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:

@@ -20,7 +20,7 @@ from models.aggregator import Aggregator
 from models.batcher import Batcher
 from models.episode import (EpisodeDecoder, EpisodeFetcher, EpisodeLoader, ClipCount, sample_clip_frames,
                             to_clips)
-from models.r2p1d import R2P1DRunner, input_rows, stage_shape
+from models.r2p1d import R2P1DRunner, input_rows, stage_shape, warm_up_rows
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.dataset_source import EpisodeRequest, SourceOptions, parse_options, requests
 from rnb.pipeline.plan import plan_runners
@@ -200,6 +200,69 @@ def test_gpu_runner_turns_cudnn_benchmark_on_and_warms_every_size():
                          clip_length=4, size=32, batch=2)
     assert torch.backends.cudnn.benchmark
     assert runner.notes[-1] == "R2P1DRunner warm-up (cudnn.benchmark on): 1 pass(es) at 1, 2, 15, 16, 30 rows"
+
+
+def _rnb_pipeline(later: dict) -> dict:
+    """Loader -> batcher (per-group batch) -> R(2+1)D stages 1-3 -> stages 4-5; `later` goes on every later step."""
+    loader = {"model": "models.episode.EpisodeLoader", "queue_groups": [{"gpus": [-1], "out_queues": [0, 1]}],
+              "num_clips": {"choices": [1, 15], "weights": [10, 1]}, "clip_length": 8, "size": 112}
+    return {"source": {}, "pipeline": [
+        loader,
+        {"model": "models.batcher.Batcher", "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0]},
+                                                            {"gpus": [-1], "in_queue": 1, "out_queues": [0], "batch": 1}],
+         **later},
+        {"model": "models.r2p1d.R2P1DRunner", "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0]}],
+         "start_index": 1, "end_index": 3, **later},
+        {"model": "models.r2p1d.R2P1DRunner", "queue_groups": [{"gpus": [-1], "in_queue": 0}],
+         "start_index": 4, "end_index": 5, **later}]}
+
+
+def test_later_steps_size_themselves_from_the_previous_steps_outputs():
+    placements = plan_runners(parse_config(_rnb_pipeline({}), "c.json"), 4)
+    assert [(p.name, p.input_shapes, p.output_shapes) for p in placements] == [
+        ("step0-g0-r0", None, ((15, 3, 8, 112, 112),)),
+        ("step1-g0-r0", ((15, 3, 8, 112, 112),), ((60, 3, 8, 112, 112),)),
+        ("step1-g1-r0", ((15, 3, 8, 112, 112),), ((15, 3, 8, 112, 112),)),
+        ("step2-g0-r0", ((60, 3, 8, 112, 112),), ((60, 128, 4, 28, 28),)),
+        ("step3-g0-r0", ((60, 128, 4, 28, 28),), ())]
+    assert placements[4].model_kwargs["input_shapes"] == ((60, 128, 4, 28, 28),)
+    repeated = {"num_clips": {"choices": [1, 15], "weights": [10, 1]}, "clip_length": 8, "size": 112}
+    old_style = plan_runners(parse_config(_rnb_pipeline(repeated), "c.json"), 4)
+    assert [p.output_shapes for p in old_style] == [p.output_shapes for p in placements]
+
+
+def test_segments_size_the_next_step_and_a_model_without_input_shapes_still_plans():
+    document = {"source": {}, "pipeline": [
+        {"model": "models.toy.SyntheticFrames", "queue_groups": [{"gpus": [-1], "out_queues": [0]}],
+         "num_segments": 3, "clips": 7, "frames": 2, "height": 8, "width": 8},
+        {"model": "models.toy.TinyConvNet", "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0]}]},
+        {"model": "tests.fixture_models.Frames", "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0]}]},
+        {"model": "tests.fixture_models.Head", "queue_groups": [{"gpus": [-1], "in_queue": 0}]}]}
+    frames, net, legacy, head = plan_runners(parse_config(document, "c.json"), 1)
+    assert (net.input_shapes, net.output_shapes) == (((3, 3, 2, 8, 8),), ((3, 10),))  # 7 clips in 3 segments: <= 3 each
+    assert (legacy.input_shapes, legacy.output_shapes, head.input_shapes) == (((3, 10),), ((1, 4),), ((1, 4),))
+    assert "input_shapes" not in legacy.model_kwargs
+
+
+def test_a_network_cut_that_does_not_fit_its_input_is_a_config_error():
+    document = _rnb_pipeline({})
+    document["pipeline"][2]["start_index"] = 3
+    with pytest.raises(ConfigError, match=r"c.json: pipeline\[2\].model: expected output_shape\(\) to accept the step's "
+                                          r"keywords, found ValueError: stage 3 takes one tensor of \(clips, 64, frames, "
+                                          r"height, width\), but the previous step outputs \(\(60, 3, 8, 112, 112\),\)"):
+        plan_runners(parse_config(document, "c.json"), 4)
+
+
+def test_a_network_built_on_its_input_shape_warms_up_on_it_and_pads_empty_segments():
+    net = R2P1DRunner(CPU, 3, 5, num_classes=7, input_shapes=((2, 64, 5, 19, 19),))
+    (empty,), _, _ = net((torch.zeros(0, 64, 5, 19, 19),), {}, None)
+    (logits,), _, _ = net((torch.zeros(2, 64, 5, 19, 19),), {}, None)
+    assert (tuple(empty.shape), tuple(logits.shape)) == ((0, 7), (2, 7))
+    assert net.notes[-1] == "R2P1DRunner warm-up (on the CPU): 1 pass(es) at 1 rows"
+    # Without the loader's clip counts any row count up to the input's may come; with them, exactly theirs.
+    rnb = {"choices": [1, 15], "weights": [10, 1]}
+    assert warm_up_rows(None, 3, ((4, 3, 8, 32, 32),)) == [1, 2, 3, 4]
+    assert warm_up_rows(rnb, 3, ((45, 3, 8, 32, 32),)) == input_rows(rnb, 3)
 
 
 def test_every_stage_shape_matches_the_network_and_cut_logits_equal_whole_logits():

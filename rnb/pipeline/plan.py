@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import torch
 
-from rnb.pipeline.config import ConfigError, KeywordError, PipelineConfig
+from rnb.pipeline.config import ConfigError, KeywordError, PipelineConfig, QueueGroup
 from rnb.pipeline.dotted import load_object
 
 
@@ -37,6 +37,7 @@ class Placement:
     num_slots: int
     output_shapes: tuple[tuple[int, ...], ...]  # empty for the final step
     output_dtypes: tuple[torch.dtype, ...] = ()  # empty = all float32
+    input_shapes: tuple[tuple[int, ...], ...] | None = None  # the largest input; None for step 0
     threads: int | None = None  # torch intra-op and inter-op threads; None = torch's default
 
 
@@ -73,34 +74,81 @@ def runner_name(step: int, group: int, instance: int) -> str:
     return f"step{step}-g{group}-r{instance}"
 
 
+Shapes = tuple[tuple[int, ...], ...]
+
+
 def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
-    """One placement per gpus entry of every queue group, in step order."""
-    placements = []
-    last = len(config.steps) - 1
+    """One placement per gpus entry of every queue group, in step order.
+
+    Each step's model learns the previous step's output shapes (the largest
+    over the producers of its in_queue, per segment if the producer splits
+    its outputs), so it can size its own outputs from them.
+    """
+    placements: list[Placement] = []
     share = cpu_threads(config)
+    produced: dict[int, list[Shapes]] = {}   # out_queue of the previous step -> shapes of what lands in it
     for k, step in enumerate(config.steps):
         model = load_object(step.model)
+        outputs: dict[int, list[Shapes]] = {}
+        final = k == len(config.steps) - 1
         for g, group in enumerate(step.queue_groups):
-            kwargs = dict(group.model_kwargs)
+            inputs = None if k == 0 else _input_shapes(config, k, g, group.in_queue, produced[group.in_queue])
+            kwargs = _model_kwargs(model, group, batch_size, inputs)
             threads = kwargs.pop("threads", None)
             if group.queue_selector is not None and len(group.out_queues) > 0:
                 _check_selector(config, k, g, group.queue_selector, len(group.out_queues), group.queue_selector_kwargs)
-            # -b is the default `batch` of batching steps: models that take one get it unless the config sets it.
-            if "batch" in inspect.signature(model.__init__).parameters and "batch" not in kwargs:
-                kwargs["batch"] = batch_size
-            shapes = _output_shapes(config, k, model, kwargs, final=k == last)
-            dtypes = () if k == last else _output_dtypes(config, k, model, kwargs, len(shapes))
-            for i, gpu in enumerate(group.gpus):
-                placements.append(Placement(
-                    name=runner_name(k, g, i), step=k, group=g, instance=i,
-                    device="cpu" if gpu < 0 else f"cuda:{gpu}",
-                    model=step.model, model_kwargs=kwargs, selector=group.queue_selector,
-                    selector_kwargs=dict(group.queue_selector_kwargs), in_queue=group.in_queue,
-                    out_queues=tuple(group.out_queues), num_segments=step.num_segments,
-                    num_slots=step.num_shared_tensors, output_shapes=shapes, output_dtypes=dtypes,
-                    threads=threads if threads is not None else (share if gpu < 0 else None),
-                ))
+            shapes = _output_shapes(config, k, model, kwargs, inputs, final)
+            dtypes = () if final else _output_dtypes(config, k, model, kwargs, inputs, len(shapes))
+            for q in group.out_queues:
+                outputs.setdefault(q, []).append(_per_segment(shapes, step.num_segments))
+            placements.extend(Placement(
+                name=runner_name(k, g, i), step=k, group=g, instance=i, device="cpu" if gpu < 0 else f"cuda:{gpu}",
+                model=step.model, model_kwargs=kwargs, selector=group.queue_selector,
+                selector_kwargs=dict(group.queue_selector_kwargs), in_queue=group.in_queue,
+                out_queues=tuple(group.out_queues), num_segments=step.num_segments,
+                num_slots=step.num_shared_tensors, output_shapes=shapes, output_dtypes=dtypes, input_shapes=inputs,
+                threads=threads if threads is not None else (share if gpu < 0 else None),
+            ) for i, gpu in enumerate(group.gpus))
+        produced = outputs
     return placements
+
+
+def _model_kwargs(model: Any, group: QueueGroup, batch_size: int, inputs: Shapes | None) -> dict[str, Any]:
+    """The group's model keywords, plus what the harness supplies to constructors that take it.
+
+    -b is the default `batch` of batching steps; `input_shapes` is the previous step's output shapes.
+    """
+    kwargs = dict(group.model_kwargs)
+    accepted = inspect.signature(model.__init__).parameters
+    if "batch" in accepted and "batch" not in kwargs:
+        kwargs["batch"] = batch_size
+    if "input_shapes" in accepted and inputs is not None:
+        kwargs["input_shapes"] = inputs
+    return kwargs
+
+
+def _per_segment(shapes: Shapes, num_segments: int) -> Shapes:
+    """What one segment of an output can hold: torch.tensor_split's largest piece of the first dimension."""
+    return tuple((-(-shape[0] // num_segments), *shape[1:]) for shape in shapes)
+
+
+def _input_shapes(config: PipelineConfig, k: int, g: int, in_queue: int, producers: list[Shapes]) -> Shapes:
+    """The elementwise largest of the shapes the producers of `in_queue` write: what any input can be."""
+    first = producers[0]
+    for other in producers[1:]:
+        if len(other) != len(first) or any(len(a) != len(b) for a, b in zip(first, other)):
+            raise ConfigError(config.path, f"pipeline[{k}].queue_groups[{g}].in_queue",
+                              f"expected the groups of pipeline[{k - 1}] that write queue {in_queue} to output "
+                              f"tensors of the same number and rank, found shapes {first} and {other}")
+    return tuple(tuple(max(dims) for dims in zip(*same)) for same in zip(*producers))
+
+
+def _static_call(method: Any, kwargs: dict[str, Any], inputs: Shapes | None) -> Any:
+    """Call a model's static output_shape/output_dtypes with the step's keywords, and input_shapes if it takes them."""
+    arguments = {key: value for key, value in kwargs.items() if key != "input_shapes"}
+    if "input_shapes" in inspect.signature(method).parameters:
+        arguments["input_shapes"] = inputs
+    return method(**arguments)
 
 
 def check_against_dataset(config: PipelineConfig, placements: list[Placement], dataset: Any) -> None:
@@ -176,12 +224,12 @@ def _check_selector(config: PipelineConfig, k: int, g: int, selector: str, num_q
                           f"expected keywords that {selector} accepts, found {type(error).__name__}: {error}") from None
 
 
-def _output_shapes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str, Any],
-                   final: bool) -> tuple[tuple[int, ...], ...]:
+def _output_shapes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str, Any], inputs: Shapes | None,
+                   final: bool) -> Shapes:
     """The shapes of a step's output slots; on the final step output_shape() is only asked, to vet the keywords."""
     where = f"pipeline[{k}].model"
     try:
-        shapes = model.output_shape(**kwargs)
+        shapes = _static_call(model.output_shape, kwargs, inputs)
     except Exception as error:  # the model's own complaint about its keywords is the config error
         raise ConfigError(config.path, where, f"expected output_shape() to accept the step's keywords, found {type(error).__name__}: {error}") from None
     if final:
@@ -194,13 +242,14 @@ def _output_shapes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str,
     return shapes
 
 
-def _output_dtypes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str, Any], count: int) -> tuple[torch.dtype, ...]:
+def _output_dtypes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str, Any], inputs: Shapes | None,
+                   count: int) -> tuple[torch.dtype, ...]:
     """The optional `output_dtypes(**kwargs)` of a model whose outputs are not float32 (e.g. raw bytes)."""
     if not callable(getattr(model, "output_dtypes", None)):
         return ()
     where = f"pipeline[{k}].model"
     try:
-        dtypes = model.output_dtypes(**kwargs)
+        dtypes = _static_call(model.output_dtypes, kwargs, inputs)
     except Exception as error:
         raise ConfigError(config.path, where, f"expected output_dtypes() to accept the step's keywords, found {type(error).__name__}: {error}") from None
     if not isinstance(dtypes, tuple) or len(dtypes) != count or not all(isinstance(d, torch.dtype) for d in dtypes):
