@@ -1,10 +1,17 @@
-"""Shared pytest setup for the whole suite: markers that skip what this machine cannot run."""
+"""Shared pytest setup: markers that skip what this machine cannot run, and reading a job's log.
+
+Tests that run a job read what it left through the `job_log` fixture, which
+also tells whether any of its processes outlived it.
+"""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable, NamedTuple
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -29,3 +36,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, skip in skips.items():
             if marker in item.keywords:
                 item.add_marker(skip)
+
+
+class JobLog(NamedTuple):
+    """What one job left in its log directory."""
+
+    dir: Path
+    meta: dict            # meta.json
+    rows: list[dict]      # timings.parquet, one dict per finished item
+
+    @property
+    def children_left(self) -> list[int]:
+        """The job's processes still running: still a child of the tests, or any spawned process orphaned."""
+        left = []
+        for pid in (process["pid"] for process in self.meta["processes"]):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except FileNotFoundError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() or b"multiprocessing" in cmdline:
+                left.append(pid)
+        return left
+
+
+def _read_job_log(log_dir: Path) -> JobLog:
+    """The one job a test ran into `log_dir` (the test fails if there are none or several)."""
+    (job_dir,) = [path for path in Path(log_dir).iterdir() if path.is_dir()]
+    meta = json.loads((job_dir / "meta.json").read_text())
+    return JobLog(job_dir, meta, pq.read_table(job_dir / "timings.parquet").to_pylist())
+
+
+@pytest.fixture
+def job_log() -> Callable[[Path], JobLog]:
+    """`job_log(log_dir)`: what the one job run into `log_dir` left there."""
+    return _read_job_log

@@ -6,14 +6,13 @@ or explains the wrong problem fails the test.
 """
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from rnb.harness import cli
 from rnb.pipeline.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,13 +104,6 @@ def _path(name: str) -> str:
     return f"tests/broken_configs/{name}.json"
 
 
-def _benchmark() -> ModuleType:
-    """Import benchmark.py for real once it exists, so an import error fails rather than skips."""
-    if not (REPO / "benchmark.py").exists():
-        pytest.skip("benchmark.py is not written yet")
-    return importlib.import_module("benchmark")
-
-
 def test_every_corpus_file_has_a_case() -> None:
     assert sorted(p.stem for p in CORPUS.glob("*.json")) == sorted(CASES)
     assert len(CASES) >= 30
@@ -133,10 +125,9 @@ def test_broken_config_names_its_json_path(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_benchmark_exits_2_with_the_json_path(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    benchmark = _benchmark()
     json_path, fragment = CASES[name]
     file = _path(name)
-    assert benchmark.main(["-c", file, "--cpu"]) == 2
+    assert cli.main(["-c", file, "--cpu"]) == 2
     err = capsys.readouterr().err
     assert f"{file}: {json_path}: " in err
     assert fragment in err
@@ -144,7 +135,6 @@ def test_benchmark_exits_2_with_the_json_path(name: str, capsys: pytest.CaptureF
 
 
 def test_benchmark_subprocess_exits_2_without_traceback() -> None:
-    _benchmark()
     file = "tests/broken_configs/in_queue_mismatch.json"
     done = subprocess.run(
         [sys.executable, "benchmark.py", "-c", file, "--cpu"],

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from rnb.harness import cli
@@ -41,11 +40,6 @@ def shrunk(path: Path, tmp_path: Path) -> str:
     return str(target)
 
 
-def job(log_dir: Path) -> tuple[dict, list[dict]]:
-    (job_dir,) = [path for path in log_dir.iterdir() if path.is_dir()]
-    return json.loads((job_dir / "meta.json").read_text()), pq.read_table(job_dir / "timings.parquet").to_pylist()
-
-
 @pytest.mark.parametrize("path", CONFIGS, ids=[path.name for path in CONFIGS])
 def test_every_shipped_config_validates_and_says_what_it_is(path):
     config = load_config(str(path))
@@ -55,12 +49,13 @@ def test_every_shipped_config_validates_and_says_what_it_is(path):
 
 
 @pytest.mark.parametrize("path", EPISODE_CONFIGS, ids=[path.name for path in EPISODE_CONFIGS])
-def test_every_config_runs_on_the_cpu_with_the_target_count(path, dataset, tmp_path):
+def test_every_config_runs_on_the_cpu_with_the_target_count(path, dataset, tmp_path, job_log):
     # rnb batches by -b: 10 items in batches of 3 end with a partial batch that only an idle flush hands over
     videos, batch = (10, 3) if path.name == "r2p1d-rnb.json" else (4, 1)
     code = cli.main(["-c", shrunk(path, tmp_path), "--cpu", "-v", str(videos), "-b", str(batch), "-mi", "0",
                            "--dataset", dataset, "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
-    meta, rows = job(tmp_path / "logs")
+    log = job_log(tmp_path / "logs")
+    meta, rows = log.meta, log.rows
     assert code == 0, meta["error"]
     assert meta["termination_reason"] == "target reached" and [row["item_id"] for row in rows] == list(range(videos))
     for row in rows:
@@ -86,23 +81,25 @@ def test_dataset_flag_and_missing_dataset_are_one_sentence_config_errors(tmp_pat
     assert missing in err and "\n" not in err and not (tmp_path / "none").exists()
 
 
-def test_no_arguments_runs_the_default_config_generating_its_missing_dataset(tmp_path, monkeypatch, capsys):
+def test_no_arguments_runs_the_default_config_generating_its_missing_dataset(tmp_path, monkeypatch, capsys, job_log):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["--log-dir", "logs"]) == 0
     err = capsys.readouterr().err
     assert "benchmark.py: dataset data/synthetic is missing: generating the synthetic dataset there" in err
     assert (tmp_path / "data/synthetic/meta/info.json").exists()
-    meta, rows = job(tmp_path / "logs")
+    log = job_log(tmp_path / "logs")
+    meta, rows = log.meta, log.rows
     assert meta["config_path"] == "<default>" and meta["finished_items"] == 40 and len(rows) == 40
     assert {row["device0"] for row in rows} == {"cpu"}
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["r2p1d-whole.json", "split-fetch-decode.json", "r2p1d-nopipeline.json"])
-def test_single_gpu_configs_run_on_gpu_0(name, dataset, tmp_path):
+def test_single_gpu_configs_run_on_gpu_0(name, dataset, tmp_path, job_log):
     """Decoding on NVDEC and CUDA slots, uint8 ones included, on one GPU as shipped (clips shrunk)."""
     code = cli.main(["-c", shrunk(Path("config") / name, tmp_path), "-v", "4", "-mi", "0", "--dataset", dataset,
                            "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
-    meta, rows = job(tmp_path / "logs")
+    log = job_log(tmp_path / "logs")
+    meta, rows = log.meta, log.rows
     assert code == 0, meta["error"]
     assert len(rows) == 4 and all(row[f"device{meta['num_steps'] - 1}"] == "cuda:0" for row in rows)

@@ -6,14 +6,12 @@ and why, keep the finished items' timings, and leave no process behind.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from rnb.harness import cli
@@ -30,24 +28,6 @@ def toy_with(tmp_path: Path, step: int, **faults) -> str:
     return str(path)
 
 
-def leftover(pids: list[int]) -> list[int]:
-    """Recorded pids still running one of our spawned children."""
-    alive = []
-    for pid in pids:
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except FileNotFoundError:
-            continue
-        if b"multiprocessing" in cmdline:
-            alive.append(pid)
-    return alive
-
-
-def read_log(log_dir: Path) -> tuple[dict, list[dict]]:
-    (job_dir,) = [path for path in log_dir.iterdir() if path.is_dir()]
-    return json.loads((job_dir / "meta.json").read_text()), pq.read_table(job_dir / "timings.parquet").to_pylist()
-
-
 @pytest.mark.parametrize("step, faults, failed, error", [
     (1, {"fail_at_init": True}, "step1-g0-r0",
      "RuntimeError: TinyConvNet failed at init on purpose (fail_at_init)"),
@@ -55,11 +35,13 @@ def read_log(log_dir: Path) -> tuple[dict, list[dict]]:
      "RuntimeError: SyntheticFrames failed on item 5 on purpose (fail_at_item)"),
     (1, {"exit_at_item": 5}, "step1-g0-r0", "exited with code 3"),
 ], ids=["init", "item", "os_exit"])
-def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path, capsys, step, faults, failed, error):
+def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path, capsys, job_log, step, faults, failed,
+                                                                      error):
     config = toy_with(tmp_path, step, **faults)
     code = cli.main(["-c", config, "-v", "50", "-mi", "0", "--log-dir", str(tmp_path / "logs")])
     returned = time.time()
-    meta, rows = read_log(tmp_path / "logs")
+    log = job_log(tmp_path / "logs")
+    meta, rows = log.meta, log.rows
     assert code == 1
     assert (meta["termination_reason"], meta["failed_process"]) == ("process failed", failed)
     assert meta["error"] == f"process {failed} failed: {error}"
@@ -68,7 +50,7 @@ def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path,
     statuses = {p["name"]: (p["status"], p["error"]) for p in meta["processes"]}
     assert statuses[failed] == ("failed", error)
     assert all(status in ("ok", "killed") for name, (status, _) in statuses.items() if name != failed)
-    assert leftover([p["pid"] for p in meta["processes"]]) == []
+    assert log.children_left == []
     assert len(rows) == meta["finished_items"] < 50
     if "fail_at_init" in faults:
         assert meta["start_time"] is None and rows == []
@@ -76,18 +58,19 @@ def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path,
         assert 5 not in [row["item_id"] for row in rows]
 
 
-def test_a_full_request_queue_aborts_the_job_with_exit_1(tmp_path, capsys):
+def test_a_full_request_queue_aborts_the_job_with_exit_1(tmp_path, capsys, job_log):
     code = cli.main(["-c", "config/toy.json", "-v", "40", "-mi", "0", "-qs", "4", "--log-dir", str(tmp_path)])
-    meta, rows = read_log(tmp_path)
+    log = job_log(tmp_path)
+    meta, rows = log.meta, log.rows
     assert code == 1
     assert meta["termination_reason"] == "request queue full" and meta["failed_process"] is None
     sentence = "the request queue was full (capacity 4, -qs): the pipeline could not keep up with the requests"
     assert meta["error"] == sentence and f"benchmark.py: {sentence}\n" in capsys.readouterr().err
     assert len(rows) == meta["finished_items"] < 40
-    assert leftover([p["pid"] for p in meta["processes"]]) == []
+    assert log.children_left == []
 
 
-def test_ctrl_c_exits_130_and_keeps_the_finished_items(tmp_path):
+def test_ctrl_c_exits_130_and_keeps_the_finished_items(tmp_path, job_log):
     command = [sys.executable, "benchmark.py", "-c", "config/toy.json", "-mi", "20", "-v", "100000",
                "--warmup", "0", "--log-dir", str(tmp_path)]
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -104,9 +87,10 @@ def test_ctrl_c_exits_130_and_keeps_the_finished_items(tmp_path):
     assert job.returncode == 130, err
     assert time.time() - interrupted < STOP_BOUND_S
     assert "Traceback" not in err
-    meta, rows = read_log(tmp_path)
+    log = job_log(tmp_path)
+    meta, rows = log.meta, log.rows
     assert meta["termination_reason"] == "interrupted" and meta["failed_process"] is None
     assert len(rows) == meta["finished_items"] > 0
     assert [row["item_id"] for row in rows] == list(range(len(rows)))
     assert "termination: interrupted" in out
-    assert leftover([p["pid"] for p in meta["processes"]]) == []
+    assert log.children_left == []

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from rnb.analysis.stages import part_latencies
@@ -16,26 +15,13 @@ SEGMENT_CHAIN = ["runner{k}_start", "inference{k}_start", "inference{k}_finish",
 STEP_COLUMNS = ["runner{k}_start", "inference{k}_start", "inference{k}_finish", "runner{k}_finish", "device{k}"]
 
 
-def run(tmp_path: Path, *argv: str) -> tuple[int, dict, list[dict]]:
-    code = cli.main([*argv, "--log-dir", str(tmp_path)])
-    (job_dir,) = [path for path in tmp_path.iterdir() if path.is_dir()]
-    meta = json.loads((job_dir / "meta.json").read_text())
-    rows = pq.read_table(job_dir / "timings.parquet").to_pylist()
-    return code, meta, rows
-
-
-def assert_no_child_left(meta: dict) -> None:
-    for process in meta["processes"]:
-        assert not is_our_child(process["pid"]), process
-
-
-def is_our_child(pid: int) -> bool:
-    """Alive and still ours; a pid reused by an unrelated process does not count."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
-    except FileNotFoundError:
-        return False
+@pytest.fixture
+def run(job_log):
+    """`run(log_dir, *argv)`: the benchmark's exit code, and the log of the job it ran."""
+    def run_job(log_dir: Path, *argv: str):
+        code = cli.main([*argv, "--log-dir", str(log_dir)])
+        return code, job_log(log_dir)
+    return run_job
 
 
 def write_config(tmp_path: Path, document: dict) -> str:
@@ -45,8 +31,9 @@ def write_config(tmp_path: Path, document: dict) -> str:
 
 
 @pytest.mark.parametrize("mode", [["-mi", "0"], ["-mi", "1"], ["--concurrency", "3"]], ids=["bulk", "poisson", "closed"])
-def test_toy_pipeline_finishes_exactly_the_target(tmp_path, mode):
-    code, meta, rows = run(tmp_path, "-c", "config/toy.json", "-v", "30", "--warmup", "5", *mode)
+def test_toy_pipeline_finishes_exactly_the_target(tmp_path, mode, run):
+    code, log = run(tmp_path, "-c", "config/toy.json", "-v", "30", "--warmup", "5", *mode)
+    meta, rows = log.meta, log.rows
     assert code == 0
     assert meta["termination_reason"] == "target reached" and meta["error"] is None
     assert meta["finished_items"] == 30 and len(rows) == 30
@@ -68,7 +55,7 @@ def test_toy_pipeline_finishes_exactly_the_target(tmp_path, mode):
     load = "-c3-" if "--concurrency" in mode else f"-mi{mode[1]}-"
     assert load in meta["job_id"] and "-mi" not in meta["job_id"].replace(load, "") and meta["job_id"].endswith("-qs50000")
     assert meta["gpus"] == [] and meta["num_steps"] == 2
-    assert_no_child_left(meta)
+    assert log.children_left == []
 
 
 SEGMENTED = {
@@ -83,14 +70,15 @@ SEGMENTED = {
 }
 
 
-def test_gpu_config_without_gpu_exits_2_and_cpu_flag_runs_replicas_and_merges_segments(tmp_path, capsys):
+def test_gpu_config_without_gpu_exits_2_and_cpu_flag_runs_replicas_and_merges_segments(tmp_path, capsys, run):
     config = write_config(tmp_path, SEGMENTED)
     assert cli.main(["-c", config, "-v", "24", "-mi", "0", "--log-dir", str(tmp_path / "refused")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pipeline[1].queue_groups[0].gpus" in err and "--cpu" in err
     assert not (tmp_path / "refused").exists()
 
-    code, meta, rows = run(tmp_path / "logs", "-c", config, "-v", "24", "-mi", "0", "--cpu", "--warmup", "0")
+    code, log = run(tmp_path / "logs", "-c", config, "-v", "24", "-mi", "0", "--cpu", "--warmup", "0")
+    meta, rows = log.meta, log.rows
     assert code == 0 and meta["termination_reason"] == "target reached"
     assert [row["item_id"] for row in rows] == list(range(24))
     replicas = {p["pid"] for p in meta["processes"] if p["step"] == 1}
@@ -117,7 +105,7 @@ def test_gpu_config_without_gpu_exits_2_and_cpu_flag_runs_replicas_and_merges_se
         assert parts["siblingwait2"] == row["siblings2_arrived"] - row["runner2_start"] > 0
         assert parts["siblingwait0"] == parts["siblingwait1"] == 0
     assert {row[f"seg{i}_instance1"] for row in rows for i in range(2)} == {0, 1}
-    assert_no_child_left(meta)
+    assert log.children_left == []
 
 
 ROUTED = {
@@ -133,8 +121,9 @@ ROUTED = {
 }
 
 
-def test_every_item_logs_the_replica_output_queue_and_batch_of_each_step(tmp_path):
-    code, meta, rows = run(tmp_path / "logs", "-c", write_config(tmp_path, ROUTED), "-v", "8", "-mi", "0")
+def test_every_item_logs_the_replica_output_queue_and_batch_of_each_step(tmp_path, run):
+    code, log = run(tmp_path / "logs", "-c", write_config(tmp_path, ROUTED), "-v", "8", "-mi", "0")
+    rows = log.rows
     assert code == 0 and [row["item_id"] for row in rows] == list(range(8))
     route = ["group{k}", "instance{k}", "batch{k}", "batch_size{k}", "out_queue{k}"]
     for row in rows:
@@ -149,4 +138,4 @@ def test_every_item_logs_the_replica_output_queue_and_batch_of_each_step(tmp_pat
     assert sorted(batches) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(len(seen) == 1 for seen in batches.values())  # a batch stays one batch at the next step
     assert sorted(seen.pop() for seen in batches.values()) == [0, 1, 2, 3]
-    assert_no_child_left(meta)
+    assert log.children_left == []
