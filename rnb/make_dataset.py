@@ -9,6 +9,7 @@ from pathlib import Path
 
 
 from episodes.synthetic import CODECS, SyntheticSpec, make_dataset
+from rnb.console import terminal_logging
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[Path, SyntheticSpec]:
@@ -33,7 +34,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Path, SyntheticSpec]:
 def main(argv: list[str] | None = None) -> int:
     out_dir, spec = parse_args(argv)
     started = time.perf_counter()
-    root = make_dataset(out_dir, spec)
+    with terminal_logging("make_dataset"):
+        root = make_dataset(out_dir, spec)
     size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
     print(f"wrote {spec.episodes} episodes x {spec.cameras} cameras ({spec.codec}) to {root}:"
           f" {size / 2**20:.2f} MiB in {time.perf_counter() - started:.1f} s")

@@ -22,6 +22,7 @@ from rnb.analysis.jobs import (JSON_COLUMNS, JobLogError, JobTables, ValidityRul
 from rnb.harness.spool import SPOOL_DIR
 from rnb.analysis.report import format_compare, format_report, plot_jobs
 from rnb.analysis.trace import write_trace
+from rnb.console import terminal_logging
 
 DEFAULTS = ValidityRules()
 
@@ -82,6 +83,11 @@ def export(tables: JobTables, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with terminal_logging("analyze"):
+        return _analyze(args)
+
+
+def _analyze(args: argparse.Namespace) -> int:
     rules = ValidityRules(min_duration_s=args.min_duration, min_items=args.min_items)
     incomplete = []
     try:

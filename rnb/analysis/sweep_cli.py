@@ -12,7 +12,6 @@ Exit codes: 0 success, 2 bad arguments or a run the sweep cannot use, 130 interr
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from rnb.analysis.report import format_summary, plot_jobs
 from rnb.analysis.sweep import (
     BENCHMARK, RunOutcome, SweepError, Trial, bisect_rate, format_bisection, measure_valid, run_benchmark,
 )
+from rnb.console import terminal_logging
 
 OWN_INTERVAL_FLAGS = ("-mi", "--mean_interval_ms")
 DEFAULTS = ValidityRules()
@@ -75,7 +75,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="sweep: %(message)s")
+    with terminal_logging("sweep"):
+        return _sweep(args, extra)
+
+
+def _sweep(args: argparse.Namespace, extra: list[str]) -> int:
     rules = ValidityRules(min_duration_s=args.min_duration, min_items=args.min_items)
 
     def run(mean_interval_ms: float, videos: int | None = None) -> RunOutcome:

@@ -20,10 +20,10 @@ import torch
 
 from rnb.harness.control import Plumbing, Termination
 from rnb.harness.messages import Exited, Failed
-from rnb.harness.transport import ClientTransport, Transport
+from rnb.harness.transport import Participant
 
 
-def run_and_report(name: str, transport: Transport | ClientTransport, work: Callable[[], None],
+def run_and_report(name: str, transport: Participant, work: Callable[[], None],
                    device: torch.device | None = None) -> int:
     """Run `work`, report how it ended (Failed if it raised, then Exited) and return 0 (ok) or 1 (failed)."""
     code = 0
@@ -43,7 +43,7 @@ def run_and_report(name: str, transport: Transport | ClientTransport, work: Call
     return code
 
 
-def child_main(name: str, plumbing: Plumbing, transport: Transport | ClientTransport, work: Callable[[], None],
+def child_main(name: str, plumbing: Plumbing, transport: Participant, work: Callable[[], None],
                device: torch.device | None = None) -> None:
     """A spawned process's whole life: run and report, flush what main needs, exit 0 (ok) or 1 (failed)."""
     # Ctrl-C is the main process's business: it stops the children in order.

@@ -13,15 +13,14 @@ GPU checked free by rnb.pipeline.gpus is the GPU the runner then uses.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import logging
 import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator, NoReturn
+from typing import Any, NoReturn
 
+from rnb.console import terminal_logging
 from rnb.harness import joblog
 from rnb.harness.job import RunArgs, run_job
 from rnb.harness.sampler import DEFAULT_INTERVAL_MS
@@ -96,26 +95,6 @@ def prepare_log_dir(log_dir: str) -> None:
                           f"found that {error.filename} cannot be created ({error.strerror})") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError("command line", "--log-dir", f"expected a directory this user may write, found {log_dir} read-only")
-
-
-@contextlib.contextmanager
-def terminal_logging(prog: str, loggers: tuple[str, ...] = ("rnb", "models")) -> Iterator[None]:
-    """While a command runs, what the project's modules log at INFO and above goes to stderr as `prog: message`."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"{prog}: %(message)s"))
-    saved = []
-    for name in loggers:
-        logger = logging.getLogger(name)
-        saved.append((logger, logger.level))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        handler.flush()
-        for logger, level in saved:
-            logger.removeHandler(handler)
-            logger.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:

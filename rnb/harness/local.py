@@ -37,8 +37,8 @@ class LocalWiring:
     sources: Mapping[tuple[int, int], tuple[SharedSlot, ...]]
 
 
-class _Shared:
-    """What the client's and the runners' transports do alike: the flag, the start gate, status."""
+class _LocalParticipant:
+    """What the client's and the runners' transports do alike (rnb.harness.transport.Participant)."""
 
     def __init__(self, plumbing: Plumbing) -> None:
         self.plumbing = plumbing
@@ -57,7 +57,7 @@ class _Shared:
         return self.plumbing.wait_for_start()
 
 
-class LocalTransport(_Shared):
+class LocalTransport(_LocalParticipant):
     """A runner's transport (rnb.harness.transport.Transport) over slots and queues."""
 
     def __init__(self, spec: RunnerSpec, wiring: LocalWiring, plumbing: Plumbing) -> None:
@@ -139,7 +139,7 @@ class LocalTransport(_Shared):
         return reached
 
 
-class LocalClientTransport(_Shared):
+class LocalClientTransport(_LocalParticipant):
     """The client's transport (rnb.harness.transport.ClientTransport): the request queue and the in-flight bound."""
 
     def wait_for_room(self) -> bool:

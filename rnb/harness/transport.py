@@ -30,8 +30,11 @@ class Input:
     arrived: float                      # epoch seconds when it was taken off the input, before any copy
 
 
-class Transport(Protocol):
-    """What a runner needs from its engine.  No method blocks longer than a poll interval past the job's end."""
+class Participant(Protocol):
+    """What every process of a job (client or runner) shares with its engine: the flag, the barrier, reports.
+
+    No method blocks longer than a poll interval past the job's end.
+    """
 
     @property
     def stopped(self) -> bool:
@@ -41,10 +44,14 @@ class Transport(Protocol):
         """End the job for everyone; the first reason given (by anyone) is the one recorded."""
 
     def report(self, status: Status) -> None:
-        """Tell the main process how this runner is doing (Ready, Failed, Exited)."""
+        """Tell the main process how this process is doing (Ready, Failed, Exited)."""
 
     def wait_for_start(self) -> bool:
         """Block at the start barrier; False if the job ended first."""
+
+
+class Transport(Participant, Protocol):
+    """What a runner needs from its engine besides what every participant has: its inputs and outputs."""
 
     def receive(self, timeout: float) -> Input | None:
         """The next input, copied out and its source released; None if nothing came within `timeout` seconds."""
@@ -65,21 +72,8 @@ class Transport(Protocol):
         """
 
 
-class ClientTransport(Protocol):
-    """What the load generator needs from its engine."""
-
-    @property
-    def stopped(self) -> bool:
-        """True once the job is over, for whatever reason."""
-
-    def stop(self, reason: Termination) -> None:
-        """End the job for everyone; the first reason given is the one recorded."""
-
-    def report(self, status: Status) -> None:
-        """Tell the main process how the client is doing."""
-
-    def wait_for_start(self) -> bool:
-        """Block at the start barrier; False if the job ended first."""
+class ClientTransport(Participant, Protocol):
+    """What the load generator needs from its engine besides what every participant has: sending requests."""
 
     def wait_for_room(self) -> bool:
         """Closed loop: block until fewer than the concurrency are in flight; False if the job ended first."""

@@ -272,34 +272,8 @@ def _parse_group(
     gpus_raw = check.as_list(raw["gpus"], f"{where}.gpus", "GPU indices (-1 = CPU)")
     gpus = tuple(check.as_integer(gpu, f"{where}.gpus[{i}]", -1) for i, gpu in enumerate(gpus_raw))
 
-    in_queue: int | None = None
-    if k == 0 and "in_queue" in raw:
-        check.fail(
-            f"{where}.in_queue",
-            f"expected no in_queue on step 0, which reads the request queue, found {describe(raw['in_queue'])}",
-        )
-    if k > 0:
-        if "in_queue" not in raw:
-            check.fail(
-                f"{where}.in_queue", f"expected the index of one of the out_queues of pipeline[{k - 1}], found no such key"
-            )
-        in_queue = check.as_integer(raw["in_queue"], f"{where}.in_queue", 0)
-
-    out_queues: tuple[int, ...] = ()
-    if final and "out_queues" in raw:
-        check.fail(
-            f"{where}.out_queues", f"expected no out_queues on the final step, found {describe(raw['out_queues'])}"
-        )
-    if not final:
-        if "out_queues" not in raw:
-            check.fail(
-                f"{where}.out_queues", "expected a non-empty list of queue indices (integers >= 0), found no such key"
-            )
-        queues_raw = check.as_list(raw["out_queues"], f"{where}.out_queues", "queue indices (integers >= 0)")
-        out_queues = tuple(check.as_integer(q, f"{where}.out_queues[{i}]", 0) for i, q in enumerate(queues_raw))
-        for i, queue in enumerate(out_queues):
-            if queue in out_queues[:i]:
-                check.fail(f"{where}.out_queues[{i}]", f"expected each queue index once, found {queue} twice")
+    in_queue = _in_queue(check, raw, where, k)
+    out_queues = _out_queues(check, raw, where, final)
 
     selector = None
     if "queue_selector" in raw:
@@ -355,6 +329,40 @@ def _check_keywords(check: _Checker, model: str, where: str, step_kwargs: Mappin
             if p.default is inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_POSITIONAL and not given:
                 check.fail(f"{place}.{p.name}", f"expected the keyword {p.name}, which {model} requires, "
                                                 "found no such key in the group or its step")
+
+
+def _in_queue(check: _Checker, raw: Mapping[str, Any], where: str, k: int) -> int | None:
+    """A group's in_queue: none on step 0, which reads the request queue; required on every later step."""
+    if k == 0:
+        if "in_queue" in raw:
+            check.fail(
+                f"{where}.in_queue",
+                f"expected no in_queue on step 0, which reads the request queue, found {describe(raw['in_queue'])}",
+            )
+        return None
+    if "in_queue" not in raw:
+        check.fail(
+            f"{where}.in_queue", f"expected the index of one of the out_queues of pipeline[{k - 1}], found no such key"
+        )
+    return check.as_integer(raw["in_queue"], f"{where}.in_queue", 0)
+
+
+def _out_queues(check: _Checker, raw: Mapping[str, Any], where: str, final: bool) -> tuple[int, ...]:
+    """A group's out_queues: none on the final step; on every other step a list of distinct indices."""
+    if final:
+        if "out_queues" in raw:
+            check.fail(
+                f"{where}.out_queues", f"expected no out_queues on the final step, found {describe(raw['out_queues'])}"
+            )
+        return ()
+    if "out_queues" not in raw:
+        check.fail(f"{where}.out_queues", "expected a non-empty list of queue indices (integers >= 0), found no such key")
+    queues_raw = check.as_list(raw["out_queues"], f"{where}.out_queues", "queue indices (integers >= 0)")
+    out_queues = tuple(check.as_integer(q, f"{where}.out_queues[{i}]", 0) for i, q in enumerate(queues_raw))
+    for i, queue in enumerate(out_queues):
+        if queue in out_queues[:i]:
+            check.fail(f"{where}.out_queues[{i}]", f"expected each queue index once, found {queue} twice")
+    return out_queues
 
 
 def _check_queues_between(check: _Checker, previous: Step, step: Step, k: int) -> None:
