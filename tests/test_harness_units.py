@@ -14,8 +14,9 @@ import torch.multiprocessing as mp
 from models.toy import SyntheticFrames
 from rnb.harness import cli, joblog
 from rnb.harness.control import HopQueue, LocalBuffers, Plumbing, SharedSlot, SlotFlag, Termination
+from rnb.harness import local
 from rnb.harness.local import LocalTransport, LocalWiring
-from rnb.harness.messages import Request, Signal
+from rnb.harness.messages import Exited, Request, Signal
 from rnb.harness.runner import Runner, RunnerSpec
 from rnb.harness.timecard import TimeCard, as_cards
 from rnb.pipeline.config import ConfigError, parse_config
@@ -245,7 +246,8 @@ def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
         final.handle(final.transport.receive(timeout=10))
         assert slots[item].free.is_set()
 
-    finished = [card for _ in range(2) for card in plumbing.results.get(timeout=10).cards]
+    (shipped,) = [plumbing.results.get(timeout=10)]  # the target ships what the final step held at once
+    finished = shipped.cards
     assert [card.item_id for card in finished] == [0, 1]
     assert plumbing.finished.value == 2 and plumbing.flag.reason == Termination.TARGET_REACHED
     for card in finished:
@@ -254,6 +256,34 @@ def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
                                                   "inference1_finish", "runner1_finish"]
         assert sorted(card.events.values()) == list(card.events.values())
         assert card.devices == {0: "cpu", 1: "cpu"} and card.fields == {"frames_decoded": 4}
+
+
+def test_the_final_step_ships_counted_cards_in_batches_and_holds_none_back(monkeypatch):
+    monkeypatch.setattr(local, "RESULTS_WAIT_S", 3600.0)  # only size, idleness, the target and exit ship here
+    plumbing = Plumbing.build(CTX, [], 10, None)
+    spec = RunnerSpec(name="step0-g0-r0", step=0, group=0, instance=0, device="cpu", model="models.toy.TinyConvNet",
+                      model_kwargs={}, in_queue=None, out_queues=(), target=151)
+    transport = LocalTransport(spec, LocalWiring((), {}), plumbing)
+    cards = [TimeCard(item) for item in range(152)]
+
+    def shipped() -> list[list[int]]:
+        messages = []
+        while True:
+            try:
+                messages.append([card.item_id for card in plumbing.results.get(timeout=1).cards])
+            except queue.Empty:
+                return messages
+
+    assert [transport.finish((card,)) for card in cards[:130]] == [False] * 130
+    assert shipped() == [list(range(64)), list(range(64, 128))]
+    assert transport.receive(0.01) is None  # an idle input ships what is left
+    assert shipped() == [[128, 129]]
+    assert [transport.finish((card,)) for card in cards[130:150]] == [False] * 20
+    transport.report(Exited("step0-g0-r0", 1, None, 1, 1))
+    assert shipped() == [list(range(130, 150))]
+    assert isinstance(plumbing.status.get(timeout=10), Exited)
+    assert transport.finish((cards[150], cards[151])) is True  # the target: shipped at once, past it dropped
+    assert shipped() == [[150]] and plumbing.finished.value == 151
 
 
 def test_final_step_refuses_unmerged_segments():

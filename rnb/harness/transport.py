@@ -69,6 +69,9 @@ class Transport(Participant, Protocol):
         """Final step: count the cards towards the target and ship them to the main process.
 
         Cards past the target are dropped.  True once the target is reached.
+        The transport may hold counted cards briefly to ship several in one
+        message, but ships them all by the time the target is reached, the
+        input is idle or the runner reports Exited.
         """
 
 
