@@ -42,7 +42,7 @@ from episodes.reads import (CacheStats, FrameRead, FrameRequest, MiniRead, fetch
                             numbers_at)
 from episodes.sidecar import IndexSidecar, sidecar_path
 from episodes.source import EpisodeDataset
-from episodes.windows import RangeBatch, WindowJob, fetch_ranges, file_mini, window_mini
+from episodes.windows import RangeBatch, WindowJob, fetch_ranges, window_mini
 
 T = TypeVar("T")
 DEFAULT_COALESCE_GAP = 256 * 1024  # LeRobot's --coalesce-gap-kb default
@@ -323,15 +323,20 @@ class EpisodeByteCache:
         concurrently. A request whose whole episode is already cached uses
         that mini-MP4 instead (a hit, its bytes reused).
         """
+        return [read for read, _, _ in self._window_reads(requests, coalesce_gap)]
+
+    def _window_reads(self, requests: Sequence[FrameRequest],
+                      coalesce_gap: int | None) -> list[tuple[MiniRead, np.ndarray, str]]:
+        """Each request's mini-MP4 read, its frame numbers in the order asked, and its place for messages."""
         plans, batch = self._fetch_plans(requests, coalesce_gap)
         out = []
         for plan in plans:
             if isinstance(plan, WindowJob):
                 read = window_mini(plan, batch.blobs[id(plan)], batch.charged[id(plan)], batch.waited[id(plan)])
                 self._add(synthesize_s=read.synthesize_s)
-                out.append(read)
+                out.append((read, plan.numbers, plan.where))
             else:
-                out.append(plan[0])
+                out.append(plan)
         return out
 
     def _fetch_plans(self, requests: Sequence[FrameRequest], coalesce_gap: int | None,
@@ -407,44 +412,13 @@ class EpisodeByteCache:
                   coalesce_gap: int | None = None) -> list[FrameRead]:
         """Frames of many requests fetched as frame windows, coalesced across requests of one file (fetch_windows).
 
-        The requests of one file decode from one mini-MP4 of all their
-        samples through one decoder; each request's FrameRead carries its
-        own bytes and lookup, and the first of a file the shared
-        synthesis and decode times.
+        Each request decodes from its own mini-MP4. (One mini-MP4 per file
+        for all its requests was tried: torchcodec's seek between scattered
+        frames cost as much as opening a decoder, so it gained nothing.)
         """
         device = str(torch.device(device))
-        plans, batch = self._fetch_plans(requests, coalesce_gap)
-        out: dict[int, FrameRead] = {}
-        by_file: dict[str, list[tuple[int, WindowJob]]] = {}
-        for i, (request, plan) in enumerate(zip(requests, plans)):
-            if isinstance(plan, WindowJob):
-                by_file.setdefault(plan.rel, []).append((i, plan))
-            else:
-                got, numbers, where = plan
-                out[i] = self._frames(got, numbers, (int(request.episode), request.key), device, where)
-        for members in by_file.values():
-            out.update(self._decode_file(members, batch, device))
-        return [out[i] for i in range(len(plans))]
-
-    def _decode_file(self, members: list[tuple[int, WindowJob]], batch: RangeBatch,
-                     device: str) -> dict[int, FrameRead]:
-        """Decode every frame the jobs of one file want through one mini-MP4, then hand each job its frames."""
-        jobs = [job for _, job in members]
-        t0 = time.perf_counter()
-        mini = file_mini(jobs, batch)
-        t1 = time.perf_counter()
-        where = f"{jobs[0].url}: episodes {', '.join(str(job.ep) for job in jobs)}, camera {jobs[0].key}"
-        frames = self._decode(None, mini, mini.frame_numbers, device, where)
-        t2 = time.perf_counter()
-        self._add(synthesize_s=t1 - t0, decode_s=t2 - t1, frames_decoded=len(mini.frame_numbers))
-        out = {}
-        for k, (i, job) in enumerate(members):
-            w = job.windows
-            wanted = w.frame_samples[np.searchsorted(w.frame_numbers, job.numbers)]
-            rows = torch.from_numpy(np.searchsorted(mini.frame_numbers, wanted)).to(frames.device)
-            out[i] = FrameRead(frames[rows], False, batch.charged[id(job)], 0, len(job.numbers), job.lookup_s,
-                               batch.waited[id(job)], t1 - t0 if k == 0 else 0.0, t2 - t1 if k == 0 else 0.0)
-        return out
+        return [self._frames(got, numbers, (int(request.episode), request.key), device, where)
+                for request, (got, numbers, where) in zip(requests, self._window_reads(requests, coalesce_gap))]
 
     def decode(self, got: MiniRead, ep: int, key: str, frame_numbers: Sequence[int] | np.ndarray,
                device: str | torch.device = "cpu") -> FrameRead:

@@ -112,26 +112,3 @@ def window_mini(job: WindowJob, blobs: list[tuple[int, bytes]], paid: int, fetch
         raise reworded(exc, job.url, f"episode {job.ep}, camera {job.key}") from exc
     return MiniRead(mini, False, paid, 0, job.lookup_s, fetch_s, time.perf_counter() - started)
 
-
-def file_mini(jobs: Sequence[WindowJob], batch: RangeBatch) -> MiniMp4:
-    """One mini-MP4 of every sample that `jobs`, all of one file, need; its frames are numbered by source sample.
-
-    Requests of one file then decode through one decoder: opening one costs
-    as much as decoding a few frames, and a batch of scattered frames would
-    otherwise open one per episode.
-    """
-    index = jobs[0].index
-    samples = np.unique(np.concatenate([job.windows.samples for job in jobs]))
-    targets = np.unique(np.concatenate([job.windows.frame_samples for job in jobs]))
-    blobs = sorted({start: blob for job in jobs for start, blob in batch.blobs[id(job)]}.items())
-    starts = np.array([start for start, _ in blobs], dtype=np.int64)
-    blob_of = np.searchsorted(starts, index.offset[samples], side="right") - 1
-    breaks = np.flatnonzero((np.diff(samples) != 1) | (np.diff(blob_of) != 0)) + 1
-    parts = []
-    try:
-        for run, k in zip(np.split(samples, breaks), blob_of[np.concatenate([[0], breaks])].tolist()):
-            parts.append(gather_samples(index, run, blobs[k][1], blobs[k][0]))
-        return build_mini_mp4(index, samples, b"".join(parts), targets, targets, index.num_samples)
-    except Mp4FormatError as exc:
-        raise reworded(exc, jobs[0].url, f"episodes {', '.join(str(job.ep) for job in jobs)}, "
-                                         f"camera {jobs[0].key}") from exc
