@@ -372,11 +372,11 @@ class EpisodeByteCache:
         started = time.perf_counter()
         try:
             index, span = self._span(record, key)
+            seconds = index.pts[np.asarray(span.frames)] / index.timescale
+            numbers = numbers_at(seconds, half_frame(index.duration, index.timescale), request, record.length, where)
+            windows = frame_windows(index, span, numbers)
         except EpisodeDataError as exc:
             raise reworded(exc, self.storage.url(rel), f"episode {ep}, camera {key}") from exc
-        seconds = index.pts[np.asarray(span.frames)] / index.timescale
-        numbers = numbers_at(seconds, half_frame(index.duration, index.timescale), request, record.length, where)
-        windows = frame_windows(index, span, numbers)
         return WindowJob(ep, key, rel, self.storage.url(rel), numbers, record.length, index, windows,
                          time.perf_counter() - started)
 
