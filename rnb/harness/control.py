@@ -75,11 +75,14 @@ class TerminationFlag:
 
     @property
     def is_set(self) -> bool:
-        return self._value.value != Termination.RUNNING
+        # Asked at every hop, so read without the lock (reading an int is atomic); raise_ still
+        # decides under the lock which reason wins, and raised_at reads under it.
+        return self._value.get_obj().value != Termination.RUNNING
 
     @property
     def raised_at(self) -> float:
-        return self._when.value
+        with self._value.get_lock():
+            return self._when.value
 
 
 class SlotFlag:

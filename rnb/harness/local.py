@@ -72,6 +72,7 @@ class LocalTransport(_LocalParticipant):
         self.spec = spec
         self.wiring = wiring
         self.device = torch.device(spec.device)
+        self._cuda = self.device.type == "cuda"  # asked twice per hop; a torch.device attribute is not free
         self.events = StepEvents(spec.step)
         self.inputs = LocalBuffers(self.device)
         self.inbox = plumbing.requests if spec.in_queue is None else plumbing.step_queues[spec.step - 1][spec.in_queue]
@@ -82,7 +83,7 @@ class LocalTransport(_LocalParticipant):
 
     def _sync(self) -> None:
         """Wait for copies queued on the current CUDA stream (the runner's own)."""
-        if self.device.type == "cuda":
+        if self._cuda:
             torch.cuda.current_stream(self.device).synchronize()
 
     def receive(self, timeout: float) -> Input | None:
