@@ -136,6 +136,7 @@ class SharedSlot:
     tensors: tuple[torch.Tensor, ...]
     sizes: Any  # multiprocessing RawArray of int64, one per tensor
     free: SlotFlag
+    forms: tuple[tuple[int, ...], ...]  # each tensor's shape, kept as plain ints: torch builds a new Size per ask
 
     @staticmethod
     def allocate(ctx: Any, shapes: tuple[tuple[int, ...], ...], device: torch.device,
@@ -148,17 +149,17 @@ class SharedSlot:
                 tensor.share_memory_()
         else:
             torch.cuda.synchronize(device)  # zeroed before any other process can see it
-        return SharedSlot(tensors, ctx.RawArray("q", len(shapes)), SlotFlag(ctx))
+        return SharedSlot(tensors, ctx.RawArray("q", len(shapes)), SlotFlag(ctx), tuple(tuple(shape) for shape in shapes))
 
     def write(self, outputs: tuple[torch.Tensor, ...], where: str) -> None:
         """Copy outputs in (asynchronously on the current stream for CUDA); the caller syncs."""
         if len(outputs) != len(self.tensors):
             raise ValueError(f"{where}: the model returned {len(outputs)} output tensors but output_shape() declares {len(self.tensors)}")
-        for index, (output, slot) in enumerate(zip(outputs, self.tensors)):
-            shape, room = output.shape, slot.shape
-            if len(shape) != len(room) or shape[0] > room[0] or shape[1:] != room[1:]:
-                raise ValueError(f"{where}: output tensor {index} has shape {tuple(shape)}, which does not fit output_shape() {tuple(room)}")
-            (slot if shape[0] == room[0] else slot[: shape[0]]).copy_(output, non_blocking=True)
+        for index, (output, slot, form) in enumerate(zip(outputs, self.tensors, self.forms)):
+            shape = output.shape
+            if len(shape) != len(form) or shape[0] > form[0] or shape[1:] != form[1:]:
+                raise ValueError(f"{where}: output tensor {index} has shape {tuple(shape)}, which does not fit output_shape() {form}")
+            (slot if shape[0] == form[0] else slot[: shape[0]]).copy_(output, non_blocking=True)
             self.sizes[index] = shape[0]
 
     def read(self, device: torch.device, buffers: LocalBuffers | None = None) -> tuple[torch.Tensor, ...]:
@@ -170,15 +171,16 @@ class SharedSlot:
         """
         # Only a copy onto a CUDA device runs on the caller's stream, which the caller syncs;
         # a copy to the CPU must be complete when it returns.
-        non_blocking = device.type == "cuda"
+        non_blocking = buffers.on_cuda if buffers is not None else device.type == "cuda"
         copies = []
-        for index, (slot, size) in enumerate(zip(self.tensors, self.sizes[:])):
-            valid = slot if size == slot.shape[0] else slot[:size]
+        for index, (slot, size, form) in enumerate(zip(self.tensors, self.sizes[:], self.forms)):
+            full = size == form[0]
+            valid = slot if full else slot[:size]
             if buffers is None:
                 copies.append(valid.to(device, copy=True, non_blocking=non_blocking))
             else:
                 buffer = buffers.like(index, slot)
-                copies.append((buffer if size == slot.shape[0] else buffer[:size]).copy_(valid, non_blocking=non_blocking))
+                copies.append((buffer if full else buffer[:size]).copy_(valid, non_blocking=non_blocking))
         return tuple(copies)
 
 
@@ -193,14 +195,19 @@ class LocalBuffers:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.on_cuda = device.type == "cuda"
         self._buffers: dict[tuple[int, torch.Size, torch.dtype], torch.Tensor] = {}
+        self._by_slot: dict[int, torch.Tensor] = {}  # id of a producer's slot tensor (they live all job) -> buffer
 
     def like(self, index: int, slot: torch.Tensor) -> torch.Tensor:
         """The buffer for tensor `index` of a slot shaped like `slot`, on this consumer's device."""
-        key = (index, slot.shape, slot.dtype)
-        if key not in self._buffers:
-            self._buffers[key] = torch.empty(slot.shape, dtype=slot.dtype, device=self.device)
-        return self._buffers[key]
+        buffer = self._by_slot.get(id(slot))
+        if buffer is None:
+            key = (index, slot.shape, slot.dtype)
+            if key not in self._buffers:
+                self._buffers[key] = torch.empty(slot.shape, dtype=slot.dtype, device=self.device)
+            buffer = self._by_slot[id(slot)] = self._buffers[key]
+        return buffer
 
 
 class HopQueue(multiprocessing.queues.Queue):

@@ -76,9 +76,11 @@ class Fork(NamedTuple):
 
 
 def _put(values: list, index: int, value: Any) -> None:
-    if index >= len(values):
-        values.extend([None] * (index + 1 - len(values)))
-    values[index] = value
+    if index < len(values):
+        values[index] = value
+    else:  # usually index == len(values): events and route entries come in order
+        values.extend([None] * (index - len(values)))
+        values.append(value)
 
 
 class TimeCard:
@@ -224,7 +226,8 @@ def _card(item_id: int, payload: str, times: list, route: list, marks: dict | No
     card = TimeCard.__new__(TimeCard)
     card.item_id, card.payload, card.times, card.route = item_id, payload, times, route
     card.marks, card.fields = marks or {}, fields or {}
-    card.segments, card.per_segment = tuple(Fork(*fork) for fork in segments), per_segment or {}
+    card.segments = tuple(map(Fork._make, segments)) if segments else ()
+    card.per_segment = per_segment or {}
     return card
 
 
