@@ -60,14 +60,15 @@ class JobLog(NamedTuple):
         return left
 
 
-def _read_job_log(log_dir: Path) -> JobLog:
-    """The one job a test ran into `log_dir` (the test fails if there are none or several)."""
-    (job_dir,) = [path for path in Path(log_dir).iterdir() if path.is_dir()]
+def _read_job_log(path: Path) -> JobLog:
+    """A job directory, or the one job a test ran into the log directory `path` (none or several fail the test)."""
+    path = Path(path)
+    (job_dir,) = [path] if (path / "meta.json").is_file() else [child for child in path.iterdir() if child.is_dir()]
     meta = json.loads((job_dir / "meta.json").read_text())
     return JobLog(job_dir, meta, pq.read_table(job_dir / "timings.parquet").to_pylist())
 
 
 @pytest.fixture
 def job_log() -> Callable[[Path], JobLog]:
-    """`job_log(log_dir)`: what the one job run into `log_dir` left there."""
+    """`job_log(path)`: what a job left in its directory (`path`, or the one job under the log directory `path`)."""
     return _read_job_log

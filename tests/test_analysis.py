@@ -106,9 +106,9 @@ def test_latency_statistics_equal_numpy_on_the_same_timings(real_job: Path) -> N
     assert stage_means == pytest.approx(row[stat_column("e2e", "mean")], rel=1e-9)
 
 
-def test_job_row_carries_meta_args_window_and_devices(real_job: Path) -> None:
+def test_job_row_carries_meta_args_window_and_devices(real_job: Path, job_log) -> None:
     row = load_jobs(real_job, rules=LENIENT).jobs.to_pylist()[0]
-    meta = json.loads((real_job / "meta.json").read_text())
+    meta = job_log(real_job).meta
     t = measured_timings(real_job)
     assert row["job_id"] == meta["job_id"] == real_job.name
     assert (row["config_path"], row["termination_reason"]) == (meta["config_path"], "target reached")

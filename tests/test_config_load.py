@@ -104,27 +104,24 @@ def test_default_config_is_found_from_any_working_directory(tmp_path: Path, monk
     assert load_config(None).raw == json.loads(DEFAULT_CONFIG_PATH.read_text())
 
 
-def test_missing_file(tmp_path: Path) -> None:
-    file = str(tmp_path / "nope.json")
-    with pytest.raises(ConfigError) as caught:
-        load_config(file)
-    assert str(caught.value) == f"{file}: (file): expected a readable UTF-8 JSON file, found an error: No such file or directory"
-
-
-def test_directory_instead_of_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError) as caught:
-        load_config(str(tmp_path))
-    assert caught.value.json_path == "(file)"
-    assert caught.value.expected == "expected a regular JSON file, found a directory"
-
-
-def test_non_utf8_file(tmp_path: Path) -> None:
+def _latin1_file(tmp_path: Path) -> Path:
     path = tmp_path / "latin1.json"
     path.write_bytes('{"description": "caf\u00e9"}'.encode("latin-1"))
+    return path
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda tmp_path: tmp_path / "nope.json",
+     "expected a readable UTF-8 JSON file, found an error: No such file or directory"),
+    (lambda tmp_path: tmp_path, "expected a regular JSON file, found a directory"),
+    (_latin1_file, "expected a readable UTF-8 JSON file, found an error: 'utf-8' codec can't decode byte 0xe9 in "
+                   "position 20: invalid continuation byte"),
+], ids=["missing", "directory", "not_utf8"])
+def test_a_config_file_that_cannot_be_read_is_one_sentence_about_the_file(tmp_path: Path, make, expected: str) -> None:
+    file = str(make(tmp_path))
     with pytest.raises(ConfigError) as caught:
-        load_config(str(path))
-    assert caught.value.json_path == "(file)"
-    assert "can't decode byte 0xe9" in caught.value.expected
+        load_config(file)
+    assert str(caught.value) == f"{file}: (file): {expected}"
 
 
 def test_model_module_that_fails_at_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

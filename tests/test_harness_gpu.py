@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -32,16 +31,15 @@ def test_cuda_slot_round_trip_on_a_side_stream():
 
 
 @pytest.mark.gpu
-def test_toy_pipeline_on_gpu_0_uses_cuda_slots_and_reports_device_memory(tmp_path):
+def test_toy_pipeline_on_gpu_0_uses_cuda_slots_and_reports_device_memory(tmp_path, job_log):
     document = json.loads(Path("config/toy.json").read_text())
     for step in document["pipeline"]:
         step["queue_groups"][0]["gpus"] = [0]
     config = tmp_path / "gpu.json"
     config.write_text(json.dumps(document))
     assert cli.main(["-c", str(config), "-v", "40", "-mi", "0", "--log-dir", str(tmp_path / "logs")]) == 0
-    (job_dir,) = (tmp_path / "logs").iterdir()
-    meta = json.loads((job_dir / "meta.json").read_text())
-    rows = pq.read_table(job_dir / "timings.parquet").to_pylist()
+    log = job_log(tmp_path / "logs")
+    meta, rows = log.meta, log.rows
     assert meta["termination_reason"] == "target reached" and len(rows) == 40
     assert {(row["device0"], row["device1"]) for row in rows} == {("cuda:0", "cuda:0")}
     assert [gpu["logical_index"] for gpu in meta["gpus"]] == [0]

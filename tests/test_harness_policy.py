@@ -100,16 +100,21 @@ def _toy_config(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_a_setup_failure_writes_meta_and_exits_1_with_one_sentence(tmp_path, monkeypatch, capsys):
-    def out_of_memory(ctx, placement):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail")
-    monkeypatch.setattr(job, "allocate_slots", out_of_memory)
+@pytest.mark.parametrize("failure, reported", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail"),
+     "OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB"),
+    (TypeError("zeros(): argument 'size' failed to unpack the object at pos 3"),
+     "TypeError: zeros(): argument 'size' failed to unpack the object at pos 3"),
+], ids=["out_of_memory", "size_torch_refuses"])
+def test_a_setup_failure_writes_meta_and_exits_1_with_one_sentence(tmp_path, monkeypatch, capsys, job_log, failure,
+                                                                   reported):
+    def refuse(ctx, placement):
+        raise failure
+    monkeypatch.setattr(job, "allocate_slots", refuse)
     code = cli.main(["-c", _toy_config(tmp_path), "-v", "3", "--log-dir", str(tmp_path / "logs")])
     assert code == 1
-    (job_dir,) = (tmp_path / "logs").iterdir()
-    meta = json.loads((job_dir / "meta.json").read_text())
-    expected = ("could not set up the queues and shared tensors (OutOfMemoryError: CUDA out of memory. Tried to "
-                "allocate 20.00 GiB); lower num_shared_tensors, the output shapes or -qs")
+    meta = job_log(tmp_path / "logs").meta
+    expected = f"could not set up the queues and shared tensors ({reported}); lower num_shared_tensors, the output shapes or -qs"
     assert (meta["termination_reason"], meta["error"], meta["finished_items"], meta["processes"]) == (
         "setup failed", expected, 0, [])
     assert capsys.readouterr().err == f"benchmark.py: {expected}\n"

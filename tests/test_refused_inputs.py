@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rnb.harness import cli, job
+from rnb.harness import cli
 
 TOY = json.loads(Path("config/toy.json").read_text())
 
@@ -103,17 +103,3 @@ def test_a_log_dir_that_cannot_hold_logs_exits_2_before_start(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert err == f"command line: --log-dir: {sentence.format(log_dir=log_dir)}\n"
     assert (tmp_path / "afile").read_text() == "not a directory"
-
-
-def test_any_failure_setting_up_shared_tensors_ends_as_setup_failed_with_a_log(tmp_path, capsys, monkeypatch):
-    def refuse(*_):
-        raise TypeError("zeros(): argument 'size' failed to unpack the object at pos 3")
-
-    monkeypatch.setattr(job, "allocate_slots", refuse)
-    assert cli.main(["-c", "config/toy.json", "-v", "4", "-mi", "0", "--log-dir", str(tmp_path)]) == 1
-    (job_dir,) = tmp_path.iterdir()
-    meta = json.loads((job_dir / "meta.json").read_text())
-    sentence = ("could not set up the queues and shared tensors (TypeError: zeros(): argument 'size' failed to unpack "
-                "the object at pos 3); lower num_shared_tensors, the output shapes or -qs")
-    assert (meta["termination_reason"], meta["error"], meta["processes"]) == ("setup failed", sentence, [])
-    assert f"benchmark.py: {sentence}\n" in capsys.readouterr().err

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -46,13 +45,12 @@ def test_the_configs_are_rnbs_eight():
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # up to 16 processes each load torch: minutes on a busy two-core machine
 @pytest.mark.parametrize("path", RNB_CONFIGS, ids=[path.stem for path in RNB_CONFIGS])
-def test_rnb_config_runs_unmodified_to_its_target(path, kinetics_glob, tmp_path):
+def test_rnb_config_runs_unmodified_to_its_target(path, kinetics_glob, tmp_path, job_log):
     logs = tmp_path / "logs"
     code = cli.main(["-c", str(path), "--cpu", "--max-replicas", "1", "--dataset", kinetics_glob, "-v", str(ITEMS),
                      "-mi", "0", "--warmup", "0", "--log-dir", str(logs)])
-    (job_dir,) = logs.iterdir()
-    meta = json.loads((job_dir / "meta.json").read_text())
-    rows = pq.read_table(job_dir / "timings.parquet").to_pylist()
+    log = job_log(logs)
+    meta, rows = log.meta, log.rows
     assert code == 0, meta["error"]
     assert meta["termination_reason"] == "target reached" and [row["item_id"] for row in rows] == list(range(ITEMS))
     # RnB's iterator walked the videos in order; each is one request, read by byte ranges
@@ -61,7 +59,7 @@ def test_rnb_config_runs_unmodified_to_its_target(path, kinetics_glob, tmp_path)
     notes = meta["notes"]
     assert notes[0].startswith("video_path_iterator: RnB's models.r2p1d.model.R2P1DVideoPathIterator runs as a videos source")
     assert any(note.startswith("pipeline[0].model: RnB's models.r2p1d.model.") for note in notes)
-    assert json.loads((job_dir / "config.json").read_text())["source"] == {"videos": kinetics_glob, "order": "sequential"}
+    assert json.loads((log.dir / "config.json").read_text())["source"] == {"videos": kinetics_glob, "order": "sequential"}
     if path.stem == "r2p1d-segment":
         assert all(0 <= row["prediction"] < 400 for row in rows)
 

@@ -256,13 +256,14 @@ def toy_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return job
 
 
-def test_a_real_job_traces_every_item_exactly_as_logged(toy_job: Path, tmp_path: Path) -> None:
+def test_a_real_job_traces_every_item_exactly_as_logged(toy_job: Path, tmp_path: Path, job_log) -> None:
     out = tmp_path / "trace.json"
     assert run_analyze(str(toy_job), "--trace", str(out)).returncode == 0
     trace = json.loads(out.read_text())
-    timings = pq.read_table(toy_job / "timings.parquet").to_pylist()
+    log = job_log(toy_job)
+    timings = log.rows
     origin = trace["otherData"]["origin_epoch_s"]
-    assert origin == min(json.loads((toy_job / "meta.json").read_text())["start_time"], min(r["enqueue"] for r in timings))
+    assert origin == min(log.meta["start_time"], min(r["enqueue"] for r in timings))
 
     def us(seconds: float) -> int:
         return int(np.round((seconds - origin) * 1e6))
