@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,6 +13,7 @@ from rnb.analysis.jobs import load_jobs, read_job
 from rnb.analysis.report import format_utilisation, load_curves, stage_colours
 from rnb.analysis.stages import PARTS
 from rnb.analysis.utilisation import bottleneck, busy_fractions, union_seconds
+from rnb.harness import cli
 from tests.test_trace import handmade, run_analyze  # noqa: F401  (the fixture is used by name)
 
 import numpy as np
@@ -66,3 +69,24 @@ def test_closed_loop_jobs_make_a_curve_of_their_own_ordered_by_concurrency() -> 
         "toy.json (closed loop)": [("c 2", 20.0, 2.0), ("c 8", 80.0, 8.0)],
     }
     assert "steady state" not in format_utilisation({"busy_fraction": "{}"})
+
+
+def test_the_end_of_run_summary_names_each_runners_busy_fraction_and_the_bottleneck(tmp_path, capsys, job_log) -> None:
+    assert cli.main(["-c", "config/toy.json", "-v", "40", "-mi", "0", "--sample-interval-ms", "10",
+                     "--log-dir", str(tmp_path)]) == 0
+    log = job_log(tmp_path)
+    start, end = log.meta["start_time"], log.meta["end_time"]
+    # One replica per step runs its items one at a time, so its inside intervals do not overlap.
+    busy = [sum(min(row[f"inference{k}_finish"], end) - max(row[f"inference{k}_start"], start) for row in log.rows)
+            / (end - start) for k in range(2)]
+    lines = capsys.readouterr().out.splitlines()
+    (runners,) = [line for line in lines if line.startswith("runners (time inside the model / elapsed): ")]
+    cpu = re.fullmatch(r"runners \(time inside the model / elapsed\): step0-g0-r0 busy (\d+)%, cpu (\d+)%; "
+                       r"step1-g0-r0 busy (\d+)%, cpu (\d+)%", runners)
+    assert cpu, runners
+    assert [int(cpu[1]), int(cpu[3])] == [round(100 * b) for b in busy]
+    assert all(0 < int(cpu[i]) <= 100 * len(os.sched_getaffinity(0)) for i in (2, 4))
+    neck = max(range(2), key=lambda k: busy[k])
+    after = lines[lines.index(runners) + 1]
+    assert after == f"bottleneck: step {neck} (its runners busy {busy[neck]:.0%} of the elapsed time on average)"
+    assert lines[0] == "termination: target reached" and lines[-1] == f"job log: {log.dir}"

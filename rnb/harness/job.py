@@ -29,7 +29,7 @@ import torch
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
-from rnb.analysis.summary import summary_text
+from rnb.analysis.summary import summary_text, utilisation_text
 from rnb.harness import joblog
 from rnb.harness.client import ClientSpec
 from rnb.harness.control import Plumbing, SharedSlot, Termination
@@ -192,6 +192,7 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: list[d
         log.error("%s", ending.error)
     elapsed = None if ending.start is None else ending.end - ending.start
     summary = summary_text(table, num_steps, args.warmup, table.num_rows, elapsed, ending.reason.reason)
+    summary = "\n".join(filter(None, (summary, utilisation_text(job_dir))))
     return JobResult(EXIT_CODES.get(ending.reason, 1), job_dir, summary)
 
 
