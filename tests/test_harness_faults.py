@@ -59,15 +59,31 @@ def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path,
 
 
 def test_a_full_request_queue_aborts_the_job_with_exit_1(tmp_path, capsys, job_log):
-    code = cli.main(["-c", "config/toy.json", "-v", "40", "-mi", "0", "-qs", "4", "--log-dir", str(tmp_path)])
+    # requests every 10 us on average: far more than the toy pipeline finishes, so 4 places fill at once
+    code = cli.main(["-c", "config/toy.json", "-v", "2000", "-mi", "0.01", "-qs", "4", "--log-dir", str(tmp_path)])
     log = job_log(tmp_path)
     meta, rows = log.meta, log.rows
     assert code == 1
     assert meta["termination_reason"] == "request queue full" and meta["failed_process"] is None
     sentence = "the request queue was full (capacity 4, -qs): the pipeline could not keep up with the requests"
     assert meta["error"] == sentence and f"benchmark.py: {sentence}\n" in capsys.readouterr().err
-    assert len(rows) == meta["finished_items"] < 40
+    assert len(rows) == meta["finished_items"] < 2000
     assert log.children_left == []
+
+
+def test_bulk_mode_makes_the_request_queue_hold_every_request(tmp_path, capsys, job_log):
+    """-mi 0 sends all -v requests at once: RnB sized the request queue for them, whatever -qs said.
+
+    -qs 12 still holds the signals of the toy's 10 output slots between its steps.
+    """
+    code = cli.main(["-c", "config/toy.json", "-v", "40", "-mi", "0", "-qs", "12", "--log-dir", str(tmp_path)])
+    log = job_log(tmp_path)
+    assert code == 0 and log.meta["termination_reason"] == "target reached" and len(log.rows) == 40
+    assert (log.meta["args"]["queue_size"], log.meta["args"]["request_queue_size"]) == (12, 40)
+    note = ("bulk mode (-mi 0): the request queue holds all 40 requests, more than -qs 12 (which still bounds "
+            "the inter-step queues), as RnB sized it")
+    assert note in log.meta["notes"] and f"benchmark.py: {note}\n" in capsys.readouterr().err
+    assert log.meta["job_id"].endswith("-qs12")
 
 
 def test_ctrl_c_exits_130_and_keeps_the_finished_items(tmp_path, job_log):

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from rnb.console import terminal_logging
 from rnb.harness import joblog
-from rnb.harness.job import RunArgs, run_job
+from rnb.harness.job import RunArgs, request_queue_note, run_job
 from rnb.harness.sampler import DEFAULT_INTERVAL_MS
 from rnb.pipeline.config import RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
@@ -118,6 +118,7 @@ def _run(ns: argparse.Namespace) -> int:
                 raise ConfigError("command line", "--max-replicas", f"expected an integer >= 1, found {ns.max_replicas}")
             config = limit_replicas(config, ns.max_replicas)
         args = resolve_args(ns, config)
+        config = dataclasses.replace(config, notes=(*config.notes, *filter(None, [request_queue_note(args)])))
         gpus = validate_gpus(config, cpu_only=args.cpu, allow_busy=ns.allow_busy_gpus)
         config = dataclasses.replace(config, notes=(*config.notes, *busy_notes(gpus)))
         dataset = check_source(config.source, config.path, may_write=not ns.check)

@@ -250,9 +250,11 @@ class Plumbing:
     in_flight: Any     # Semaphore or None
 
     @staticmethod
-    def build(ctx: Any, queue_names: list[set[int]], queue_size: int, concurrency: int | None) -> Plumbing:
+    def build(ctx: Any, queue_names: list[set[int]], queue_size: int, concurrency: int | None,
+              request_queue_size: int | None = None) -> Plumbing:
+        """Every queue holds `queue_size` messages, the request queue `request_queue_size` if given."""
         return Plumbing(
-            requests=HopQueue(queue_size, ctx=ctx),
+            requests=HopQueue(request_queue_size or queue_size, ctx=ctx),
             step_queues=tuple({q: HopQueue(queue_size, ctx=ctx) for q in sorted(names)} for names in queue_names),
             results=HopQueue(ctx=ctx),
             status=ctx.Queue(),

@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -38,7 +38,7 @@ from rnb.harness.runner import RunnerSpec
 from rnb.harness.sampler import DEFAULT_INTERVAL_MS, SampledGpu, Sampler
 from rnb.harness.supervisor import Supervisor
 from rnb.harness.timecard import TimeCard
-from rnb.pipeline.config import PipelineConfig
+from rnb.pipeline.config import MAX_SEMAPHORE_VALUE, PipelineConfig
 from rnb.pipeline.plan import Placement
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,22 @@ class RunArgs:
     cpu: bool
     log_dir: str
     sample_interval_ms: float = DEFAULT_INTERVAL_MS
+    request_queue_size: int = field(init=False)  # -qs, or in bulk mode at least -v (see __post_init__)
+
+    def __post_init__(self) -> None:
+        # Bulk mode sends every request at once, so the request queue must hold all -v of them whatever -qs
+        # says, as RnB sized it; -qs still bounds the inter-step queues.
+        bulk = self.mean_interval_ms == 0 and self.concurrency is None
+        size = min(max(self.queue_size, self.videos), MAX_SEMAPHORE_VALUE) if bulk else self.queue_size
+        object.__setattr__(self, "request_queue_size", size)
+
+
+def request_queue_note(args: RunArgs) -> str | None:
+    """The job-log note of a request queue that bulk mode made larger than -qs."""
+    if args.request_queue_size == args.queue_size:
+        return None
+    return (f"bulk mode (-mi 0): the request queue holds all {args.request_queue_size} requests, more than "
+            f"-qs {args.queue_size} (which still bounds the inter-step queues), as RnB sized it")
 
 
 @dataclass(frozen=True)
@@ -130,7 +146,7 @@ def build_plumbing(ctx: Any, placements: list[Placement], args: RunArgs) -> tupl
     """The queues, flag and start gate, and each runner's slots: its own and those of the producers it reads."""
     last = max(p.step for p in placements)
     queue_names = [set(q for p in placements if p.step == k for q in p.out_queues) for k in range(last)]
-    plumbing = Plumbing.build(ctx, queue_names, args.queue_size, args.concurrency)
+    plumbing = Plumbing.build(ctx, queue_names, args.queue_size, args.concurrency, args.request_queue_size)
     slots = {(p.step, p.group, p.instance): allocate_slots(ctx, p) for p in placements}
     wirings = {}
     for p in placements:
@@ -210,7 +226,8 @@ def _error_sentence(reason: Termination, failure: tuple[str, str] | None, args: 
         name, error = failure
         return f"process {name} failed: {error}"
     if reason == Termination.REQUEST_QUEUE_FULL:
-        return f"the request queue was full (capacity {args.queue_size}, -qs): the pipeline could not keep up with the requests"
+        return (f"the request queue was full (capacity {args.request_queue_size}, -qs): the pipeline could not keep up "
+                "with the requests")
     if reason == Termination.INTER_STEP_QUEUE_FULL:
         return f"an inter-step queue was full (capacity {args.queue_size}, -qs): a step could not keep up with the one before it"
     return None
