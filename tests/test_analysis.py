@@ -202,6 +202,27 @@ def test_compare_shows_both_jobs_with_ratios(real_job: Path, log_copy: Path) -> 
     assert (missing.returncode, missing.stderr) == (2, f"analyze: {log_copy}: no job named 'no-such-job'.\n")
 
 
+def test_bytes_reused_show_next_to_bytes_fetched(real_job: Path, log_copy: Path) -> None:
+    job_dir = log_copy / real_job.name
+    table = pq.read_table(job_dir / "timings.parquet")
+    # As a loader reports them: an item either fetches its episode or finds it fetched by an earlier one.
+    fetched = pa.array([1000 * (i % 3 == 0) for i in range(table.num_rows)], pa.int64())
+    reused = pa.array([1000 * (i % 3 != 0) for i in range(table.num_rows)], pa.int64())
+    table = table.set_column(table.schema.get_field_index("bytes_fetched"), "bytes_fetched", fetched)
+    pq.write_table(table.append_column("bytes_reused", reused), job_dir / "timings.parquet")
+    clone_job(log_copy, real_job.name, "copy-job")
+    row = load_jobs(job_dir, rules=LENIENT).jobs.to_pylist()[0]
+    measured = measured_timings(job_dir)
+    window = row["measured_duration_s"]
+    assert row["bytes_fetched_per_s"] == pytest.approx(pc.sum(measured.column("bytes_fetched")).as_py() / window)
+    assert row["bytes_reused_per_s"] == pytest.approx(pc.sum(measured.column("bytes_reused")).as_py() / window)
+    assert row["bytes_reused_per_s"] == pytest.approx(2 * row["bytes_fetched_per_s"], rel=0.02)
+    done = run_analyze(str(log_copy), "--compare", real_job.name, "copy-job")
+    assert done.returncode == 0, done.stderr
+    names = [line.split()[0] for line in done.stdout.splitlines()[1:]]
+    assert names[names.index("bytes_fetched_per_s") + 1] == "bytes_reused_per_s"
+
+
 def test_analyze_rejects_an_empty_log_dir_and_an_unreadable_job(real_job: Path, log_copy: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -266,7 +266,7 @@ def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
     for prefix in (END_TO_END.key, *(part_key(part, k) for k in range(job.num_steps) for part in PARTS)):
         for stat, value in latency_stats(latencies[prefix]).items():
             row[stat_column(prefix, stat)] = value
-    for field in ("bytes_fetched", "frames_decoded"):
+    for field in ("bytes_fetched", "bytes_reused", "frames_decoded"):
         row[f"{field}_per_s"] = _rate(measured, field, duration)
     row["items_per_device"] = json.dumps(_items_per_device(job))
     processes = meta.get("processes") or []

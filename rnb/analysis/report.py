@@ -38,7 +38,7 @@ COMPARE_FIELDS: tuple[str, ...] = (
     "mean_interval_ms", "concurrency", "videos", "batch_size", "measured_items", "measured_duration_s",
     "throughput_items_per_s", "measured_throughput_items_per_s",
     *(stat_column(E2E, s) for s in ("min", "mean", "p50", "p90", "p95", "p99", "p99_9", "max")),
-    "bytes_fetched_per_s", "frames_decoded_per_s", "max_peak_rss_bytes", "max_peak_device_bytes",
+    "bytes_fetched_per_s", "bytes_reused_per_s", "frames_decoded_per_s", "max_peak_rss_bytes", "max_peak_device_bytes",
 )
 
 
