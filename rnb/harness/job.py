@@ -33,7 +33,7 @@ from rnb.analysis.summary import summary_text, utilisation_text
 from rnb.harness import joblog
 from rnb.harness.client import ClientSpec
 from rnb.harness.control import Plumbing, SharedSlot, Termination
-from rnb.harness.local import LocalWiring, client_main, runner_main
+from rnb.harness.local import DeviceFirst, LocalWiring, client_main, runner_main
 from rnb.harness.runner import RunnerSpec
 from rnb.harness.sampler import DEFAULT_INTERVAL_MS, SampledGpu, Sampler
 from rnb.harness.supervisor import Supervisor
@@ -164,8 +164,8 @@ def spawn_all(ctx: Any, supervisor: Supervisor, config: PipelineConfig, args: Ru
     supervisor.spawn(ctx, client_main, (spec, plumbing), "client", "client")
     for p in placements:
         spec = RunnerSpec.from_placement(p, target=args.videos)
-        supervisor.spawn(ctx, runner_main, (spec, wirings[p.name], plumbing), p.name, "runner",
-                         p.step, p.group, p.instance, p.device)
+        arguments = (DeviceFirst(p.device), spec, wirings[p.name], plumbing)
+        supervisor.spawn(ctx, runner_main, arguments, p.name, "runner", p.step, p.group, p.instance, p.device)
         supervisor.children[-1].record["threads"] = p.threads
 
 

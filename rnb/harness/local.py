@@ -183,8 +183,32 @@ class LocalClientTransport(_LocalParticipant):
         return True
 
 
-def runner_main(spec: RunnerSpec, wiring: LocalWiring, plumbing: Plumbing) -> None:
-    """Entry point of a spawned runner process."""
+@dataclass(frozen=True)
+class DeviceFirst:
+    """A runner's device, passed as its first spawn argument so that it is selected while unpickling.
+
+    Unpickling the producers' CUDA slots opens their IPC handles, and with
+    no current device chosen CUDA would also make a context on GPU 0 for
+    every runner: hundreds of MB of GPU 0 per process, and a busy GPU 0 for
+    jobs that never asked for it. Arguments are unpickled in order, so
+    selecting the device as this one is rebuilt comes before any slot.
+    """
+
+    device: str
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return select_device, (self.device,)
+
+
+def select_device(device: str) -> str:
+    """Make a CUDA `device` this process's current one (nothing to do for the CPU); returns it."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    return device
+
+
+def runner_main(device: str, spec: RunnerSpec, wiring: LocalWiring, plumbing: Plumbing) -> None:
+    """Entry point of a spawned runner process; `device` comes first (DeviceFirst) and is already current."""
     transport = LocalTransport(spec, wiring, plumbing)
     child_main(spec.name, plumbing, transport, lambda: Runner(spec, transport).run(), torch.device(spec.device))
 
