@@ -1,12 +1,15 @@
-"""Shared pytest setup: markers that skip what this machine cannot run, and reading a job's log.
+"""Shared pytest setup: markers that skip what this machine cannot run, reading a job's log, a module's dataset.
 
 Tests that run a job read what it left through the `job_log` fixture, which
-also tells whether any of its processes outlived it.
+also tells whether any of its processes outlived it. Episode tests that need
+a synthetic dataset name it in a module-level `SPEC` and take `source` (made
+once per module) or `root` (a private copy a test may break).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -15,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from episodes.synthetic import make_dataset
 from episodes.testing_server import NGINX
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,3 +76,16 @@ def _read_job_log(path: Path) -> JobLog:
 def job_log() -> Callable[[Path], JobLog]:
     """`job_log(path)`: what a job left in its directory (`path`, or the one job under the log directory `path`)."""
     return _read_job_log
+
+
+@pytest.fixture(scope="module")
+def source(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The synthetic dataset of the test module's `SPEC`, made once per module; tests must not change it."""
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    return make_dataset(tmp_path_factory.mktemp(name) / "ds", request.module.SPEC)
+
+
+@pytest.fixture
+def root(source: Path, tmp_path: Path) -> Path:
+    """A private copy of `source` (at `tmp_path / "ds"`) that a test may break."""
+    return Path(shutil.copytree(source, tmp_path / "ds"))

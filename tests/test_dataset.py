@@ -13,7 +13,7 @@ import pytest
 from episodes.dataset import EpisodeRecord, VideoSegment, open_dataset
 from episodes.tabular import column_array
 from episodes.errors import DatasetFormatError, EpisodeDataError, FetchError
-from episodes.synthetic import SyntheticSpec, make_dataset
+from episodes.synthetic import SyntheticSpec
 from episodes.testing_server import serve_directory
 
 SPEC = SyntheticSpec(episodes=7, cameras=2, episodes_per_file=3, files_per_chunk=2, min_length=10,
@@ -21,35 +21,24 @@ SPEC = SyntheticSpec(episodes=7, cameras=2, episodes_per_file=3, files_per_chunk
 KEYS = ("observation.images.cam0", "observation.images.cam1")
 
 
-@pytest.fixture(scope="module")
-def dataset_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("ds") / "synthetic", SPEC)
-
-
-@pytest.fixture
-def copy_root(dataset_root: Path, tmp_path: Path) -> Path:
-    """A private copy that a test may break."""
-    return Path(shutil.copytree(dataset_root, tmp_path / "copy"))
-
-
 def frame_rows(root: Path) -> pa.Table:
     """All data rows, read independently of the code under test."""
     return pa.concat_tables(pq.read_table(p) for p in sorted(root.glob("data/*/*.parquet")))
 
 
-def test_counts_fps_keys_and_lengths(dataset_root: Path) -> None:
-    ds = open_dataset(str(dataset_root))
-    rows = frame_rows(dataset_root)
+def test_counts_fps_keys_and_lengths(source: Path) -> None:
+    ds = open_dataset(str(source))
+    rows = frame_rows(source)
     expected = np.bincount(rows.column("episode_index").to_numpy())
     assert ds.num_episodes == SPEC.episodes == len(expected)
     assert ds.fps == 30.0
     assert ds.video_keys == KEYS
     assert [ds.episode_length(i) for i in range(ds.num_episodes)] == expected.tolist()
-    assert ds.root == str(dataset_root)
+    assert ds.root == str(source)
 
 
-def test_records_point_at_files_that_exist(dataset_root: Path) -> None:
-    ds = open_dataset(str(dataset_root))
+def test_records_point_at_files_that_exist(source: Path) -> None:
+    ds = open_dataset(str(source))
     rec = ds.episode(6)  # the 7th episode sits in the third file, i.e. chunk 1, file 0
     assert isinstance(rec, EpisodeRecord)
     assert rec.data_path == "data/chunk-001/file-000.parquet"
@@ -57,13 +46,13 @@ def test_records_point_at_files_that_exist(dataset_root: Path) -> None:
     assert rec.videos["observation.images.cam1"].from_timestamp == 0.0
     for i in range(ds.num_episodes):
         r = ds.episode(i)
-        assert (dataset_root / r.data_path).is_file()
-        assert all((dataset_root / v.path).is_file() for v in r.videos.values())
+        assert (source / r.data_path).is_file()
+        assert all((source / v.path).is_file() for v in r.videos.values())
         assert r.dataset_to_index - r.dataset_from_index == r.length
 
 
-def test_timestamps_match_lengths_and_restart_per_file(dataset_root: Path) -> None:
-    ds = open_dataset(str(dataset_root))
+def test_timestamps_match_lengths_and_restart_per_file(source: Path) -> None:
+    ds = open_dataset(str(source))
     previous: dict[str, VideoSegment] = {}
     restarts = 0
     for i in range(ds.num_episodes):
@@ -80,8 +69,8 @@ def test_timestamps_match_lengths_and_restart_per_file(dataset_root: Path) -> No
     assert restarts == 3 * len(KEYS)
 
 
-def test_episode_table_holds_exactly_the_episode_rows(dataset_root: Path) -> None:
-    ds = open_dataset(str(dataset_root))
+def test_episode_table_holds_exactly_the_episode_rows(source: Path) -> None:
+    ds = open_dataset(str(source))
     for i in range(ds.num_episodes):
         rec = ds.episode(i)
         table = ds.episode_table(i)
@@ -94,9 +83,9 @@ def test_episode_table_holds_exactly_the_episode_rows(dataset_root: Path) -> Non
 
 
 def test_episode_table_reads_only_needed_row_groups_and_columns(
-    dataset_root: Path, monkeypatch: pytest.MonkeyPatch
+    source: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ds = open_dataset(str(dataset_root))
+    ds = open_dataset(str(source))
     read: list[tuple[list[int], list[str]]] = []
     real = pq.ParquetFile.read_row_groups
 
@@ -108,17 +97,17 @@ def test_episode_table_reads_only_needed_row_groups_and_columns(
     rec = ds.episode(4)
     table = ds.episode_table(4, columns=["action"])
     assert table.column_names == ["action"]
-    total_groups = pq.ParquetFile(dataset_root / rec.data_path).metadata.num_row_groups
+    total_groups = pq.ParquetFile(source / rec.data_path).metadata.num_row_groups
     (groups, columns), = read
     assert set(columns) == {"action", "index"}
     assert 0 < len(groups) < total_groups
-    full = pq.read_table(dataset_root / rec.data_path)
+    full = pq.read_table(source / rec.data_path)
     mask = np.isin(full.column("index").to_numpy(), np.arange(rec.dataset_from_index, rec.dataset_to_index))
     assert table.column("action").to_pylist() == full.filter(pa.array(mask)).column("action").to_pylist()
 
 
-def test_column_array_is_a_zero_copy_view(dataset_root: Path) -> None:
-    ds = open_dataset(str(dataset_root))
+def test_column_array_is_a_zero_copy_view(source: Path) -> None:
+    ds = open_dataset(str(source))
     table = ds.episode_table(0, columns=["observation.state", "action"])
     state = column_array(table.column("observation.state"), "observation.state", "here")
     assert state.shape == (ds.episode_length(0), 6) and state.dtype == np.float32
@@ -136,8 +125,8 @@ def test_column_array_is_a_zero_copy_view(dataset_root: Path) -> None:
 
 
 @pytest.mark.parametrize("ep", [7, -1, 100, True, 1.0])
-def test_episode_index_out_of_range(dataset_root: Path, ep: object) -> None:
-    ds = open_dataset(str(dataset_root))
+def test_episode_index_out_of_range(source: Path, ep: object) -> None:
+    ds = open_dataset(str(source))
     with pytest.raises(DatasetFormatError, match=rf"episode index {ep!r} is out of range \(the dataset has 7 episodes\)"):
         ds.episode(ep)
     with pytest.raises(DatasetFormatError, match="out of range"):
@@ -155,16 +144,16 @@ def edit_info(root: Path, **changes: object) -> None:
     info_file.write_text(json.dumps(info))
 
 
-def test_missing_info_json(copy_root: Path) -> None:
-    (copy_root / "meta" / "info.json").unlink()
+def test_missing_info_json(root: Path) -> None:
+    (root / "meta" / "info.json").unlink()
     with pytest.raises(FetchError, match=r"meta/info\.json: file not found"):
-        open_dataset(str(copy_root))
+        open_dataset(str(root))
 
 
-def test_malformed_info_json(copy_root: Path) -> None:
-    (copy_root / "meta" / "info.json").write_text("{not json")
+def test_malformed_info_json(root: Path) -> None:
+    (root / "meta" / "info.json").write_text("{not json")
     with pytest.raises(DatasetFormatError, match=r"meta/info\.json: not valid JSON"):
-        open_dataset(str(copy_root))
+        open_dataset(str(root))
 
 
 @pytest.mark.parametrize(
@@ -181,23 +170,23 @@ def test_malformed_info_json(copy_root: Path) -> None:
         ({"video_path": 3}, r"field 'video_path' has the wrong type \(int\)"),
     ],
 )
-def test_bad_info_fields(copy_root: Path, changes: dict, message: str) -> None:
-    edit_info(copy_root, **changes)
+def test_bad_info_fields(root: Path, changes: dict, message: str) -> None:
+    edit_info(root, **changes)
     with pytest.raises(DatasetFormatError, match=r"meta/info\.json: " + message):
-        open_dataset(str(copy_root))
+        open_dataset(str(root))
 
 
-def test_template_outside_root_names_the_field(copy_root: Path) -> None:
-    edit_info(copy_root, video_path="../../{video_key}/file-{file_index:03d}.mp4")
+def test_template_outside_root_names_the_field(root: Path) -> None:
+    edit_info(root, video_path="../../{video_key}/file-{file_index:03d}.mp4")
     # Refused when the dataset opens, not at the first episode that uses the path.
     with pytest.raises(DatasetFormatError, match=r"info\.json: field 'video_path' gives '\.\./\.\./observation\.images\.cam0/file-000\.mp4' for episode 0, which is outside the dataset root"):
-        open_dataset(str(copy_root))
+        open_dataset(str(root))
 
 
-def test_template_with_unknown_placeholder(copy_root: Path) -> None:
-    edit_info(copy_root, data_path="data/{shard}.parquet")
+def test_template_with_unknown_placeholder(root: Path) -> None:
+    edit_info(root, data_path="data/{shard}.parquet")
     with pytest.raises(DatasetFormatError, match=r"info\.json: field 'data_path' is not a valid path template \(KeyError\('shard'\)\)"):
-        open_dataset(str(copy_root))
+        open_dataset(str(root))
 
 
 def rewrite_episodes(root: Path, change) -> Path:
@@ -206,49 +195,49 @@ def rewrite_episodes(root: Path, change) -> Path:
     return path
 
 
-def test_episodes_parquet_missing_column(copy_root: Path) -> None:
-    rewrite_episodes(copy_root, lambda t: t.drop_columns(["videos/observation.images.cam1/to_timestamp"]))
+def test_episodes_parquet_missing_column(root: Path) -> None:
+    rewrite_episodes(root, lambda t: t.drop_columns(["videos/observation.images.cam1/to_timestamp"]))
     with pytest.raises(DatasetFormatError, match=r"chunk-000/file-001\.parquet: field 'videos/observation\.images\.cam1/to_timestamp' is missing"):
-        open_dataset(str(copy_root))
+        open_dataset(str(root))
 
 
-def test_episodes_parquet_length_mismatch(copy_root: Path) -> None:
-    rewrite_episodes(copy_root, lambda t: t.set_column(1, "length", pa.array([1, 2, 3], pa.int64())))
+def test_episodes_parquet_length_mismatch(root: Path) -> None:
+    rewrite_episodes(root, lambda t: t.set_column(1, "length", pa.array([1, 2, 3], pa.int64())))
     with pytest.raises(DatasetFormatError, match="episode 3: field 'length' disagrees"):
-        open_dataset(str(copy_root))
+        open_dataset(str(root))
 
 
-def test_episodes_parquet_gap_in_indices(copy_root: Path) -> None:
-    (copy_root / "meta" / "episodes" / "chunk-000" / "file-001.parquet").unlink()
+def test_episodes_parquet_gap_in_indices(root: Path) -> None:
+    (root / "meta" / "episodes" / "chunk-000" / "file-001.parquet").unlink()
     with pytest.raises(DatasetFormatError, match=r"field 'episode_index' is not 0\.\.3 without gaps"):
-        open_dataset(str(copy_root))
+        open_dataset(str(root))
 
 
-def test_episodes_parquet_corrupt(copy_root: Path) -> None:
-    (copy_root / "meta" / "episodes" / "chunk-001" / "file-000.parquet").write_bytes(b"PAR1 garbage")
+def test_episodes_parquet_corrupt(root: Path) -> None:
+    (root / "meta" / "episodes" / "chunk-001" / "file-000.parquet").write_bytes(b"PAR1 garbage")
     with pytest.raises(DatasetFormatError, match=r"chunk-001/file-000\.parquet: not a readable Parquet file"):
-        open_dataset(str(copy_root))
+        open_dataset(str(root))
 
 
-def test_no_episodes_parquet(copy_root: Path) -> None:
-    shutil.rmtree(copy_root / "meta" / "episodes")
+def test_no_episodes_parquet(root: Path) -> None:
+    shutil.rmtree(root / "meta" / "episodes")
     with pytest.raises(DatasetFormatError, match=r"meta/episodes: no chunk-\*/file-\*\.parquet files found"):
-        open_dataset(str(copy_root))
+        open_dataset(str(root))
 
 
-def test_episode_table_errors(copy_root: Path) -> None:
-    ds = open_dataset(str(copy_root))
+def test_episode_table_errors(root: Path) -> None:
+    ds = open_dataset(str(root))
     with pytest.raises(DatasetFormatError, match=r"data/chunk-000/file-000\.parquet: episode 1: column 'velocity' is missing"):
         ds.episode_table(1, columns=["velocity"])
-    (copy_root / "data" / "chunk-000" / "file-001.parquet").unlink()
+    (root / "data" / "chunk-000" / "file-001.parquet").unlink()
     with pytest.raises(FetchError, match=r"data/chunk-000/file-001\.parquet: file not found"):
         ds.episode_table(3)
 
 
 @pytest.mark.nginx
-def test_http_gives_the_same_records_and_rows(dataset_root: Path, tmp_path: Path) -> None:
-    local = open_dataset(str(dataset_root))
-    with serve_directory(dataset_root, tmp_path / "nginx") as server:
+def test_http_gives_the_same_records_and_rows(source: Path, tmp_path: Path) -> None:
+    local = open_dataset(str(source))
+    with serve_directory(source, tmp_path / "nginx") as server:
         remote = open_dataset(server.url + "/")
         assert remote.root == server.url
         assert (remote.num_episodes, remote.fps, remote.video_keys) == (local.num_episodes, local.fps, local.video_keys)
@@ -258,18 +247,18 @@ def test_http_gives_the_same_records_and_rows(dataset_root: Path, tmp_path: Path
         assert server.requests("GET /videos/") == 0
 
 
-def test_episode_table_truncated_data_file(copy_root: Path) -> None:
-    data = copy_root / "data" / "chunk-000" / "file-000.parquet"
+def test_episode_table_truncated_data_file(root: Path) -> None:
+    data = root / "data" / "chunk-000" / "file-000.parquet"
     data.write_bytes(data.read_bytes()[:-100])
-    ds = open_dataset(str(copy_root))
+    ds = open_dataset(str(root))
     with pytest.raises(DatasetFormatError, match=r"data/chunk-000/file-000\.parquet: episode 0: not a readable Parquet file"):
         ds.episode_table(0)
 
 
 def test_episode_table_fetch_failure_mid_read_stays_a_fetch_error(
-    dataset_root: Path, monkeypatch: pytest.MonkeyPatch
+    source: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ds = open_dataset(str(dataset_root))
+    ds = open_dataset(str(source))
     real = ds.storage.read_range
     calls: list[tuple[int, int]] = []
 
@@ -286,9 +275,9 @@ def test_episode_table_fetch_failure_mid_read_stays_a_fetch_error(
 
 
 @pytest.mark.nginx
-def test_http_without_directory_listing_probes_episode_files(dataset_root: Path, tmp_path: Path) -> None:
-    local = open_dataset(str(dataset_root))
-    with serve_directory(dataset_root, tmp_path / "nginx") as server:
+def test_http_without_directory_listing_probes_episode_files(source: Path, tmp_path: Path) -> None:
+    local = open_dataset(str(source))
+    with serve_directory(source, tmp_path / "nginx") as server:
         remote = open_dataset(server.url + "/nolist")
         assert [remote.episode(i) for i in range(7)] == [local.episode(i) for i in range(7)]
         # chunk-000 holds files 000 and 001, chunk-001 holds 000: three hits, then 002, 001/001, 002/000 miss

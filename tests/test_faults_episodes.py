@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from episodes import EpisodeByteCache, FetchError, Mp4FormatError, open_dataset
 from episodes.storage import Storage
-from episodes.synthetic import SyntheticSpec, make_dataset
+from episodes.synthetic import SyntheticSpec
 from episodes.testing_server import serve_directory
 from tests.test_make_dataset import read_indices
 
@@ -17,18 +16,6 @@ SPEC = SyntheticSpec(codec="h264", gop=6, bframes=2, episodes=4, cameras=1, epis
                      min_length=8, max_length=16, width=64, height=64, seed=9)
 KEY = "observation.images.cam0"
 BROKEN = "videos/observation.images.cam0/chunk-000/file-001.mp4"  # episodes 2 and 3
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("faults") / "ds", SPEC)
-
-
-@pytest.fixture
-def root(source: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "ds"
-    shutil.copytree(source, copy)
-    return copy
 
 
 def expect_fault(cache: EpisodeByteCache, url: str, error: type, reason: str) -> None:

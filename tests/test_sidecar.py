@@ -18,18 +18,6 @@ SPEC = SyntheticSpec(codec="h264", gop=6, bframes=2, episodes=4, cameras=1, epis
                      min_length=8, max_length=16, width=64, height=64, seed=5)
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("sidecar") / "ds", SPEC)
-
-
-@pytest.fixture
-def root(source: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "ds"
-    shutil.copytree(source, copy)
-    return copy
-
-
 def run_all(ds, **options) -> tuple[EpisodeByteCache, list[tuple[int, int]]]:
     """Read frame 0 of every episode; returns the closed cache and every (start, end) read from storage."""
     original, reads = ds.storage.read_range, []

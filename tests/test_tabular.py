@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,24 +15,14 @@ from episodes import EpisodeDataset, LeRobotDataset, VideoFilesDataset, open_epi
 from episodes.errors import DatasetFormatError
 from episodes.layout import ROW_INDEX
 from episodes.source import guess_kind
-from episodes.synthetic import SyntheticSpec, make_dataset
+from episodes.synthetic import SyntheticSpec
 from episodes.sidecar import local_cache_path
 from episodes.tabular import USAGE_DIR
 
 SPEC = SyntheticSpec(episodes=6, cameras=1, episodes_per_file=3, min_length=10, max_length=40, width=32,
                      height=32, gop=8, row_group_size=16, seed=5)
 COLUMNS = ["observation.state", "action", "timestamp", "frame_index"]
-
-
-@pytest.fixture(scope="module")
-def built_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("tabular") / "ds", SPEC)
-
-
-@pytest.fixture
-def root(built_root: Path, tmp_path: Path) -> Path:
-    """A private copy, so each test starts without usage-format files."""
-    return Path(shutil.copytree(built_root, tmp_path / "ds"))
+# Tests take `root` (tests/conftest.py), a private copy, so each starts without usage-format files.
 
 
 def parquet_rows(root: Path, ep: int, name: str) -> np.ndarray:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import threading
 from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -20,7 +19,7 @@ from typing import Iterator
 import pytest
 
 from episodes import DatasetFormatError, EpisodeByteCache, FetchError, Mp4FormatError, open_dataset
-from episodes.synthetic import SyntheticSpec, make_dataset
+from episodes.synthetic import SyntheticSpec
 from rnb.harness import cli
 from tests.test_make_dataset import read_indices
 
@@ -28,18 +27,6 @@ SPEC = SyntheticSpec(codec="h264", gop=4, episodes=3, cameras=1, episodes_per_fi
                      width=32, height=32, seed=3)
 KEY = "observation.images.cam0"
 VIDEO = "videos/observation.images.cam0/chunk-000/file-000.mp4"  # episodes 0 and 1
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("untrusted") / "ds", SPEC)
-
-
-@pytest.fixture
-def root(source: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "ds"
-    shutil.copytree(source, copy)
-    return copy
 
 
 class RangeFaults(SimpleHTTPRequestHandler):

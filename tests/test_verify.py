@@ -1,7 +1,6 @@
 """The verifier CLI: exit 0 when every episode-camera is identical, 1 when any is not, 2 for bad input."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,15 +8,10 @@ from pathlib import Path
 import pytest
 
 from episodes.__main__ import main
-from episodes.synthetic import SyntheticSpec, make_dataset
+from episodes.synthetic import SyntheticSpec
 
 SPEC = SyntheticSpec(codec="hevc", gop=8, bframes=3, episodes=4, cameras=2, episodes_per_file=2,
                      min_length=8, max_length=16, width=64, height=64, seed=2)
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("verify") / "ds", SPEC)
 
 
 def test_all_identical_exits_0(source: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -32,9 +26,7 @@ def test_plain_video_glob(source: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert capsys.readouterr().out == "2 episode-cameras checked on cpu: 2 identical, 0 different\n"
 
 
-def test_broken_file_exits_1_naming_its_episodes(source: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    root = shutil.copytree(source, tmp_path / "ds")
+def test_broken_file_exits_1_naming_its_episodes(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     video = root / "videos/observation.images.cam1/chunk-000/file-001.mp4"
     video.write_bytes(video.read_bytes().replace(b"stsz", b"xxxx"))
     assert main(["verify", str(root)]) == 1
