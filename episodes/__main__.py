@@ -20,6 +20,7 @@ from episodes.errors import EpisodeDataError
 from episodes.source import open_episodes
 from episodes.streaming import TRACKS, StreamingOptions, run_tracks, track_table
 from episodes.verify import EpisodeCheck, verify_dataset
+from rnb.console import terminal_logging
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,10 +92,7 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if any(row.error for row in rows) else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "bench":
-        return _bench(args)
+def _verify(args: argparse.Namespace) -> int:
     try:
         device = _device(args.device)
         ds = open_episodes(args.root)
@@ -105,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(report.checks)} episode-cameras checked on {device}: "
           f"{report.identical} identical, {report.different} different")
     return 0 if report.different == 0 and report.checks else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    with terminal_logging("episodes"):
+        return _bench(args) if args.command == "bench" else _verify(args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What a command shows on its terminal of what the project's modules log.
 
 Library modules report through `logging` and never print; each command
-(benchmark, analyze, sweep, make-dataset) decides, here, that their records
+(benchmark, analyze, sweep, make-dataset, `python -m episodes`) decides, here, that their records
 at INFO and above reach stderr as `prog: message`, the way its own error
 sentences read.
 """

@@ -8,7 +8,7 @@ import pytest
 
 from episodes import open_dataset
 from episodes.__main__ import main
-from episodes.streaming import StreamingOptions, random_targets, run_tracks
+from episodes.streaming import TRACKS, StreamingOptions, random_targets, run_tracks
 from episodes.synthetic import SyntheticSpec, make_dataset
 from episodes.testing_server import serve_directory
 
@@ -34,7 +34,11 @@ def table_rows(text: str) -> dict[str, list[str]]:
 
 def test_every_track_runs_and_decodes_the_indexed_frames(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", str(root), *SMALL, "--include-decode"]) == 0
-    rows = table_rows(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    rows = table_rows(captured.out)
+    # The library's log records reach the terminal as every command shows them: 4 episodes x 2 cameras x 3 frames.
+    assert [line for line in captured.err.splitlines() if line.startswith("episodes: ")] == [
+        f"episodes: track {name}: 4 episodes, 24 targets" for name in TRACKS]
     assert list(rows) == ["indexed", "windows", "random-frames", "remote-decoder", "tabular", "tabular-usage"]
     assert rows["windows"]["frames = indexed"] == rows["remote-decoder"]["frames = indexed"] == "yes"
     assert rows["tabular-usage"]["frames = indexed"] == "yes"  # the usage copy returns the Parquet values
