@@ -263,9 +263,12 @@ class EpisodeFetcher:
     "clips" only the GOPs of the sampled clips.
 
     The bytes travel through the shared slot (`max_bytes` bounds one
-    episode); the mini-MP4's frame table and the sampled frame numbers, both
-    small, travel as non-tensors.
+    episode), which stays in host memory wherever the step runs; the
+    mini-MP4's frame table and the sampled frame numbers, both small, travel
+    as non-tensors.
     """
+
+    output_device = "cpu"  # the decoder reads bytes from host memory (rnb.pipeline.plan.host_side)
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
                  num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, prefetch: int = 2,
@@ -302,7 +305,13 @@ class EpisodeFetcher:
 
 
 class EpisodeDecoder:
-    """The decode half of a split loader: mini-MP4 bytes -> clips, decoded on this step's device."""
+    """The decode half of a split loader: mini-MP4 bytes -> clips, decoded on this step's device.
+
+    The bytes arrive in host memory even on a GPU runner: the decoder (NVDEC
+    too) reads them from there, so a copy to the GPU would only come back.
+    """
+
+    input_device = "cpu"  # rnb.pipeline.plan.host_side
 
     def __init__(self, device: torch.device, num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8,
                  size: int = 112) -> None:

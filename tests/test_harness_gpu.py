@@ -12,7 +12,14 @@ import torch
 import torch.multiprocessing as mp
 
 from rnb.harness import cli
-from rnb.harness.control import SharedSlot
+from rnb.harness.control import Plumbing, SharedSlot
+from rnb.harness.job import allocate_slots
+from rnb.harness.local import LocalTransport, LocalWiring
+from rnb.harness.messages import Signal
+from rnb.harness.runner import RunnerSpec
+from rnb.harness.timecard import TimeCard
+from rnb.pipeline.config import parse_config
+from rnb.pipeline.plan import plan_runners
 
 
 @pytest.mark.gpu
@@ -45,3 +52,24 @@ def test_toy_pipeline_on_gpu_0_uses_cuda_slots_and_reports_device_memory(tmp_pat
     assert [gpu["logical_index"] for gpu in meta["gpus"]] == [0]
     runners = [p for p in meta["processes"] if p["role"] == "runner"]
     assert all(p["device"] == "cuda:0" and p["peak_device_bytes"] > 0 for p in runners)
+
+
+@pytest.mark.gpu
+def test_split_loader_bytes_reach_a_gpu_decoder_in_host_memory():
+    """Fetcher and decoder on GPU 0: the mini-MP4 bytes go from a host slot to a host buffer, never to the GPU."""
+    document = {"source": {}, "pipeline": [
+        {"model": "models.episode.EpisodeFetcher", "queue_groups": [{"gpus": [0], "out_queues": [0]}], "max_bytes": 64},
+        {"model": "models.episode.EpisodeDecoder", "queue_groups": [{"gpus": [0], "in_queue": 0, "out_queues": [0]}]},
+        {"model": "models.r2p1d.R2P1DRunner", "queue_groups": [{"gpus": [0], "in_queue": 0}]}]}
+    fetch, decode, _ = plan_runners(parse_config(document, "split.json"), 1)
+    ctx = mp.get_context("spawn")
+    slots = allocate_slots(ctx, fetch)
+    plumbing = Plumbing.build(ctx, [{0}, {0}], 10, None)
+    transport = LocalTransport(RunnerSpec.from_placement(decode, target=1), LocalWiring((), {(0, 0): slots}), plumbing)
+    data = torch.arange(40, dtype=torch.uint8)
+    slots[0].free.clear()
+    slots[0].write((data,), "fetcher")
+    plumbing.step_queues[0][0].put(Signal(0, 0, 0, 0, {}, TimeCard(0, "0")))
+    (received,) = transport.receive(timeout=10).tensors
+    assert slots[0].tensors[0].device.type == received.device.type == "cpu"
+    assert torch.equal(received, data) and slots[0].free.is_set()

@@ -1,6 +1,7 @@
 """Episode models, R(2+1)D stages, aggregator, batcher, selector and the uint8 slot, called in-process."""
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 from torchvision.models.video import r2plus1d_18
 
 from rnb.harness.control import SharedSlot
+from rnb.harness.job import allocate_slots
 from episodes import EpisodeByteCache, open_dataset
 from episodes._mp4.span import episode_span
 from episodes._mp4.windows import frame_windows
@@ -183,6 +185,21 @@ def test_output_dtypes_reach_the_planned_slots():
     fetch, decode, _ = plan_runners(parse_config(document, "c.json"), 1)
     assert (fetch.output_shapes, fetch.output_dtypes) == (((4096,),), (torch.uint8,))
     assert (decode.output_shapes, decode.output_dtypes) == (((2, 3, 4, 32, 32),), ())
+
+
+def test_split_loader_bytes_stay_in_host_memory_on_gpu_runners():
+    """Fetcher and decoder both on GPU 0: the mini-MP4 bytes never go to the GPU, the clips do."""
+    document = {"source": {}, "pipeline": [
+        {"model": "models.episode.EpisodeFetcher", "queue_groups": [{"gpus": [0], "out_queues": [0]}]},
+        {"model": "models.episode.EpisodeDecoder", "queue_groups": [{"gpus": [0], "in_queue": 0, "out_queues": [0]}]},
+        {"model": "models.r2p1d.R2P1DRunner", "queue_groups": [{"gpus": [0], "in_queue": 0}]}]}
+    fetch, decode, network = plan_runners(parse_config(document, "c.json"), 1)
+    assert (fetch.device, fetch.input_device, fetch.output_device) == ("cuda:0", "cuda:0", "cpu")
+    assert (decode.device, decode.input_device, decode.output_device) == ("cuda:0", "cpu", "cuda:0")
+    assert (network.input_device, network.output_device) == ("cuda:0", "cuda:0")
+    # the job allocates the fetcher's slots in shared host memory
+    (slot,) = allocate_slots(multiprocessing.get_context("spawn"), dataclasses.replace(fetch, num_slots=1))
+    assert [(t.device.type, t.dtype, t.is_shared()) for t in slot.tensors] == [("cpu", torch.uint8, True)]
 
 
 def test_warm_up_sizes_are_every_row_count_a_batch_of_items_can_have():

@@ -137,7 +137,7 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
 def allocate_slots(ctx: Any, placement: Placement) -> tuple[SharedSlot, ...]:
     if not placement.output_shapes:
         return ()
-    device = torch.device(placement.device)
+    device = torch.device(placement.output_device)
     return tuple(SharedSlot.allocate(ctx, placement.output_shapes, device, placement.output_dtypes)
                  for _ in range(placement.num_slots))
 

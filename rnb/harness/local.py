@@ -73,8 +73,9 @@ class LocalTransport(_LocalParticipant):
         self.wiring = wiring
         self.device = torch.device(spec.device)
         self._cuda = self.device.type == "cuda"  # asked twice per hop; a torch.device attribute is not free
+        self.input_device = torch.device(spec.input_device or spec.device)
         self.events = StepEvents(spec.step)
-        self.inputs = LocalBuffers(self.device)
+        self.inputs = LocalBuffers(self.input_device)
         self.inbox = plumbing.requests if spec.in_queue is None else plumbing.step_queues[spec.step - 1][spec.in_queue]
         self.outboxes = [plumbing.step_queues[spec.step][q] for q in spec.out_queues]
         self._next_slot = 0
@@ -96,7 +97,7 @@ class LocalTransport(_LocalParticipant):
         if isinstance(message, Request):
             return Input((), {"request": message.payload}, message.card, arrived)
         slot = self.wiring.sources[(message.group, message.instance)][message.slot]
-        tensors = slot.read(self.device, self.inputs)
+        tensors = slot.read(self.input_device, self.inputs)
         self._sync()
         slot.free.set()
         return Input(tensors, message.non_tensors, message.time_card, arrived)

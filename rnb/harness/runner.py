@@ -48,6 +48,7 @@ class RunnerSpec:
     selector_kwargs: Mapping[str, Any] = field(default_factory=dict)  # keywords of the selector's constructor
     num_segments: int = 1
     threads: int | None = None        # torch intra-op and inter-op threads; None = torch's default
+    input_device: str = ""            # where inputs are delivered; "" = `device` (rnb.pipeline.plan.host_side)
 
     @staticmethod
     def from_placement(placement: Placement, target: int) -> RunnerSpec:
@@ -56,7 +57,7 @@ class RunnerSpec:
             device=placement.device, model=placement.model, model_kwargs=placement.model_kwargs,
             in_queue=placement.in_queue, out_queues=placement.out_queues, target=target,
             selector=placement.selector, selector_kwargs=placement.selector_kwargs,
-            num_segments=placement.num_segments, threads=placement.threads,
+            num_segments=placement.num_segments, threads=placement.threads, input_device=placement.input_device,
         )
 
     @property

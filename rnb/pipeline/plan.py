@@ -39,6 +39,23 @@ class Placement:
     output_dtypes: tuple[torch.dtype, ...] = ()  # empty = all float32
     input_shapes: tuple[tuple[int, ...], ...] | None = None  # the largest input; None for step 0
     threads: int | None = None  # torch intra-op and inter-op threads; None = torch's default
+    input_device: str = ""      # where the runner receives its inputs; "" = its device (see host_side)
+    output_device: str = ""     # where its output slots live; "" = its device
+
+    def __post_init__(self) -> None:
+        for name in ("input_device", "output_device"):
+            if not getattr(self, name):
+                object.__setattr__(self, name, self.device)
+
+
+def host_side(model: Any, attribute: str, device: str) -> str:
+    """"cpu" where a model declares it (`input_device` or `output_device` = "cpu"), else the runner's device.
+
+    Some data only passes through a GPU runner on its way to host code: the
+    bytes of a mini-MP4 go to the decoder library from host memory, NVDEC
+    included. Keeping them on the host spares a copy to the GPU and back.
+    """
+    return "cpu" if getattr(model, attribute, None) == "cpu" else device
 
 
 def cpu_threads(config: PipelineConfig) -> int:
@@ -102,7 +119,9 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
             for q in group.out_queues:
                 outputs.setdefault(q, []).append(_per_segment(shapes, step.num_segments))
             placements.extend(Placement(
-                name=runner_name(k, g, i), step=k, group=g, instance=i, device="cpu" if gpu < 0 else f"cuda:{gpu}",
+                name=runner_name(k, g, i), step=k, group=g, instance=i, device=_device(gpu),
+                input_device=host_side(model, "input_device", _device(gpu)),
+                output_device=host_side(model, "output_device", _device(gpu)),
                 model=step.model, model_kwargs=kwargs, selector=group.queue_selector,
                 selector_kwargs=dict(group.queue_selector_kwargs), in_queue=group.in_queue,
                 out_queues=tuple(group.out_queues), num_segments=step.num_segments,
@@ -170,6 +189,10 @@ def check_against_dataset(config: PipelineConfig, placements: list[Placement], d
             raise ConfigError(config.path, f"{place}.{error.keyword}", error.expected) from None
 
 
+def _device(gpu: int) -> str:
+    return "cpu" if gpu < 0 else f"cuda:{gpu}"
+
+
 def check_slot_memory(config: PipelineConfig, placements: list[Placement],
                       gpu_memory: Mapping[int, int]) -> None:
     """Refuse output slots that cannot be allocated: shared memory on the CPU, device memory on a GPU.
@@ -184,9 +207,9 @@ def check_slot_memory(config: PipelineConfig, placements: list[Placement],
     for p in placements:
         slot = sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
                    for shape, dtype in zip(p.output_shapes, p.output_dtypes or (torch.float32,) * len(p.output_shapes)))
-        need[p.device] = need.get(p.device, 0) + slot * p.num_slots
-        if slot * p.num_slots > largest.get(p.device, (-1, p))[0]:
-            largest[p.device] = (slot * p.num_slots, p)
+        need[p.output_device] = need.get(p.output_device, 0) + slot * p.num_slots
+        if slot * p.num_slots > largest.get(p.output_device, (-1, p))[0]:
+            largest[p.output_device] = (slot * p.num_slots, p)
     for device, total in need.items():
         if device == "cpu":
             limit, place = _shared_memory_bytes(), "free in /dev/shm"
