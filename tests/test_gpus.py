@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rnb.pipeline.config import ConfigError, PipelineConfig, parse_config
-from rnb.pipeline.gpus import DeviceState, GpuInfo, GpuRequestError, apply_cpu_override, busy_notes, validate_gpus
+from rnb.pipeline.gpus import (DeviceState, GpuInfo, GpuRequestError, apply_cpu_override, busy_notes,
+                               device_memory_record, validate_gpus)
 
 GIB = 2**30
 
@@ -58,6 +59,9 @@ class FakeNvml:
 
     def device(self, physical_index: int) -> DeviceState:
         return self.devices[physical_index]
+
+    def process_memory(self, uuid: str) -> dict[int, int]:
+        return {4242: 900 * 2**20} if uuid == "111-uuid" else {}
 
 
 @pytest.fixture
@@ -154,6 +158,15 @@ def test_allow_busy_runs_on_a_busy_gpu_and_says_so(fake: FakeNvml) -> None:
     assert busy_notes(infos) == [
         "--allow-busy-gpus: GPU 1 (physical 1, Fake GPU 1) was busy at the start (other compute processes: 4242; "
         "8.0 GiB of 80.0 GiB in use), so its figures share the GPU with them"]
+
+
+def test_device_memory_record_splits_off_what_the_allocator_does_not_hold(fake: FakeNvml) -> None:
+    assert device_memory_record("111-uuid", 4242, 600 * 2**20) == {
+        "device_process_bytes": 900 * 2**20, "device_outside_allocator_bytes": 300 * 2**20}
+    assert device_memory_record("111-uuid", 99, 0) == {"device_process_bytes": None,
+                                                       "device_outside_allocator_bytes": None}
+    fake.fail = RuntimeError("NVML Shared Library Not Found")
+    assert device_memory_record("111-uuid", 4242, 0)["device_process_bytes"] is None
 
 
 def test_nvml_query_failure_is_one_sentence(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -86,6 +86,16 @@ class Nvml:
             compute_pids=tuple(int(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)),
         )
 
+    def process_memory(self, uuid: str) -> dict[int, int]:
+        """Device memory each compute process holds on the GPU whose NVML UUID ends with `uuid`, by pid."""
+        nv = self._nv
+        for index in range(self.device_count()):
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            if str(nv.nvmlDeviceGetUUID(handle)).endswith(uuid):
+                return {int(p.pid): int(p.usedGpuMemory) for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)
+                        if p.usedGpuMemory is not None}
+        return {}
+
     def utilisation(self, physical_index: int) -> GpuUtilisation:
         nv = self._nv
         handle = nv.nvmlDeviceGetHandleByIndex(physical_index)
@@ -140,6 +150,23 @@ def _check_all(file: str, nvml: Nvml, requests: dict[int, str], max_memory_fract
         physical = _physical(file, logical, path, visible, variable, count)
         infos.append(_check_one(file, nvml, logical, path, physical, max_memory_fraction, allow_busy))
     return infos
+
+
+def device_memory_record(uuid: str, pid: int, allocator_reserved_bytes: int) -> dict[str, int | None]:
+    """What a process holds on one GPU as NVML sees it, and how much of it lies outside torch's allocator.
+
+    The part outside the caching allocator is the CUDA context itself plus what
+    libraries hold on their own (cuDNN and cuBLAS handles, NVDEC's surfaces):
+    the price of one more process on the GPU. None where NVML cannot tell, for
+    instance when it reports the process under another PID namespace's pid.
+    """
+    try:
+        with Nvml() as nvml:
+            held = nvml.process_memory(uuid).get(pid)
+    except Exception:  # NVML errors come as assorted types; the figure is then unknown, not fatal
+        held = None
+    outside = None if held is None else max(0, held - allocator_reserved_bytes)
+    return {"device_process_bytes": held, "device_outside_allocator_bytes": outside}
 
 
 def apply_cpu_override(config: PipelineConfig) -> PipelineConfig:
