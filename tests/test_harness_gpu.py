@@ -5,6 +5,7 @@ Skipped without CUDA (tests/conftest.py); they run where a GPU is present.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from rnb.harness.messages import Signal
 from rnb.harness.runner import RunnerSpec
 from rnb.harness.timecard import TimeCard
 from rnb.pipeline.config import parse_config
+from rnb.pipeline.gpus import Nvml
 from rnb.pipeline.plan import plan_runners
 
 
@@ -52,6 +54,13 @@ def test_toy_pipeline_on_gpu_0_uses_cuda_slots_and_reports_device_memory(tmp_pat
     assert [gpu["logical_index"] for gpu in meta["gpus"]] == [0]
     runners = [p for p in meta["processes"] if p["role"] == "runner"]
     assert all(p["device"] == "cuda:0" and p["peak_device_bytes"] > 0 for p in runners)
+    client = next(p for p in meta["processes"] if p["role"] == "client")
+    assert (client["device_process_bytes"], client["device_outside_allocator_bytes"]) == (None, None)
+    with Nvml() as nvml:  # this process holds the job's CUDA slots: NVML lists it unless it sees other pids
+        if os.getpid() not in nvml.process_memory(str(torch.cuda.get_device_properties(0).uuid)):
+            pytest.skip("NVML reports the pids of another pid namespace")
+    # each runner's own CUDA context and library handles, apart from torch's allocator
+    assert all(p["device_process_bytes"] >= p["device_outside_allocator_bytes"] > 2**20 for p in runners)
 
 
 @pytest.mark.gpu

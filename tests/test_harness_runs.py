@@ -48,6 +48,7 @@ def test_toy_pipeline_finishes_exactly_the_target(tmp_path, mode, run):
     assert [(p["name"], p["status"], p["exitcode"]) for p in meta["processes"]] == [
         ("client", "ok", 0), ("step0-g0-r0", "ok", 0), ("step1-g0-r0", "ok", 0)]
     assert all(p["peak_rss_bytes"] > 0 for p in meta["processes"])
+    assert {(p["device_process_bytes"], p["device_outside_allocator_bytes"]) for p in meta["processes"]} == {(None, None)}
     share = max(1, len(os.sched_getaffinity(0)) // 2)  # two CPU runners divide the cores
     runners = meta["processes"][1:]
     assert [(p["threads"], p["intra_op_threads"], p["interop_threads"]) for p in runners] == [(share, share, share)] * 2

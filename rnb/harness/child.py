@@ -21,6 +21,7 @@ import torch
 from rnb.harness.control import Plumbing, Termination
 from rnb.harness.messages import Exited, Failed
 from rnb.harness.transport import Participant
+from rnb.pipeline.gpus import device_memory_record
 
 
 def run_and_report(name: str, transport: Participant, work: Callable[[], None],
@@ -33,13 +34,15 @@ def run_and_report(name: str, transport: Participant, work: Callable[[], None],
         code = 1
         transport.report(Failed(name, f"{type(error).__name__}: {error}"))
         transport.stop(Termination.PROCESS_FAILED)
-    peak_device = None
+    peak_device, held = None, {}
     if device is not None and device.type == "cuda":
         peak_device = torch.cuda.max_memory_allocated(device)
+        held = device_memory_record(str(torch.cuda.get_device_properties(device).uuid), os.getpid(),
+                                    torch.cuda.memory_reserved(device))
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     transport.report(Exited(name, peak_rss_bytes=peak_rss, peak_device_bytes=peak_device,
                             intra_op_threads=torch.get_num_threads(),
-                            interop_threads=torch.get_num_interop_threads()))
+                            interop_threads=torch.get_num_interop_threads(), **held))
     return code
 
 

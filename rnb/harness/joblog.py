@@ -107,7 +107,8 @@ def process_record(name: str, role: str, step: int | None, group: int | None, in
     """A meta.json `processes` entry as it is known at spawn time; the rest is filled in at exit."""
     return {"name": name, "role": role, "step": step, "group": group, "instance": instance, "device": device,
             "pid": pid, "exitcode": None, "status": None, "error": None,
-            "peak_rss_bytes": None, "peak_device_bytes": None}
+            "peak_rss_bytes": None, "peak_device_bytes": None,
+            "device_process_bytes": None, "device_outside_allocator_bytes": None}
 
 
 def meta_document(*, job: str, config_path: str, args: Mapping[str, Any], start: float | None, end: float,

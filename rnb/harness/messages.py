@@ -59,6 +59,10 @@ class Exited:
     peak_device_bytes: int | None   # None for a process that used no CUDA device
     intra_op_threads: int
     interop_threads: int
+    # NVML's view of the process on its GPU, in all and outside torch's allocator (its CUDA context and
+    # library handles); None without a CUDA device or where NVML cannot tell (rnb.pipeline.gpus)
+    device_process_bytes: int | None = None
+    device_outside_allocator_bytes: int | None = None
 
 
 @dataclass(frozen=True)
