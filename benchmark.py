@@ -12,7 +12,10 @@ Configuration and planning are in `rnb/pipeline/`, offline analysis in `rnb/anal
 """
 import sys
 
-from rnb.harness.cli import main
-
 if __name__ == "__main__":
+    # Imported here, not above: every spawned child imports this file again (as __mp_main__) before
+    # anything else, and must not import torch before it has tied its life to this process's
+    # (rnb.harness.lifeline).
+    from rnb.harness.cli import main
+
     sys.exit(main())

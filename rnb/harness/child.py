@@ -8,12 +8,9 @@ log even when it failed.  `run_and_report` is the engine-independent part;
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import resource
-import signal
 import sys
-import threading
 from typing import Callable
 
 import torch
@@ -48,10 +45,11 @@ def run_and_report(name: str, transport: Participant, work: Callable[[], None],
 
 def child_main(name: str, plumbing: Plumbing, transport: Participant, work: Callable[[], None],
                device: torch.device | None = None) -> None:
-    """A spawned process's whole life: run and report, flush what main needs, exit 0 (ok) or 1 (failed)."""
-    # Ctrl-C is the main process's business: it stops the children in order.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with_parent()
+    """A spawned process's whole life: run and report, flush what main needs, exit 0 (ok) or 1 (failed).
+
+    The child was spawned ignoring Ctrl-C and SIGTERM, and dies with the main
+    process (rnb.harness.lifeline): stopping children is the main process's business.
+    """
     code = run_and_report(name, transport, work, device)
     pipeline_queues = [plumbing.requests, *(q for step in plumbing.step_queues for q in step.values())]
     for queue in [plumbing.status, plumbing.results, *pipeline_queues]:
@@ -65,9 +63,3 @@ def child_main(name: str, plumbing: Plumbing, transport: Participant, work: Call
     # takes about a second with torch loaded and would only delay the job's end.
     os._exit(code)
 
-
-def _exit_with_parent() -> None:
-    """Die with the main process even if it is killed outright, so no child is ever orphaned."""
-    parent = multiprocessing.parent_process()
-    if parent is not None:
-        threading.Thread(target=lambda: (parent.join(), os._exit(1)), name="exit-with-parent", daemon=True).start()

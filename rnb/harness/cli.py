@@ -4,7 +4,7 @@
 
 Exit codes: 0 target reached, 1 failed job (a process failed, a queue was
 full, or the queues and shared tensors could not be set up), 2 invalid config,
-arguments or GPU request, 130 interrupted.
+arguments or GPU request, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 
 CUDA_DEVICE_ORDER is set to PCI_BUS_ID (unless the environment already sets
 it) before anything touches CUDA, so CUDA numbers GPUs as NVML does and the

@@ -19,6 +19,8 @@ import torch
 
 # How long any blocking wait lasts before it re-checks the termination flag.
 POLL_S = 0.05
+# How often a child looks at the start gate: the start barrier's skew between processes.
+START_POLL_S = 0.002
 
 
 class Termination(IntEnum):
@@ -31,6 +33,7 @@ class Termination(IntEnum):
     PROCESS_FAILED = 4
     INTERRUPTED = 5
     SETUP_FAILED = 6  # the main process could not build the queues or shared tensors
+    TERMINATED = 7    # SIGTERM: what kill, schedulers and containers send
 
     @property
     def reason(self) -> str:
@@ -46,6 +49,7 @@ _REASONS = {
     Termination.PROCESS_FAILED: "process failed",
     Termination.INTERRUPTED: "interrupted",
     Termination.SETUP_FAILED: "setup failed",
+    Termination.TERMINATED: "terminated",
 }
 
 
@@ -54,20 +58,43 @@ class TerminationFlag:
 
     The time matters: throughput ends when the final step counts the last
     item, not when the main process gets around to noticing.
+
+    No process may ever wait on another here.  A multiprocessing lock whose
+    holder is SIGKILLed stays locked for ever, and every process reads this
+    flag at every poll; so reading takes no lock (the reason and the time are
+    plain shared memory), and raising takes a one-shot token without
+    blocking (the first taker wins, the token is never given back).  A
+    process killed between taking the token and writing the reason leaves the
+    flag unraised but blocks nobody: the main process, which sees it die,
+    then writes the flag itself (`take_over`).
     """
 
     def __init__(self, ctx: Any) -> None:
-        self._value = ctx.Value("i", int(Termination.RUNNING))
-        self._when = ctx.Value("d", 0.0, lock=False)
+        self._value = ctx.RawValue("i", int(Termination.RUNNING))
+        self._when = ctx.RawValue("d", 0.0)
+        self._token = ctx.Lock()
 
     def raise_(self, reason: Termination) -> bool:
         """Set the flag unless another reason got there first; True if this call won."""
-        with self._value.get_lock():
-            if self._value.value != Termination.RUNNING:
-                return False
-            self._when.value = time.time()
-            self._value.value = int(reason)
+        if not self._token.acquire(False):
+            return False
+        self._when.value = time.time()  # before the reason: whoever sees the reason sees its time
+        self._value.value = int(reason)
+        return True
+
+    def take_over(self, reason: Termination) -> bool:
+        """The main process's raise: also when a process took the token and died before writing the reason.
+
+        True if this call set the flag.  (Should the token's taker still be
+        alive, its write may land after this one: either way the job ends.)
+        """
+        if self.raise_(reason):
             return True
+        if self.is_set:
+            return False
+        self._when.value = time.time()
+        self._value.value = int(reason)
+        return True
 
     @property
     def reason(self) -> Termination:
@@ -75,14 +102,11 @@ class TerminationFlag:
 
     @property
     def is_set(self) -> bool:
-        # Asked at every hop, so read without the lock (reading an int is atomic); raise_ still
-        # decides under the lock which reason wins, and raised_at reads under it.
-        return self._value.get_obj().value != Termination.RUNNING
+        return self._value.value != Termination.RUNNING
 
     @property
     def raised_at(self) -> float:
-        with self._value.get_lock():
-            return self._when.value
+        return self._when.value
 
 
 class SlotFlag:
@@ -246,7 +270,7 @@ class Plumbing:
     status: Any        # rnb.harness.messages.Ready, Failed, Exited: child -> main
     flag: TerminationFlag
     finished: Any      # shared count of finished items
-    start: Any         # Event set by main once every child is ready
+    start: Any         # shared byte, set to 1 by main once every child is ready (no lock: see TerminationFlag)
     in_flight: Any     # Semaphore or None
 
     @staticmethod
@@ -260,13 +284,18 @@ class Plumbing:
             status=ctx.Queue(),
             flag=TerminationFlag(ctx),
             finished=ctx.Value("q", 0),
-            start=ctx.Event(),
+            start=ctx.RawValue("b", 0),
             in_flight=ctx.Semaphore(concurrency) if concurrency else None,
         )
 
+    def open_start_gate(self) -> None:
+        """Main: let every child start (they look every START_POLL_S)."""
+        self.start.value = 1
+
     def wait_for_start(self) -> bool:
         """Block until main opens the start gate; False if the job ended first."""
-        while not self.start.wait(POLL_S):
+        while not self.start.value:
             if self.flag.is_set:
                 return False
+            time.sleep(START_POLL_S)
         return not self.flag.is_set

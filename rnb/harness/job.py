@@ -23,8 +23,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 import torch.multiprocessing as mp
 from tqdm import tqdm
@@ -36,14 +38,16 @@ from rnb.harness.control import Plumbing, SharedSlot, Termination
 from rnb.harness.local import DeviceFirst, LocalWiring, client_main, runner_main
 from rnb.harness.runner import RunnerSpec
 from rnb.harness.sampler import DEFAULT_INTERVAL_MS, SampledGpu, Sampler
+from rnb.harness.spool import TimingsSpool
 from rnb.harness.supervisor import Supervisor
-from rnb.harness.timecard import TimeCard
 from rnb.pipeline.config import MAX_SEMAPHORE_VALUE, PipelineConfig
 from rnb.pipeline.plan import Placement
 
 log = logging.getLogger(__name__)
 
-EXIT_CODES = {Termination.TARGET_REACHED: 0, Termination.INTERRUPTED: 130}
+EXIT_CODES = {Termination.TARGET_REACHED: 0, Termination.INTERRUPTED: 130, Termination.TERMINATED: 143}
+# What stops a job from outside: Ctrl-C, and SIGTERM (kill, schedulers, containers); children ignore both.
+STOP_SIGNALS = {signal.SIGINT: Termination.INTERRUPTED, signal.SIGTERM: Termination.TERMINATED}
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class JobEnding:
     reason: Termination
     error: str | None                 # one sentence, for the user and meta.json
     failed_process: str | None
-    cards: Sequence[TimeCard]         # finished items
+    spool: TimingsSpool               # finished items, streamed to disk as they came
     processes: list[dict[str, Any]]   # meta.json `processes`
     notes: list[str]                  # what the processes said (the config's own notes are added to them)
 
@@ -103,15 +107,17 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     """Spawn, start everyone together, wait for the flag, stop everyone, write the log."""
     ctx = mp.get_context("spawn")
     job_dir = open_job_dir(config, args)
+    spool = TimingsSpool(job_dir, len(config.steps), args.warmup)
     try:
         plumbing, wirings = build_plumbing(ctx, placements, args)
     except Exception as failure:  # out of CUDA or shared memory, a size torch refuses (TypeError), ...: all end logged
-        return close_job(job_dir, config, args, gpus, _setup_failed(failure))
-    supervisor = Supervisor(plumbing)
+        return close_job(job_dir, config, args, gpus, _setup_failed(failure, spool))
+    supervisor = Supervisor(plumbing, spool)
     sampler = Sampler(args.sample_interval_ms / 1000.0,
                       tuple(SampledGpu(gpu["logical_index"], gpu["physical_index"]) for gpu in gpus))
     sampler.watch("main", os.getpid())
-    previous_handler = signal.signal(signal.SIGINT, lambda *_: plumbing.flag.raise_(Termination.INTERRUPTED))
+    previous = {number: signal.signal(number, lambda number, _: plumbing.flag.take_over(STOP_SIGNALS[number]))
+                for number in STOP_SIGNALS}
     start = None
     try:
         spawn_all(ctx, supervisor, config, args, placements, wirings)
@@ -121,15 +127,16 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
         start = _run_between_barriers(supervisor, job_dir.name, args.videos, len(placements))
     finally:
         end = plumbing.flag.raised_at if plumbing.flag.is_set else time.time()
-        plumbing.flag.raise_(Termination.INTERRUPTED)  # a no-op unless we got here by an exception
+        plumbing.flag.take_over(Termination.INTERRUPTED)  # a no-op unless we got here by an exception
         supervisor.stop()
         sampler.stop()
         sampler.write(job_dir)
-        signal.signal(signal.SIGINT, previous_handler)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         reason = plumbing.flag.reason
         result = close_job(job_dir, config, args, gpus, JobEnding(
             start=start, end=end, reason=reason, error=_error_sentence(reason, supervisor.failure, args),
-            failed_process=supervisor.failure[0] if supervisor.failure else None, cards=supervisor.cards,
+            failed_process=supervisor.failure[0] if supervisor.failure else None, spool=spool,
             processes=[child.record for child in supervisor.children], notes=supervisor.notes))
     return result
 
@@ -177,12 +184,12 @@ def _run_between_barriers(supervisor: Supervisor, job: str, videos: int, runners
     if plumbing.flag.is_set:
         return None
     start = time.time()
-    plumbing.start.set()
+    plumbing.open_start_gate()
     log.info("started %s: client and %d runners ready", job, runners)
     with tqdm(total=videos, unit="item", file=sys.stderr, disable=None, leave=False) as bar:
         while not plumbing.flag.is_set:
             supervisor.pump()
-            bar.update(len(supervisor.cards) - bar.n)
+            bar.update(supervisor.spool.rows - bar.n)
     return start
 
 
@@ -197,28 +204,34 @@ def open_job_dir(config: PipelineConfig, args: RunArgs) -> Path:
 def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: list[dict], ending: JobEnding) -> JobResult:
     """Write timings.parquet and meta.json, report the error if any, and summarise the job."""
     num_steps = len(config.steps)
-    table = joblog.timings_table(ending.cards, num_steps, args.warmup)
-    joblog.write_timings(job_dir, table)
+    table = _latency_columns(ending.spool.close())
     joblog.write_json(job_dir / "meta.json", joblog.meta_document(
         job=job_dir.name, config_path=config.path, args=dataclasses.asdict(args), start=ending.start,
-        end=ending.end, finished=table.num_rows, reason=ending.reason.reason, failed_process=ending.failed_process,
+        end=ending.end, finished=ending.spool.rows, reason=ending.reason.reason, failed_process=ending.failed_process,
         error=ending.error, processes=ending.processes, gpus=gpus, num_steps=num_steps,
         notes=[*config.notes, *ending.notes]))
     if ending.error:
         log.error("%s", ending.error)
     elapsed = None if ending.start is None else ending.end - ending.start
-    summary = summary_text(table, num_steps, args.warmup, table.num_rows, elapsed, ending.reason.reason)
+    summary = summary_text(table, num_steps, args.warmup, ending.spool.rows, elapsed, ending.reason.reason)
     summary = "\n".join(filter(None, (summary, utilisation_text(job_dir))))
     return JobResult(EXIT_CODES.get(ending.reason, 1), job_dir, summary)
 
 
-def _setup_failed(failure: Exception) -> JobEnding:
+def _latency_columns(timings: Path) -> pa.Table:
+    """The times and flags of every item, read back for the summary: 8 bytes per value, not a time card each."""
+    schema = pq.read_schema(timings)
+    return pq.read_table(timings, columns=[f.name for f in schema
+                                           if pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)])
+
+
+def _setup_failed(failure: Exception, spool: TimingsSpool) -> JobEnding:
     """A job that never spawned anything, and why in one sentence."""
     first_line = (str(failure).splitlines() or [""])[0]
     error = (f"could not set up the queues and shared tensors ({type(failure).__name__}: {first_line}); "
              "lower num_shared_tensors, the output shapes or -qs")
     return JobEnding(start=None, end=time.time(), reason=Termination.SETUP_FAILED, error=error, failed_process=None,
-                     cards=[], processes=[], notes=[])
+                     spool=spool, processes=[], notes=[])
 
 
 def _error_sentence(reason: Termination, failure: tuple[str, str] | None, args: RunArgs) -> str | None:

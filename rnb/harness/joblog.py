@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import socket
 import time
 from importlib import metadata
@@ -129,6 +130,8 @@ def meta_document(*, job: str, config_path: str, args: Mapping[str, Any], start:
         "failed_process": failed_process,
         "error": error,
         "processes": processes,
+        # The main process's own peak, when the log is written: it stays flat with -v (rnb.harness.spool).
+        "main_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
         "versions": versions(),
         "host": host(),
         "gpus": gpus,

@@ -139,10 +139,16 @@ class LocalTransport(_LocalParticipant):
 
     def finish(self, cards: tuple[TimeCard, ...]) -> bool:
         finished = self.plumbing.finished
-        with finished.get_lock():
+        lock = finished.get_lock()
+        while not lock.acquire(timeout=POLL_S):  # a replica killed holding it must not wedge this one
+            if self.stopped:
+                return False
+        try:
             accepted = cards[: max(0, self.spec.target - finished.value)]
             finished.value += len(accepted)
             reached = finished.value >= self.spec.target
+        finally:
+            lock.release()
         if accepted and not self._finished:
             self._oldest = time.monotonic()
         self._finished.extend(accepted)

@@ -1,9 +1,15 @@
 """The main process's watch over its children: spawn, listen, notice deaths, stop.
 
-Nothing here blocks for longer than a poll interval, so a child that dies at
-any moment (at start-up, mid-run, even while holding a queue lock) is noticed
-within a fraction of a second, and stopping always ends in terminate, then
-kill, then join: no job hangs and no child outlives it.
+Nothing here can block the main thread on anything a child holds: children
+→ main queues are read on threads (rnb.harness.inbox), the flag and the
+start gate take no lock, and stopping ends in SIGKILL and join.  A child that
+dies at any moment (at start-up, mid-run, holding any lock, half way through
+a message) is noticed within a fraction of a second, no job hangs and no
+child outlives it.
+
+Children are spawned with Ctrl-C and SIGTERM ignored and tied to the main
+process's life (rnb.harness.lifeline): the main process alone decides when
+they stop.
 """
 from __future__ import annotations
 
@@ -14,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rnb.harness.control import POLL_S, Plumbing, Termination
+from rnb.harness.inbox import Inbox
 from rnb.harness.joblog import process_record
+from rnb.harness.lifeline import Lifeline, run, spawning_children
 from rnb.harness.messages import Exited, Failed, Ready, Status
-from rnb.harness.timecard import TimeCard
+from rnb.harness.spool import TimingsSpool
 
 
 @dataclass
@@ -29,16 +37,19 @@ class Child:
 @dataclass
 class Supervisor:
     plumbing: Plumbing
+    spool: TimingsSpool             # where finished items' time cards go
     children: list[Child] = field(default_factory=list)
-    cards: list[TimeCard] = field(default_factory=list)
     ready: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     failure: tuple[str, str] | None = None   # (process name, error) of the first failure
+    inboxes: dict[str, Inbox] = field(default_factory=dict)
 
     def spawn(self, ctx: Any, target: Callable, args: tuple, name: str, role: str, step: int | None = None,
               group: int | None = None, instance: int | None = None, device: str | None = None) -> None:
-        process = ctx.Process(target=target, args=args, name=name, daemon=True)
-        process.start()
+        entry = f"{target.__module__}.{target.__qualname__}"
+        process = ctx.Process(target=run, args=(Lifeline(), entry, *args), name=name, daemon=True)
+        with spawning_children():
+            process.start()
         self.children.append(Child(process, process_record(name, role, step, group, instance, device, process.pid)))
 
     def alive(self) -> list[Child]:
@@ -46,24 +57,30 @@ class Supervisor:
 
     def pump(self, timeout: float = POLL_S) -> None:
         """Take in what children sent, then account for any that exited."""
+        if not self.inboxes:
+            self.inboxes = {"status": Inbox(self.plumbing.status, "status"),
+                            "results": Inbox(self.plumbing.results, "results")}
+        now = time.monotonic()
         exited = [(child, child.process.exitcode) for child in self.alive() if child.process.exitcode is not None]
-        # Messages a child sent are in the pipe before it exits, so draining now catches its last words.
+        if exited:
+            # A child's messages are in the pipe before it exits: once the readers found the pipes empty
+            # after now, its last words are in.
+            for inbox in self.inboxes.values():
+                inbox.settle(since=now)
         self._drain(timeout if not exited else 0.0)
         for child, code in exited:
             self._exited(child, code)
 
     def _drain(self, timeout: float) -> None:
+        status = self.inboxes["status"]
         try:
-            self._on_status(self.plumbing.status.get(timeout=timeout) if timeout else self.plumbing.status.get_nowait())
-            while True:
-                self._on_status(self.plumbing.status.get_nowait())
+            self._on_status(status.get(timeout))
         except queue.Empty:
             pass
-        try:
-            while True:
-                self.cards.extend(self.plumbing.results.get_nowait().cards)
-        except queue.Empty:
-            pass
+        for message in status.take_all():
+            self._on_status(message)
+        for results in self.inboxes["results"].take_all():
+            self.spool.add(results.cards)
 
     def _on_status(self, message: Status) -> None:
         record = next(child.record for child in self.children if child.record["name"] == message.name)
@@ -89,24 +106,32 @@ class Supervisor:
         else:
             record["status"] = "failed"
             record["error"] = f"exited with code {code}" if code > 0 else f"was killed by signal {-code}"
-            if self.plumbing.flag.raise_(Termination.PROCESS_FAILED) or (
+            # take_over: the child may have died holding the flag's token, mid-raise.
+            if self.plumbing.flag.take_over(Termination.PROCESS_FAILED) or (
                     self.failure is None and self.plumbing.flag.reason == Termination.PROCESS_FAILED):
                 self.failure = (record["name"], record["error"])
 
     def stop(self, grace_s: float = 4.0, kill_after_s: float = 2.0) -> None:
-        """Let children leave on their own, then terminate, then kill; always joins them all."""
+        """Let children leave on their own, then kill them (they ignore SIGTERM); always joins them all."""
         deadline = time.time() + grace_s
         while self.alive() and time.time() < deadline:
             self.pump()
-        for signal_them in ("terminate", "kill"):
-            for child in self.alive():
-                child.stopped_by_main = True
-                getattr(child.process, signal_them)()
-            deadline = time.time() + kill_after_s
-            while self.alive() and time.time() < deadline:
-                self.pump()
+        for child in self.alive():
+            child.stopped_by_main = True
+            child.process.kill()
+        deadline = time.time() + kill_after_s
+        while self.alive() and time.time() < deadline:
+            self.pump()
         for child in self.children:
             child.process.join(timeout=1.0)
         self.pump(0.0)
         for child in self.alive():  # unkillable (e.g. stuck in the kernel): say so rather than wait
             child.record.update(status="killed", error="did not exit after SIGKILL")
+        for inbox in self.inboxes.values():
+            inbox.close()
+        self._drain(0.0)
+        for inbox in self.inboxes.values():
+            if inbox.stuck or inbox.broken:
+                self.notes.append(f"the {inbox.name} queue was left cut short by a process that died writing to it "
+                                  "(what was sent after that was lost)")
+

@@ -1,0 +1,143 @@
+"""No state of a job may hang, and every ending leaves a log: dead lock holders, signals, a killed main.
+
+Jobs run as `python benchmark.py` subprocesses, each carrying a mark in its
+environment, so any process left behind (an orphan) is found by the mark
+even after the main process is gone.  Bounds are hang guards, not timings:
+each is several times what the behaviour needs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from rnb.analysis import analyze_cli
+
+REPO = Path(__file__).resolve().parents[1]
+SLOW_IMPORTS = Path(__file__).resolve().parent / "slow_imports"
+IMPORT_DELAY_S = 8.0  # how long each child spends "importing torch" in the start-up tests
+
+
+def write_config(tmp_path: Path, document: dict) -> str:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def toy_config(tmp_path: Path) -> str:
+    return write_config(tmp_path, json.loads((REPO / "config/toy.json").read_text()))
+
+
+def start_job(tmp_path: Path, config: str, *argv: str, import_delay_s: float = 0.0) -> tuple[subprocess.Popen, str]:
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "RNB_TEST_MARK": mark}
+    if import_delay_s:
+        env.update(PYTHONPATH=os.pathsep.join([str(SLOW_IMPORTS), env["PYTHONPATH"]]),
+                   RNB_TEST_IMPORT_DELAY_S=str(import_delay_s))
+    command = [sys.executable, "benchmark.py", "-c", config, "--log-dir", str(tmp_path / "logs"), *argv]
+    job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    return job, mark
+
+
+def marked(mark: str) -> list[int]:
+    """Live processes whose environment carries `mark`: the job's main process and everything it spawned."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"RNB_TEST_MARK={mark}".encode() in (entry / "environ").read_bytes():
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_for_children(job: subprocess.Popen, mark: str, count: int, timeout_s: float = 60.0) -> None:
+    deadline = time.time() + timeout_s
+    while len([pid for pid in marked(mark) if pid != job.pid]) < count:
+        assert time.time() < deadline and job.poll() is None, "the job never spawned its children"
+        time.sleep(0.05)
+
+
+def finish(job: subprocess.Popen, timeout_s: float = 120.0) -> tuple[str, str]:
+    try:
+        return job.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        pytest.fail(f"the job hung: still running {timeout_s:g} s on")
+
+
+def job_log(tmp_path: Path) -> tuple[dict, list[dict]]:
+    (job_dir,) = (tmp_path / "logs").iterdir()
+    return json.loads((job_dir / "meta.json").read_text()), pq.read_table(job_dir / "timings.parquet").to_pylist()
+
+
+@pytest.mark.parametrize("hold", ["flag", "status", "results"])
+def test_a_child_killed_holding_shared_plumbing_cannot_wedge_the_job(tmp_path, hold):
+    """The dead child held the flag mid-raise, the status queue's write lock, or had written half a message."""
+    config = write_config(tmp_path, {"source": {"synthetic": True}, "pipeline": [  # one step, two replicas
+        {"model": "models.toy.DiesHolding", "queue_groups": [{"gpus": [-1, -1]}], "hold": hold, "at_item": 3}]})
+    job, mark = start_job(tmp_path, config, "-v", "200", "-mi", "2", "--warmup", "0")
+    out, err = finish(job)
+    assert job.returncode == 1, err
+    meta, rows = job_log(tmp_path)
+    dead = meta["failed_process"]  # whichever of the two replicas took item 3
+    assert (meta["termination_reason"], dead in ("step0-g0-r0", "step0-g0-r1")) == ("process failed", True)
+    assert meta["error"] == f"process {dead} failed: was killed by signal 9"
+    assert "Traceback" not in err and len(rows) == meta["finished_items"] < 200
+    assert marked(mark) == []
+
+
+@pytest.mark.parametrize("target", ["main", "group"])
+def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, target):
+    job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "100000", "-mi", "20", "--warmup", "0")
+    assert job.stderr.readline().startswith("benchmark.py: started "), "the job never started"
+    time.sleep(1)  # some items finish
+    (os.kill if target == "main" else os.killpg)(job.pid, signal.SIGTERM)
+    out, err = finish(job)
+    assert job.returncode == 143, err
+    meta, rows = job_log(tmp_path)
+    assert (meta["termination_reason"], meta["error"]) == ("terminated", None)
+    assert len(rows) == meta["finished_items"] > 0 and [row["item_id"] for row in rows] == list(range(len(rows)))
+    assert {process["status"] for process in meta["processes"]} == {"ok"}  # children left on their own
+    assert meta["main_peak_rss_bytes"] > 0
+    assert "termination: terminated" in out and "Traceback" not in err
+    assert marked(mark) == []
+
+
+def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_path):
+    job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0", import_delay_s=IMPORT_DELAY_S)
+    wait_for_children(job, mark, 3)  # client and two runners, all still importing
+    os.killpg(job.pid, signal.SIGINT)
+    out, err = finish(job)
+    assert job.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    meta, rows = job_log(tmp_path)
+    assert (meta["termination_reason"], meta["start_time"], rows) == ("interrupted", None, [])
+    assert marked(mark) == []
+
+
+def test_children_of_a_killed_main_exit_at_once_even_while_importing(tmp_path, capsys):
+    job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0", import_delay_s=IMPORT_DELAY_S)
+    wait_for_children(job, mark, 3)
+    time.sleep(0.5)  # well inside the children's slow imports
+    job.kill()
+    killed = time.time()
+    finish(job)
+    while marked(mark) and time.time() - killed < IMPORT_DELAY_S:
+        time.sleep(0.05)
+    assert marked(mark) == [] and time.time() - killed < IMPORT_DELAY_S / 2
+    # The killed job's directory holds no meta.json: analysis lists it as incomplete and goes on.
+    (job_dir,) = (tmp_path / "logs").iterdir()
+    assert analyze_cli.main([str(tmp_path / "logs")]) == 0
+    assert capsys.readouterr().out.startswith(f"{job_dir.name}: INCOMPLETE: no meta.json")
