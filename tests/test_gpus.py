@@ -1,15 +1,18 @@
 """GPU validation: NVML replaced by a fake at the rnb.pipeline.gpus.Nvml seam, plus the real no-driver path."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from types import TracebackType
 
 import pytest
 import torch
 
+from rnb.harness.job import with_main_memory
 from rnb.pipeline.config import ConfigError, PipelineConfig, parse_config
 from rnb.pipeline.gpus import (DeviceState, GpuInfo, GpuRequestError, apply_cpu_override, busy_notes,
                                device_memory_record, validate_gpus)
+from rnb.pipeline.plan import plan_runners
 
 GIB = 2**30
 
@@ -61,7 +64,7 @@ class FakeNvml:
         return self.devices[physical_index]
 
     def process_memory(self, uuid: str) -> dict[int, int]:
-        return {4242: 900 * 2**20} if uuid == "111-uuid" else {}
+        return {4242: 900 * 2**20} if "GPU-111-uuid".endswith(uuid) else {}  # torch's uuid lacks NVML's prefix
 
 
 @pytest.fixture
@@ -167,6 +170,17 @@ def test_device_memory_record_splits_off_what_the_allocator_does_not_hold(fake: 
                                                        "device_outside_allocator_bytes": None}
     fake.fail = RuntimeError("NVML Shared Library Not Found")
     assert device_memory_record("111-uuid", 4242, 0)["device_process_bytes"] is None
+
+
+def test_the_job_log_says_what_the_main_process_holds_on_each_gpu_with_slots(
+        fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 0 writes its slots on GPU 1, the final step (no slots) runs on GPU 0: main has a context on GPU 1 only."""
+    config = _config([[1]], [[0]])
+    gpus = [dataclasses.asdict(info) for info in validate_gpus(config, cpu_only=False)]
+    monkeypatch.setattr("os.getpid", lambda: 4242)
+    monkeypatch.setattr("torch.cuda.memory_reserved", lambda device: {1: 600 * 2**20}[device])
+    assert [(gpu["logical_index"], gpu["main_process"]) for gpu in with_main_memory(gpus, plan_runners(config, 1))] == [
+        (1, {"device_process_bytes": 900 * 2**20, "device_outside_allocator_bytes": 300 * 2**20}), (0, None)]
 
 
 def test_nvml_query_failure_is_one_sentence(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:

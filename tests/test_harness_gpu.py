@@ -59,8 +59,10 @@ def test_toy_pipeline_on_gpu_0_uses_cuda_slots_and_reports_device_memory(tmp_pat
     with Nvml() as nvml:  # this process holds the job's CUDA slots: NVML lists it unless it sees other pids
         if os.getpid() not in nvml.process_memory(str(torch.cuda.get_device_properties(0).uuid)):
             pytest.skip("NVML reports the pids of another pid namespace")
-    # each runner's own CUDA context and library handles, apart from torch's allocator
+    # each runner's own CUDA context and library handles, apart from torch's allocator; the main process's too
     assert all(p["device_process_bytes"] >= p["device_outside_allocator_bytes"] > 2**20 for p in runners)
+    main = meta["gpus"][0]["main_process"]
+    assert main["device_process_bytes"] >= main["device_outside_allocator_bytes"] > 2**20
 
 
 @pytest.mark.gpu

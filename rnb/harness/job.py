@@ -41,6 +41,7 @@ from rnb.harness.sampler import DEFAULT_INTERVAL_MS, SampledGpu, Sampler
 from rnb.harness.spool import TimingsSpool
 from rnb.harness.supervisor import Supervisor
 from rnb.pipeline.config import MAX_SEMAPHORE_VALUE, PipelineConfig
+from rnb.pipeline.gpus import device_memory_record
 from rnb.pipeline.plan import Placement
 
 log = logging.getLogger(__name__)
@@ -134,11 +135,25 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
         for number, handler in previous.items():
             signal.signal(number, handler)
         reason = plumbing.flag.reason
-        result = close_job(job_dir, config, args, gpus, JobEnding(
+        result = close_job(job_dir, config, args, with_main_memory(gpus, placements), JobEnding(
             start=start, end=end, reason=reason, error=_error_sentence(reason, supervisor.failure, args),
             failed_process=supervisor.failure[0] if supervisor.failure else None, spool=spool,
             processes=[child.record for child in supervisor.children], notes=supervisor.notes))
     return result
+
+
+def with_main_memory(gpus: list[dict], placements: list[Placement]) -> list[dict]:
+    """Each GPU's record with what the main process holds on it (`main_process`), None where it holds no slots.
+
+    The main process allocates every CUDA slot, so it has a context on each
+    GPU that holds one: beside the slots (its allocator's share), that context
+    is memory the runners cannot use.
+    """
+    held = {torch.device(p.output_device).index for p in placements
+            if p.output_shapes and torch.device(p.output_device).type == "cuda"}
+    return [{**gpu, "main_process": device_memory_record(gpu["uuid"], os.getpid(),
+                                                         torch.cuda.memory_reserved(gpu["logical_index"]))
+             if gpu["logical_index"] in held else None} for gpu in gpus]
 
 
 def allocate_slots(ctx: Any, placement: Placement) -> tuple[SharedSlot, ...]:
