@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rnb.analysis import analyze_cli
 from rnb.harness import cli
 
 # A hang guard only: stopping itself is measured against the moment the job ended.
@@ -45,7 +46,11 @@ def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path,
     assert code == 1
     assert (meta["termination_reason"], meta["failed_process"]) == ("process failed", failed)
     assert meta["error"] == f"process {failed} failed: {error}"
-    assert f"benchmark.py: process {failed} failed: {error}\n" in capsys.readouterr().err
+    terminal = capsys.readouterr()
+    assert f"benchmark.py: process {failed} failed: {error}\n" in terminal.err
+    assert (terminal.out + terminal.err).count(error) == 1
+    assert analyze_cli.main([str(tmp_path / "logs")]) == 0
+    assert "".join(capsys.readouterr()).count(error) == 1
     assert returned - meta["end_time"] < STOP_BOUND_S
     statuses = {p["name"]: (p["status"], p["error"]) for p in meta["processes"]}
     assert statuses[failed] == ("failed", error)
