@@ -81,6 +81,18 @@ def test_single_step_pipeline_is_its_own_final_step() -> None:
     assert (config.source, config.run) == ({}, {})
 
 
+def test_node_labels_and_engine_are_harness_keys_not_model_keywords() -> None:
+    document = {"run": {"engine": "ray"}, "pipeline": [
+        {"model": "tests.fixture_models.Frames", "size": 4,
+         "queue_groups": [{"gpus": [-1], "out_queues": [0], "node": "loaders"}]},
+        {"model": "tests.fixture_models.Head",
+         "queue_groups": [{"gpus": [-1], "in_queue": 0, "node": "ray.io/accelerator-type=H100"}]}]}
+    config = parse_config(document, "labels.json")
+    assert [step.queue_groups[0].node for step in config.steps] == ["loaders", "ray.io/accelerator-type=H100"]
+    assert [dict(step.queue_groups[0].model_kwargs) for step in config.steps] == [{"size": 4}, {}]
+    assert config.run == {"engine": "ray"}
+
+
 def test_old_top_level_video_path_iterator_moves_into_source_first(tmp_path: Path) -> None:
     document = {"video_path_iterator": "tests.fixture_models.TwoPaths", "source": {"root": "videos"},
                 "pipeline": [{"model": "tests.fixture_models.Head", "queue_groups": [{"gpus": [-1]}]}]}

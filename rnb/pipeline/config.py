@@ -13,6 +13,7 @@ import inspect
 import json
 import math
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ class QueueGroup:
     queue_selector: str | None      # dotted class path; None = round robin
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)  # step keywords, group ones on top
     queue_selector_kwargs: Mapping[str, Any] = field(default_factory=dict)  # keywords of its constructor
+    node: str | None = None         # Ray engine: the label (or custom resource) of the nodes its runners go to
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ DEFAULT_NUM_SHARED_TENSORS = 10
 
 _TOP_KEYS = ("pipeline", "source", "run", "video_path_iterator", "description")
 _STEP_KEYS = frozenset({"model", "queue_groups", "num_shared_tensors", "num_segments"})
-_GROUP_KEYS = frozenset({"gpus", "in_queue", "out_queues", "queue_selector", "queue_selector_kwargs"})
+_GROUP_KEYS = frozenset({"gpus", "in_queue", "out_queues", "queue_selector", "queue_selector_kwargs", "node"})
 # model keywords the harness consumes itself (rnb.pipeline.plan), or supplies when the config does not (-b)
 _HARNESS_KEYWORDS = frozenset({"threads"})
 _SUPPLIED_KEYWORDS = frozenset({"batch"})
@@ -90,6 +92,9 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_JSON_DEPTH = 64
 # Integers a config needs (counts, sizes, seeds) fit in 64 bits; longer digit strings cannot work anywhere.
 MAX_INTEGER_DIGITS = 19
+# A queue group's "node": a label value such as "loaders" (or "key=value" for any label key), in the
+# characters Ray allows in label keys and values.
+_NODE_LABEL = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._/-]*=)?[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 # run key -> (integers only?, minimum, maximum); benchmark.py checks the CLI values against it too
 # and holds their defaults.
 RUN_KEYS: dict[str, tuple[bool, int, int | None]] = {
@@ -101,6 +106,8 @@ RUN_KEYS: dict[str, tuple[bool, int, int | None]] = {
     "warmup": (True, 0, None),
     "seed": (True, 0, None),
 }
+# run keys that name one of a few choices -> the choices, the first being the default
+RUN_CHOICES: dict[str, tuple[str, ...]] = {"engine": ("local", "ray")}
 
 
 def load_config(path: str | None) -> PipelineConfig:
@@ -211,8 +218,14 @@ def parse_config(document: Any, file: str, path: str | None = None) -> PipelineC
 def _parse_run(check: _Checker, value: Any) -> dict[str, Any]:
     run = check.as_object(value, "run")
     for key, item in run.items():
+        if key in RUN_CHOICES:
+            if item not in RUN_CHOICES[key]:
+                choices = " or ".join(f'"{choice}"' for choice in RUN_CHOICES[key])
+                check.fail(f"run.{key}", f"expected {choices}, found {describe(item)}")
+            continue
         if key not in RUN_KEYS:
-            check.fail(f"run.{key}", f"expected one of the run keys ({', '.join(RUN_KEYS)}), found an unknown key")
+            names = ", ".join([*RUN_KEYS, *RUN_CHOICES])
+            check.fail(f"run.{key}", f"expected one of the run keys ({names}), found an unknown key")
         integral, minimum, maximum = RUN_KEYS[key]
         if integral:
             check.as_integer(item, f"run.{key}", minimum, maximum)
@@ -294,7 +307,19 @@ def _parse_group(
         queue_selector=selector,
         queue_selector_kwargs=copy.deepcopy(selector_kwargs),
         model_kwargs=copy.deepcopy(model_kwargs),
+        node=_parse_node(check, raw.get("node"), f"{where}.node"),
     )
+
+
+def _parse_node(check: _Checker, value: Any, where: str) -> str | None:
+    """A group's Ray node label, if it names one (the local engine has one node and ignores it)."""
+    if value is None:
+        return None
+    node = check.as_string(value, where)
+    if not _NODE_LABEL.fullmatch(node):
+        check.fail(where, f'expected a node label such as "loaders" or "key=value" (letters, digits, "-", "_", "."), '
+                          f"found {describe(node)}")
+    return node
 
 
 def _check_keywords(check: _Checker, model: str, where: str, step_kwargs: Mapping[str, Any],
