@@ -65,6 +65,8 @@ class RunArgs:
     cpu: bool
     log_dir: str
     sample_interval_ms: float = DEFAULT_INTERVAL_MS
+    engine: str = "local"             # "local" (spawned processes) or "ray" (rnb.harness.ray_engine)
+    ray_address: str | None = None    # --ray-address as given
     request_queue_size: int = field(init=False)  # -qs, or in bulk mode at least -v (see __post_init__)
 
     def __post_init__(self) -> None:
@@ -95,6 +97,7 @@ class JobEnding:
     spool: TimingsSpool               # finished items, streamed to disk as they came
     processes: list[dict[str, Any]]   # meta.json `processes`
     notes: list[str]                  # what the processes said (the config's own notes are added to them)
+    engine: Mapping[str, Any] = field(default_factory=lambda: {"name": "local"})  # meta.json's `engine`
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,7 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
             signal.signal(number, handler)
         reason = plumbing.flag.reason
         result = close_job(job_dir, config, args, with_main_memory(gpus, placements), JobEnding(
-            start=start, end=end, reason=reason, error=_error_sentence(reason, supervisor.failure, args),
+            start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.failure, args),
             failed_process=supervisor.failure[0] if supervisor.failure else None, spool=spool,
             processes=[child.record for child in supervisor.children], notes=supervisor.notes))
     return result
@@ -224,7 +227,7 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: list[d
         job=job_dir.name, config_path=config.path, args=dataclasses.asdict(args), start=ending.start,
         end=ending.end, finished=ending.spool.rows, reason=ending.reason.reason, failed_process=ending.failed_process,
         error=ending.error, processes=ending.processes, gpus=gpus, num_steps=num_steps,
-        notes=[*config.notes, *ending.notes]))
+        notes=[*config.notes, *ending.notes], engine=ending.engine))
     if ending.error:
         log.error("%s", ending.error)
     elapsed = None if ending.start is None else ending.end - ending.start
@@ -249,7 +252,7 @@ def _setup_failed(failure: Exception, spool: TimingsSpool) -> JobEnding:
                      spool=spool, processes=[], notes=[])
 
 
-def _error_sentence(reason: Termination, failure: tuple[str, str] | None, args: RunArgs) -> str | None:
+def error_sentence(reason: Termination, failure: tuple[str, str] | None, args: RunArgs) -> str | None:
     if reason == Termination.PROCESS_FAILED and failure:
         name, error = failure
         return f"process {name} failed: {error}"

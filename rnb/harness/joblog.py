@@ -115,7 +115,7 @@ def process_record(name: str, role: str, step: int | None, group: int | None, in
 def meta_document(*, job: str, config_path: str, args: Mapping[str, Any], start: float | None, end: float,
                   finished: int, reason: str, failed_process: str | None, error: str | None,
                   processes: list[dict[str, Any]], gpus: list[dict[str, Any]], num_steps: int,
-                  notes: list[str]) -> dict[str, Any]:
+                  notes: list[str], engine: Mapping[str, Any]) -> dict[str, Any]:
     elapsed = None if start is None else end - start
     return {
         "job_id": job,
@@ -137,4 +137,5 @@ def meta_document(*, job: str, config_path: str, args: Mapping[str, Any], start:
         "gpus": gpus,
         "num_steps": num_steps,
         "notes": notes,
+        "engine": dict(engine),
     }

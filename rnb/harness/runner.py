@@ -14,7 +14,6 @@ local engine's is `rnb.harness.local.LocalTransport`.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
@@ -23,7 +22,7 @@ import torch
 from rnb.analysis.stages import StepEvents
 from rnb.harness.control import POLL_S, Termination
 from rnb.harness.messages import Ready
-from rnb.harness.timecard import TimeCard, as_cards
+from rnb.harness.timecard import TimeCard, as_cards, now
 from rnb.harness.transport import Input, Transport
 from rnb.pipeline.dotted import load_object
 from rnb.pipeline.plan import Placement
@@ -103,7 +102,7 @@ class Runner:
                     self.handle(item)
 
     def handle(self, item: Input) -> None:
-        started = time.time()
+        started = now()
         for card in as_cards(item.time_card):
             card.record(self.events.arrived, item.arrived)
             card.record(self.events.started, started)
@@ -121,7 +120,7 @@ class Runner:
         """Pass a model's result on (or count it at the final step); a None time card means nothing yet."""
         if time_card is None:
             return
-        finished = time.time()
+        finished = now()
         batch = as_cards(time_card)
         for card in batch:
             card.record(self.events.finished, finished)
@@ -159,8 +158,8 @@ class Runner:
                 raise ValueError(
                     f"{self.spec.name}: item {card.item_id} reached the final step as an unmerged segment; "
                     "a step after one with num_segments > 1 must merge segments (an aggregator)")
-        now = time.time()
+        counted = now()
         for card in cards:
-            card.record(self.events.handed_over, now)
+            card.record(self.events.handed_over, counted)
         if self.transport.finish(cards):
             self.transport.stop(Termination.TARGET_REACHED)

@@ -22,6 +22,25 @@ from rnb.analysis.stages import ENQUEUE, StepEvents
 
 # A card's times hold the enqueue at entry 0, then the events the harness stamps at step k (in the order they
 # happen: arrived, started, finished, slot acquired, handed over) at entries 1 + 5k to 5 + 5k.
+# How far this process's clock runs ahead of the job's (the driver's); 0 except on other Ray nodes.
+_clock_offset_s = 0.0
+
+
+def set_clock_offset(offset_s: float) -> None:
+    """Stamp this process's cards on the driver's clock from now on, given how far this clock runs ahead of it.
+
+    The Ray engine measures each node's offset before the start and sets it
+    in every actor, so a card's events, stamped on several hosts, compare.
+    """
+    global _clock_offset_s
+    _clock_offset_s = offset_s
+
+
+def now() -> float:
+    """Epoch seconds on the job's clock: what time cards are stamped with."""
+    return time.time() - _clock_offset_s
+
+
 _PER_STEP = 5
 _ARRIVED, _STARTED = 0, 1
 # What the harness knows of the way an item took through step k, at entry 6k + j of a card's route.
@@ -107,7 +126,7 @@ class TimeCard:
         return f"TimeCard(item_id={self.item_id}, segments={self.segments}, events={sorted(self.events)})"
 
     def record(self, name: str, when: float | None = None) -> None:
-        when = time.time() if when is None else when
+        when = now() if when is None else when
         index = event_index(name)
         if index is None:
             self.marks[name] = when

@@ -119,23 +119,50 @@ def validate_gpus(
     requests = dict(_gpu_requests(config))
     if cpu_only or not requests:
         return []
+    return _validate(config.path, requests, max_memory_fraction, allow_busy)
+
+
+def check_assigned_gpu(file: str, json_path: str, max_memory_fraction: float = DEFAULT_MAX_MEMORY_FRACTION,
+                       allow_busy: bool = False) -> GpuInfo:
+    """The one GPU a scheduler gave this process (Ray names it in CUDA_VISIBLE_DEVICES), checked as a config's are.
+
+    The Ray engine runs this in a task on each node that will host GPU
+    runners, holding the GPU those runners will get; `json_path` names the
+    config's gpus entry the GPU serves.
+    """
+    return _validate(file, {0: json_path}, max_memory_fraction, allow_busy)[0]
+
+
+def visible_gpu_count() -> int:
+    """How many GPUs CUDA would show a process here (after CUDA_VISIBLE_DEVICES); 0 without a driver."""
+    try:
+        with Nvml() as nvml:
+            count = nvml.device_count()
+            variable = os.environ.get("CUDA_VISIBLE_DEVICES")
+            return count if variable is None else len(_visible_devices("", "", variable, nvml, count))
+    except Exception:  # no driver or library, a MIG entry: no GPU to give a Ray node
+        return 0
+
+
+def _validate(file: str, requests: dict[int, str], max_memory_fraction: float, allow_busy: bool) -> list[GpuInfo]:
+    """NVML's view of each requested logical GPU (index -> JSON path of its first mention), checked free."""
     first_logical, first_path = next(iter(requests.items()))
     with ExitStack() as stack:
         try:
             session = stack.enter_context(Nvml())
         except Exception as exc:  # NVML reports a missing driver or library through assorted exception types
             raise GpuRequestError(
-                config.path, first_path,
+                file, first_path,
                 f"expected a usable NVIDIA GPU {first_logical}, found no usable NVIDIA GPU or driver on this machine "
                 f"({exc}); write -1 in the config's gpus or pass --cpu to run on the CPU",
             ) from None
         try:
-            return _check_all(config.path, session, requests, max_memory_fraction, allow_busy)
+            return _check_all(file, session, requests, max_memory_fraction, allow_busy)
         except GpuRequestError:
             raise
         except Exception as exc:  # e.g. a GPU fallen off the bus: NVMLError subclasses
             raise GpuRequestError(
-                config.path, first_path, f"expected NVML to describe the requested GPUs, found an error: {exc}"
+                file, first_path, f"expected NVML to describe the requested GPUs, found an error: {exc}"
             ) from None
 
 
