@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import pyarrow.parquet as pq
 import pytest
@@ -20,6 +20,7 @@ import torch
 
 from episodes.synthetic import make_dataset
 from episodes.testing_server import NGINX
+from rnb.harness.ray_cluster import use_loopback_if_local
 
 REPO = Path(__file__).resolve().parents[1]
 # Scripts the tests start (scripts/*.py, bench/run.py) import the project through the venv's
@@ -28,6 +29,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.g
 # Derived files (MP4 index sidecars, usage-format columns) of the tests' datasets go to a fresh directory,
 # not the user's ~/.cache/rnb; spawned jobs inherit it.
 os.environ["RNB_CACHE_DIR"] = tempfile.mkdtemp(prefix="rnb-test-cache-")
+# Every Ray the tests start or reach lives on 127.0.0.1; Ray must know that before anything imports it.
+use_loopback_if_local(None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -89,3 +92,10 @@ def source(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def root(source: Path, tmp_path: Path) -> Path:
     """A private copy of `source` (at `tmp_path / "ds"`) that a test may break."""
     return Path(shutil.copytree(source, tmp_path / "ds"))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """The session's Ray cluster of labelled nodes on 127.0.0.1 (tests/ray_testing.py), started on first use."""
+    from tests.ray_testing import start_test_cluster
+    yield from start_test_cluster()

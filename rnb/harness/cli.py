@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from rnb.console import terminal_logging
-from rnb.harness import joblog
+from rnb.harness import joblog, ray_cluster
 from rnb.harness.job import RunArgs, request_queue_note, run_job
 from rnb.harness.sampler import DEFAULT_INTERVAL_MS
-from rnb.pipeline.config import RUN_KEYS, ConfigError, PipelineConfig, load_config
+from rnb.pipeline.config import RUN_CHOICES, RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
-from rnb.pipeline.gpus import apply_cpu_override, busy_notes, validate_gpus
-from rnb.pipeline.plan import check_against_dataset, check_slot_memory, limit_replicas, plan_runners
+from rnb.pipeline.gpus import apply_cpu_override, busy_notes, validate_gpus, visible_gpu_count
+from rnb.pipeline.plan import Placement, check_against_dataset, check_slot_memory, limit_replicas, plan_runners
 from rnb.pipeline.sources import check_source
 
 # What applies when neither the command line nor the config's "run" object sets a value.
@@ -62,6 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="run on GPUs that other processes use (said in the job log) instead of refusing")
     parser.add_argument("--max-replicas", dest="max_replicas", type=int,
                         help="at most N runners per queue group (the first N of its gpus), to try a many-GPU config")
+    parser.add_argument("--engine", choices=RUN_CHOICES["engine"],
+                        help="local: processes on this host (default); ray: actors on a Ray cluster")
+    parser.add_argument("--ray-address", dest="ray_address",
+                        help="the Ray cluster to run on (default: RAY_ADDRESS if set, else a Ray started for the job)")
     return parser.parse_args(argv)
 
 
@@ -80,7 +84,9 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
         values[key] = given if given is not None else config.run.get(key, default)
     if not (math.isfinite(ns.sample_interval_ms) and ns.sample_interval_ms > 0):
         raise ConfigError("command line", "--sample-interval-ms", f"expected a positive number, found {ns.sample_interval_ms:g}")
-    return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms)
+    engine = ns.engine or config.run.get("engine", RUN_CHOICES["engine"][0])
+    return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms, engine=engine,
+                   ray_address=ns.ray_address)
 
 
 def prepare_log_dir(log_dir: str) -> None:
@@ -119,7 +125,8 @@ def _run(ns: argparse.Namespace) -> int:
             config = limit_replicas(config, ns.max_replicas)
         args = resolve_args(ns, config)
         config = dataclasses.replace(config, notes=(*config.notes, *filter(None, [request_queue_note(args)])))
-        gpus = validate_gpus(config, cpu_only=args.cpu, allow_busy=ns.allow_busy_gpus)
+        # On Ray the GPUs are the cluster's: rnb.harness.ray_engine checks each on its node.
+        gpus = validate_gpus(config, cpu_only=args.cpu or args.engine == "ray", allow_busy=ns.allow_busy_gpus)
         config = dataclasses.replace(config, notes=(*config.notes, *busy_notes(gpus)))
         dataset = check_source(config.source, config.path, may_write=not ns.check)
         placements = plan_runners(apply_cpu_override(config) if args.cpu else config, args.batch_size)
@@ -136,7 +143,32 @@ def _run(ns: argparse.Namespace) -> int:
         versions = ", ".join(f"{name} {version}" for name, version in joblog.versions().items())
         print(f"ready: {versions}; {config.path} is valid ({len(config.steps)} steps, {len(placements)} runners)")
         return 0
+    if args.engine == "ray":
+        return _run_on_ray(config, args, placements, ns.allow_busy_gpus)
     result = run_job(config, args, placements, [dataclasses.asdict(gpu) for gpu in gpus])
+    print(result.summary)
+    print(f"job log: {result.job_dir}")
+    return result.exit_code
+
+
+def _run_on_ray(config: PipelineConfig, args: RunArgs, placements: list[Placement], allow_busy_gpus: bool) -> int:
+    """The job on the Ray engine: what the cluster cannot host is exit 2, a cluster out of reach exit 1."""
+    address = ray_cluster.resolve_address(args.ray_address)
+    ray_cluster.use_loopback_if_local(address)
+    from rnb.harness.ray_engine import run_ray_job  # only now: Ray reads the line above when first imported
+
+    try:
+        result = run_ray_job(config, args, placements, address, machine_gpus=visible_gpu_count() if address is None else 0,
+                             allow_busy_gpus=allow_busy_gpus)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    except ray_cluster.ClusterStartError as error:
+        print(f"benchmark.py: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("benchmark.py: interrupted before the job started", file=sys.stderr)
+        return 130
     print(result.summary)
     print(f"job log: {result.job_dir}")
     return result.exit_code

@@ -35,6 +35,17 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class Handoff:
+    """Step k -> step k+1 on the Ray engine: the small rest, while the tensors travel beside it through Ray."""
+
+    step: int
+    group: int
+    instance: int
+    non_tensors: dict
+    time_card: Any  # TimeCard or a tuple of them (a batch)
+
+
+@dataclass(frozen=True)
 class Ready:
     """A child is set up (model loaded, source open) and waits at the start barrier."""
 

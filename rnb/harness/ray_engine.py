@@ -1,0 +1,413 @@
+"""The Ray engine's driver: one job on a Ray cluster, with the local engine's barriers, timing and log.
+
+    run_ray_job ── connects (rnb.harness.ray_cluster), seats the runners (rnb.harness.ray_placement),
+      │            reserves and checks GPUs, creates the actors (rnb.harness.ray_actors)
+      ▼
+    JobControl ◀── Ready, Failed, Exited, finished cards ── client actor, runner actors
+      │
+    driver: every actor ready -> clock offsets per node -> start; flag raised -> halt, kill, log
+
+The start time is taken when every actor has reported ready, the end time is
+when the JobControl raised the flag; both on the driver's clock, on which
+every time card is stamped too (each actor shifts its stamps by its node's
+measured offset).  A failed or lost actor ends the job within a poll
+interval of Ray noticing; whatever way the job ends, every actor it created
+is killed and its placement group removed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+from tqdm import tqdm
+
+from rnb.harness import joblog
+from rnb.harness.client import ClientSpec
+from rnb.harness.control import POLL_S, Termination
+from rnb.harness.job import JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
+from rnb.harness.messages import Exited, Failed, Ready, Status
+from rnb.harness.ray_actors import ACTOR_ENV, ClientActor, ControlState, JobControl, RayWiring, RunnerActor
+from rnb.harness.ray_cluster import JobRay, NodeInfo
+from rnb.harness.ray_placement import NodeChoice, Seat, seat_runners
+from rnb.harness.runner import RunnerSpec
+from rnb.harness.sampler import Sampler
+from rnb.harness.timecard import TimeCard
+from rnb.pipeline.config import ConfigError, PipelineConfig
+from rnb.pipeline.dataset_source import KINDS
+from rnb.pipeline.gpus import GpuInfo, GpuRequestError, busy_notes, check_assigned_gpu
+from rnb.pipeline.plan import Placement
+
+log = logging.getLogger(__name__)
+
+PLACE_TIMEOUT_S = 120.0   # an actor or GPU bundle not placed by then will not be: the cluster lacks room
+GRACE_S = 4.0             # how long halted actors get to finish on their own before they are killed
+CLOCK_ROUND_TRIPS = 5     # per node; the shortest round trip gives the offset
+
+
+@dataclass(frozen=True)
+class ClockOffset:
+    """How far a node's clock runs ahead of the driver's, from the shortest of a few round trips."""
+
+    offset_s: float
+    round_trip_s: float
+
+
+def measure_offset(remote_clock: Callable[[], float], round_trips: int = CLOCK_ROUND_TRIPS,
+                   local_clock: Callable[[], float] = time.time) -> ClockOffset:
+    """Ask `remote_clock()` (blocking, returns the remote time) a few times; keep the tightest bracket."""
+    best: ClockOffset | None = None
+    for _ in range(round_trips):
+        sent = local_clock()
+        remote = remote_clock()
+        back = local_clock()
+        if best is None or back - sent < best.round_trip_s:
+            best = ClockOffset(remote - (sent + back) / 2, back - sent)
+    assert best is not None
+    return best
+
+
+def run_ray_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], address: str | None,
+                machine_gpus: int = 0, allow_busy_gpus: bool = False) -> JobResult:
+    """Run the job on Ray.  Raises ConfigError (exit 2) for what the cluster cannot host, before any log exists."""
+    labels = tuple(dict.fromkeys(g.node for s in config.steps for g in s.queue_groups if g.node))
+    gpu_labels = frozenset(config.steps[p.step].queue_groups[p.group].node for p in placements
+                           if p.device.startswith("cuda"))
+    config = _paths_every_node_sees(config)
+    with JobRay(address, labels, gpu_labels, machine_gpus) as cluster:
+        nodes = cluster.nodes()
+        seats, bundles = seat_runners(config, placements, nodes)
+        job = RayJob(config, args, seats, nodes, cluster)
+        try:
+            gpus = job.reserve_gpus(bundles, allow_busy_gpus)
+            config = dataclasses.replace(config, notes=(*config.notes, *busy_notes(gpus)))
+            job_dir = open_job_dir(config, args)
+            ending = job.run(job_dir)
+        finally:
+            job.clean_up()
+    return close_job(job_dir, config, args, [dataclasses.asdict(gpu) for gpu in gpus], ending)
+
+
+@dataclass
+class Member:
+    """One actor of the job as the driver follows it; `record` is its meta.json `processes` entry."""
+
+    name: str
+    actor: Any
+    record: dict[str, Any]
+    run: Any = None                     # ObjectRef of its run() call
+    node: NodeInfo | None = None
+
+
+@dataclass
+class RayJob:
+    config: PipelineConfig
+    args: RunArgs
+    seats: list[Seat]
+    nodes: list[NodeInfo]
+    cluster: JobRay
+    group: Any = None                                   # the placement group of the GPU bundles
+    control: Any = None
+    members: list[Member] = field(default_factory=list)
+    cards: list[TimeCard] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    ready: set[str] = field(default_factory=set)
+    failure: tuple[str, str] | None = None
+    state: ControlState | None = None
+    offsets: dict[str, ClockOffset] = field(default_factory=dict)
+    interrupted: threading.Event = field(default_factory=threading.Event)
+
+    def reserve_gpus(self, bundles: Sequence[NodeChoice], allow_busy: bool) -> list[GpuInfo]:
+        """The placement group of the GPU bundles, each GPU checked free by NVML on its node (GpuRequestError)."""
+        if not bundles:
+            return []
+        shapes = [choice.bundle() for choice in bundles]
+        self.group = placement_group([s for s, _ in shapes], strategy="PACK", bundle_label_selector=[l for _, l in shapes])
+        ready, _ = ray.wait([self.group.ready()], timeout=PLACE_TIMEOUT_S)
+        if not ready:
+            first = next(seat for seat in self.seats if seat.bundle is not None)
+            raise ConfigError(self.config.path, first.gpus_path, f"expected the Ray cluster to give the job "
+                              f"{len(bundles)} GPUs, found them not free within {PLACE_TIMEOUT_S:.0f} s")
+        firsts = [next(seat for seat in self.seats if seat.bundle == index) for index in range(len(bundles))]
+        checks = [ray.remote(_check_gpu_here).options(num_cpus=0, num_gpus=1, scheduling_strategy=(
+            PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)))
+            .remote(self.config.path, seat.gpus_path, allow_busy) for index, seat in enumerate(firsts)]
+        infos = []
+        for seat, found in zip(firsts, ray.get(checks)):
+            if isinstance(found, str):
+                raise ConfigError(self.config.path, seat.gpus_path, found)
+            infos.append(found)
+        return infos
+
+    def run(self, job_dir: Path) -> JobEnding:
+        """Create the actors, start them together, wait for the flag, stop them; how the job ended."""
+        previous = signal.signal(signal.SIGINT, lambda *_: self.interrupted.set())
+        start, setup_error = None, None
+        job = job_dir.name
+        sampler = Sampler(self.args.sample_interval_ms / 1000.0)
+        try:
+            self.launch(job)
+            self.sample_here(sampler)
+            if self.wait_until(lambda: len(self.ready) == len(self.members)):
+                start = self.start_together(job)
+                self.follow()
+        except (RuntimeError, ray.exceptions.RayError) as error:  # placement timed out, an actor could not start
+            setup_error = f"could not set up the job on Ray ({type(error).__name__}: {_one_line(error)})"
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            self.stop(Termination.SETUP_FAILED if start is None else Termination.INTERRUPTED)
+            sampler.stop()
+            sampler.write(job_dir)
+        reason = self.state.reason
+        return JobEnding(start=start, end=self.state.raised_at if reason != Termination.RUNNING else time.time(), reason=reason,
+                         error=setup_error or error_sentence(reason, self.failure, self.args),
+                         failed_process=self.failure and self.failure[0], cards=self.cards,
+                         processes=[m.record for m in self.members], notes=self.notes, engine=self.engine_record())
+
+    def launch(self, job: str) -> None:
+        """The JobControl and client on the driver's node, one actor per runner on its seat; then their run() calls."""
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.control = ray.remote(JobControl).options(
+            name=f"{job}/control", num_cpus=0, scheduling_strategy=here).remote(self.args.videos)
+        self._add("client", "client", None, ray.remote(ClientActor).options(
+            name=f"{job}/client", num_cpus=0, scheduling_strategy=here, runtime_env={"env_vars": ACTOR_ENV}
+        ).remote(self.control, self.args.concurrency))
+        for seat in self.seats:
+            self._add(seat.placement.name, "runner", seat.placement, ray.remote(RunnerActor).options(
+                name=f"{job}/{seat.placement.name}", **self._seat_options(seat)
+            ).remote(self.control, seat.placement.step, self.args.queue_size))
+        self._locate()
+        client = self.members[0].actor if self.args.concurrency else None
+        self.control.attach.remote([m.actor for m in self.members], client)
+        by_name = {m.name: m.actor for m in self.members}
+        step0 = tuple(by_name[s.placement.name] for s in self.seats if s.placement.step == 0)
+        spec = ClientSpec(self.config.source, self.config.path, self.args.videos, self.args.mean_interval_ms,
+                          self.args.concurrency, self.args.seed)
+        self.members[0].run = self.members[0].actor.run.remote(spec, step0, self.args.queue_size)
+        for member, seat in zip(self.members[1:], self.seats):
+            self._start_runner(member, seat, by_name)
+
+    def sample_here(self, sampler: Sampler) -> None:
+        """Sample the driver and the actors on its machine (the others' processes are out of its reach)."""
+        sampler.watch("main", os.getpid())
+        here = ray.util.get_node_ip_address()
+        for member in self.members:
+            if member.record["node_ip"] == here:
+                sampler.watch(member.name, member.record["pid"])
+        sampler.start()
+
+    def _seat_options(self, seat: Seat) -> dict[str, Any]:
+        options: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "runtime_env": {"env_vars": ACTOR_ENV}}
+        if seat.bundle is None:
+            return {**options, **seat.choice.actor_options()}
+        strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=seat.bundle)
+        return {**options, "num_gpus": seat.gpu_share, "scheduling_strategy": strategy}
+
+    def _add(self, name: str, role: str, p: Placement | None, actor: Any) -> None:
+        record = joblog.process_record(name, role, p and p.step, p and p.group, p and p.instance, p and p.device, None)
+        self.members.append(Member(name, actor, record))
+
+    def _locate(self) -> None:
+        """Wait for every actor to be placed (or Ctrl-C); record its node, pid and GPUs."""
+        where = {m.actor.where.remote(): m for m in self.members}
+        deadline = time.time() + PLACE_TIMEOUT_S
+        pending = list(where)
+        while pending and time.time() < deadline and not self.interrupted.is_set():
+            _, pending = ray.wait(list(where), num_returns=len(where), timeout=POLL_S)
+        if pending:
+            names = ", ".join(where[ref].name for ref in pending)
+            why = "before Ctrl-C" if self.interrupted.is_set() else f"within {PLACE_TIMEOUT_S:.0f} s"
+            raise RuntimeError(f"the Ray cluster did not place {names} {why}")
+        nodes = {n.node_id: n for n in self.nodes}
+        for ref in where:
+            member, found = where[ref], ray.get(ref)
+            member.node = nodes.get(found.node_id)
+            member.record.update(pid=found.pid, node=found.node_id, node_ip=member.node and member.node.ip,
+                                 gpu_ids=list(found.gpu_ids))
+
+    def _start_runner(self, member: Member, seat: Seat, by_name: Mapping[str, Any]) -> None:
+        p = seat.placement
+        threads = self._threads(member, seat)
+        member.record["threads"] = threads
+        device = "cuda:0" if p.device.startswith("cuda") else "cpu"  # Ray shows an actor only its own GPU
+        spec = dataclasses.replace(RunnerSpec.from_placement(p, self.args.videos), device=device, threads=threads)
+        consumers = tuple(tuple(by_name[s.placement.name] for s in self.seats
+                                if s.placement.step == p.step + 1 and s.placement.in_queue == q) for q in p.out_queues)
+        wiring = RayWiring(self.control, consumers, max(1, p.num_slots))
+        member.run = member.actor.run.remote(spec, wiring)
+
+    def _threads(self, member: Member, seat: Seat) -> int | None:
+        """A CPU runner's share of its node's cores (like rnb.pipeline.plan, per node); its "threads" keyword wins."""
+        p = seat.placement
+        explicit = self.config.steps[p.step].queue_groups[p.group].model_kwargs.get("threads")
+        if explicit is not None or seat.bundle is not None or member.node is None:
+            return explicit
+        neighbours = sum(1 for m, s in zip(self.members[1:], self.seats) if m.node is member.node and s.bundle is None)
+        return max(1, member.node.cpus // max(1, neighbours))
+
+    def start_together(self, job: str) -> float:
+        """Measure each node's clock offset, then open every actor's start gate; the start time."""
+        for member in self.members:
+            node = member.record["node"]
+            if node not in self.offsets:
+                self.offsets[node] = measure_offset(lambda: ray.get(member.actor.clock.remote()))
+        start = time.time()
+        for member in self.members:
+            member.actor.start.remote(self.offsets[member.record["node"]].offset_s)
+        log.info("started %s on Ray: client and %d runners ready on %d nodes", job, len(self.seats), len(self.offsets))
+        return start
+
+    def follow(self) -> None:
+        """Until the flag is raised: take in statuses and cards, notice failures, show progress."""
+        with tqdm(total=self.args.videos, unit="item", file=sys.stderr, disable=None, leave=False) as bar:
+            self.wait_until(lambda: False, bar)
+
+    def wait_until(self, done: Any, bar: tqdm | None = None) -> bool:
+        """Poll until done() (True) or the flag is raised (False); a failure or Ctrl-C raises the flag."""
+        while True:
+            self.poll()
+            if bar is not None:
+                bar.update(len(self.cards) - bar.n)
+            if self.state.reason != Termination.RUNNING:
+                return False
+            if done():
+                return True
+
+    def poll(self, timeout: float = POLL_S) -> None:
+        runs = {m.run: m for m in self.members if m.run is not None and m.record["status"] is None}
+        finished, _ = ray.wait(list(runs), num_returns=len(runs), timeout=timeout) if runs else ([], [])
+        self.collect()
+        for ref in finished:
+            self._ended(runs[ref], ref)
+        if self.interrupted.is_set():
+            self.raise_flag(Termination.INTERRUPTED)
+
+    def raise_flag(self, reason: Termination) -> None:
+        """Have the JobControl raise the flag (the first reason wins) and halt everyone; then look."""
+        if self.state is None or self.state.reason == Termination.RUNNING:
+            self.control.stop.remote(reason)
+            self.collect()
+
+    def collect(self) -> None:
+        """Take what the JobControl gathered.  If it is gone, the job is over: it failed, now."""
+        if self.state is not None and self.failure is not None and self.failure[0] == "control":
+            return
+        try:
+            state = ray.get(self.control.collect.remote())
+        except ray.exceptions.RayActorError as error:
+            self.failure = ("control", _death_sentence(error))
+            state = ControlState(Termination.PROCESS_FAILED, time.time(), (), ())
+            for member in self.members:
+                member.actor.halt.remote()
+        self.state = state
+        self.cards.extend(state.cards)
+        for status in state.statuses:
+            self._on_status(status)
+
+    def _on_status(self, status: Status) -> None:
+        record = next(m.record for m in self.members if m.name == status.name)
+        if isinstance(status, Ready):
+            self.ready.add(status.name)
+            self.notes.extend(note for note in status.notes if note not in self.notes)
+        elif isinstance(status, Failed):
+            record["status"], record["error"] = "failed", status.error
+            self.failure = self.failure or (status.name, status.error)
+        elif isinstance(status, Exited):
+            record.update({k: v for k, v in dataclasses.asdict(status).items() if k != "name"})
+
+    def _ended(self, member: Member, ref: Any) -> None:
+        """A run() call returned or its actor died: record it; a death while the job runs fails the job."""
+        record = member.record
+        try:
+            record["exitcode"] = ray.get(ref)
+            record["status"] = record["status"] or ("ok" if record["exitcode"] == 0 else "failed")
+            return
+        except ray.exceptions.RayActorError as error:
+            death = _death_sentence(error)
+        except ray.exceptions.RayError as error:  # run() raised before its loop could report (a RayTaskError)
+            death = f"{type(error).__name__}: {_one_line(error)}"
+        if record.get("killed_by_driver"):
+            record["status"] = "killed"
+            return
+        record["status"], record["error"] = "failed", death
+        self.raise_flag(Termination.PROCESS_FAILED)
+        if self.failure is None and self.state.reason == Termination.PROCESS_FAILED:
+            self.failure = (member.name, death)
+
+    def stop(self, reason: Termination) -> None:
+        """Raise the flag (a no-op if raised), give the actors GRACE_S to finish, then kill what is left."""
+        if self.control is None:
+            self.state = ControlState(reason, time.time(), (), ())
+            return
+        self.raise_flag(reason)
+        deadline = time.time() + GRACE_S
+        while self._running() and time.time() < deadline:
+            self.poll()
+        for member in self._running():
+            member.record["killed_by_driver"] = True
+            ray.kill(member.actor, no_restart=True)
+        deadline = time.time() + GRACE_S
+        while self._running() and time.time() < deadline:
+            self.poll()
+        self.collect()
+        for member in self.members:
+            killed = member.record.pop("killed_by_driver", None) or member.run is not None
+            member.record["status"] = member.record["status"] or ("killed" if killed else "not started")
+
+    def _running(self) -> list[Member]:
+        return [m for m in self.members if m.run is not None and m.record["status"] is None]
+
+    def clean_up(self) -> None:
+        """Nothing of the job stays on the cluster: every actor killed, the placement group removed."""
+        for actor in [m.actor for m in self.members] + ([self.control] if self.control is not None else []):
+            ray.kill(actor, no_restart=True)
+        if self.group is not None:
+            remove_placement_group(self.group)
+
+    def engine_record(self) -> dict[str, Any]:
+        """meta.json's `engine`: Ray, where, and every node the job used with its clock offset."""
+        used = {m.record.get("node") for m in self.members}
+        return {"name": "ray", "address": self.cluster.address,
+                "cluster": "simulated" if self.cluster.simulated else "own" if self.cluster.own else "given",
+                "nodes": {n.node_id: {"ip": n.ip, "labels": dict(n.labels), "cpus": n.cpus, "gpus": n.gpus,
+                                      **(dataclasses.asdict(self.offsets[n.node_id]) if n.node_id in self.offsets else {})}
+                          for n in self.nodes if n.node_id in used}}
+
+
+def _paths_every_node_sees(config: PipelineConfig) -> PipelineConfig:
+    """A relative local dataset root or video glob made absolute here: an actor's working directory is its node's."""
+    kind = next(iter(config.source), None)
+    where = config.source.get(kind) if kind in KINDS else None
+    if not isinstance(where, str) or "://" in where or os.path.isabs(where):
+        return config
+    return dataclasses.replace(config, source={**config.source, kind: os.path.abspath(where)})
+
+
+def _check_gpu_here(file: str, json_path: str, allow_busy: bool) -> GpuInfo | str:
+    """A Ray task on a GPU bundle's node: the GPU Ray gave it, checked; or what is wrong with it.
+
+    What is wrong comes back as a value: Ray cannot carry a ConfigError back raised.
+    """
+    try:
+        return check_assigned_gpu(file, json_path, allow_busy=allow_busy)
+    except GpuRequestError as error:
+        return f"{error.expected} (on the Ray node at {ray.util.get_node_ip_address()})"
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300]
+
+
+def _death_sentence(error: Exception) -> str:
+    """Ray's multi-paragraph account of an actor's death, as one line."""
+    return f"its Ray actor died ({type(error).__name__}: {_one_line(error)})"

@@ -1,0 +1,113 @@
+"""The Ray cluster of the test session: a head and labelled nodes, all on 127.0.0.1 (ray.cluster_utils.Cluster).
+
+Starting Ray costs tens of seconds on a small machine, so one cluster serves
+every Ray test; each job creates its own actors and must remove them.  The
+head runs the dashboard, whose state API lists what a job left behind.  No
+test runs on a cluster that listens beyond the loopback address: the
+fixture checks every listening socket of the cluster's processes first.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import ray
+from ray.cluster_utils import Cluster
+from ray.util.state import list_actors
+
+from rnb.harness.ray_cluster import LOOPBACK, NAMESPACE, OWN_SYSTEM_CONFIG
+
+LABELS = ("loaders", "nets")
+NETS_GPUS = 1  # a GPU Ray is told the "nets" node has: there is none, which the GPU checks must find
+
+
+@dataclass
+class TestCluster:
+    cluster: Cluster
+    nodes: dict[str, Any] = field(default_factory=dict)   # label -> ray's Node
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def alive_actors(self, job: str) -> list[str]:
+        """Names of a job's actors that are not dead."""
+        actors = list_actors(address=self.address, filters=[("ray_namespace", "=", NAMESPACE)], limit=10000,
+                             raise_on_missing_output=False)
+        return sorted(a.name for a in actors if a.name.startswith(f"{job}/") and a.state != "DEAD")
+
+    def add_node(self, label: str) -> Any:
+        node = self.cluster.add_node(node_ip_address=LOOPBACK, num_cpus=1, labels={"node": label})
+        self.nodes[label] = node
+        return node
+
+    def remove_node(self, label: str) -> None:
+        """Kill a node's processes at once, as a lost machine goes."""
+        self.cluster.remove_node(self.nodes.pop(label), allow_graceful=False)
+
+    def wait_until_known_dead(self, node_id: str, timeout_s: float = 60.0) -> None:
+        """Until Ray's health checks have marked a lost node dead (about 15 s): till then Ray may still lease
+        workers on it for the next job, whose actors would then die with it."""
+        deadline = time.time() + timeout_s
+        while any(node["NodeID"] == node_id and node["Alive"] for node in ray.nodes()):
+            if time.time() > deadline:
+                raise TimeoutError(f"Ray still counts node {node_id} alive {timeout_s:.0f} s after it was killed")
+            time.sleep(0.5)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return probe.getsockname()[1]
+
+
+def start_test_cluster() -> Iterator[TestCluster]:
+    """Yield the running cluster, the pytest process connected to it as a driver; shut it down after."""
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "node_ip_address": LOOPBACK, "num_cpus": 1, "include_dashboard": True, "dashboard_port": free_port(),
+        "_system_config": OWN_SYSTEM_CONFIG})
+    try:
+        test = TestCluster(cluster)
+        test.add_node("loaders")
+        test.nodes["nets"] = cluster.add_node(node_ip_address=LOOPBACK, num_cpus=1, num_gpus=NETS_GPUS,
+                                              labels={"node": "nets"})
+        ray.init(address=cluster.address, namespace="rnb-tests", logging_level="WARNING")
+        wide = listeners_beyond_loopback()
+        if wide:
+            raise RuntimeError(f"the test Ray cluster listens beyond the loopback address: {wide}")
+        yield test
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def listeners_beyond_loopback() -> list[str]:
+    """Listening TCP sockets of this process and its descendants (Ray's) bound to anything but the loopback address."""
+    listing = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    wide = []
+    for line in listing.splitlines():
+        fields = line.split()
+        local, users = fields[3], " ".join(fields[5:])
+        host = local.rpartition(":")[0].strip("[]")
+        pids = [int(pid) for pid in re.findall(r"pid=(\d+)", users)]
+        if any(_descends_from(pid, os.getpid()) for pid in pids) and host not in ("127.0.0.1", "::ffff:127.0.0.1", "::1"):
+            wide.append(f"{local} {users}")
+    return wide
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rpartition(")")[2].split()[1])
+    return False

@@ -1,0 +1,227 @@
+"""The Ray engine on a real Ray cluster of simulated nodes on 127.0.0.1 (tests/ray_testing.py).
+
+Jobs run as `benchmark.py --engine ray --ray-address ...` processes against
+the session's cluster: items finish exactly once, runners land on the nodes
+their group's label names, outputs equal the local engine's item for item,
+failures end the job with exit 1 within the stop bound and leave no actor,
+and what the cluster cannot host is exit 2 in one sentence.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import torch
+
+from rnb.harness import cli
+from tests.test_models import tiny_dataset
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+STOP_BOUND_S = 10.0   # the issue's bound from a failure to the job's end
+JOB_TIMEOUT_S = 240   # a hang guard for one job on a loaded two-core machine
+
+
+def toy_config(tmp_path: Path, **faults: Any) -> str:
+    """Frames on the loaders (two replicas), a network on the nets, a digest of its logits on any node."""
+    document = {"source": {"synthetic": True}, "pipeline": [
+        {"model": "models.toy.SyntheticFrames", "num_shared_tensors": 3, "clips": 2, "frames": 4, "height": 16,
+         "width": 16, "queue_groups": [{"gpus": [-1, -1], "out_queues": [0], "node": "loaders"}]},
+        {"model": "models.toy.TinyConvNet", "num_shared_tensors": 3, "clips": 2, "threads": 1, **faults,
+         "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0], "node": "nets"}]},
+        {"model": "tests.fixture_models.Digest", "queue_groups": [{"gpus": [-1], "in_queue": 0}]}]}
+    return write(tmp_path / "toy.json", document)
+
+
+def small_config(tmp_path: Path, **faults: Any) -> str:
+    """The toy pipeline cut to what a failure needs (three actors start faster than five): frames, then the network."""
+    document = json.loads(Path(toy_config(tmp_path, **faults)).read_text())
+    del document["pipeline"][2]
+    document["pipeline"][0]["queue_groups"][0]["gpus"] = [-1]
+    network = document["pipeline"][1]
+    del network["num_shared_tensors"], network["queue_groups"][0]["out_queues"]
+    return write(tmp_path / "small.json", document)
+
+
+def write(path: Path, document: dict) -> str:
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def benchmark(args: list[str], **popen: Any) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "benchmark.py", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
+def run_on_ray(cluster: Any, config: str, log_dir: Path, *args: str) -> tuple[int, str]:
+    done = benchmark(["-c", config, "--engine", "ray", "--ray-address", cluster.address, "-mi", "0",
+                      "--warmup", "0", "--log-dir", str(log_dir), *args])
+    _, err = done.communicate(timeout=JOB_TIMEOUT_S)
+    return done.returncode, err
+
+
+def labels_of(meta: dict) -> dict[str, str | None]:
+    """The node label of each process that its group pins (the client and unpinned runners go where Ray puts them)."""
+    nodes = meta["engine"]["nodes"]
+    labels = {p["name"]: nodes[p["node"]]["labels"].get("node") for p in meta["processes"]}
+    return {name: label for name, label in labels.items() if name.startswith(("step0", "step1"))}
+
+
+def test_toy_pipeline_across_labelled_nodes_finishes_every_item_once_as_the_local_engine_does(
+        ray_cluster, tmp_path, job_log):
+    config = toy_config(tmp_path)
+    code, err = run_on_ray(ray_cluster, config, tmp_path / "ray", "-v", "16")
+    ray_log = job_log(tmp_path / "ray")
+    assert code == 0, err
+    assert cli.main(["-c", config, "-v", "16", "-mi", "0", "--warmup", "0", "--log-dir", str(tmp_path / "local")]) == 0
+    local_log = job_log(tmp_path / "local")
+    assert [row["item_id"] for row in ray_log.rows] == list(range(16))
+    assert [row["digest"] for row in ray_log.rows] == [row["digest"] for row in local_log.rows]
+    meta = ray_log.meta
+    assert (meta["termination_reason"], meta["finished_items"], meta["engine"]["cluster"]) == ("target reached", 16, "given")
+    assert labels_of(meta) == {"step0-g0-r0": "loaders", "step0-g0-r1": "loaders", "step1-g0-r0": "nets"}
+    assert {row["device0"] for row in ray_log.rows} == {"cpu"}
+    for node in meta["engine"]["nodes"].values():
+        assert node["round_trip_s"] > 0 and abs(node["offset_s"]) <= node["round_trip_s"]
+    assert all(p["status"] == "ok" for p in meta["processes"])
+    assert ray_cluster.alive_actors(meta["job_id"]) == []
+
+
+def test_episode_pipeline_split_across_nodes_predicts_as_the_local_engine_does(ray_cluster, tmp_path, job_log):
+    dataset = tiny_dataset(tmp_path / "tiny")
+    document = json.loads((REPO / "config" / "ray-two-nodes.json").read_text())
+    network = document["pipeline"][1]
+    network.update(num_shared_tensors=2, threads=1)
+    network["queue_groups"][0]["out_queues"] = [0]
+    document["pipeline"].append({"model": "tests.fixture_models.Digest", "queue_groups": [{"gpus": [-1], "in_queue": 0}]})
+    config = write(tmp_path / "episodes.json", document)
+    code, err = run_on_ray(ray_cluster, config, tmp_path / "ray", "-v", "6", "--dataset", str(dataset))
+    assert code == 0, err
+    assert cli.main(["-c", config, "-v", "6", "-mi", "0", "--warmup", "0", "--dataset", str(dataset),
+                     "--log-dir", str(tmp_path / "local")]) == 0
+    on_ray, local = job_log(tmp_path / "ray"), job_log(tmp_path / "local")
+    assert [row["item_id"] for row in on_ray.rows] == list(range(6))
+    # (bytes_fetched is not compared: it depends on which replica's cache an item met)
+    for key in ("episode", "digest", "frames_decoded"):
+        assert [row[key] for row in on_ray.rows] == [row[key] for row in local.rows], key
+    assert labels_of(on_ray.meta) == {"step0-g0-r0": "loaders", "step0-g0-r1": "loaders", "step1-g0-r0": "nets"}
+    assert ray_cluster.alive_actors(on_ray.meta["job_id"]) == []
+
+
+@pytest.mark.parametrize("faults, error", [
+    ({"fail_at_item": 5}, "RuntimeError: TinyConvNet failed on item 5 on purpose (fail_at_item)"),
+    ({"exit_at_item": 5}, "its Ray actor died (ActorDiedError: "),
+    ({"fail_at_init": True}, "RuntimeError: TinyConvNet failed at init on purpose (fail_at_init)"),
+], ids=["item", "os_exit", "init"])
+def test_a_failing_actor_ends_the_job_with_exit_1_and_leaves_no_actor(ray_cluster, tmp_path, job_log, faults, error):
+    code, err = run_on_ray(ray_cluster, small_config(tmp_path, **faults), tmp_path / "logs", "-v", "40")
+    returned = time.time()
+    assert code == 1, err
+    log = job_log(tmp_path / "logs")
+    meta = log.meta
+    assert (meta["termination_reason"], meta["failed_process"]) == ("process failed", "step1-g0-r0")
+    assert meta["error"].startswith(f"process step1-g0-r0 failed: {error}")
+    assert f"benchmark.py: {meta['error']}" in err and "Traceback" not in err
+    assert returned - meta["end_time"] < STOP_BOUND_S
+    assert ray_cluster.alive_actors(meta["job_id"]) == []
+    assert len(log.rows) == meta["finished_items"] < 40 and 5 not in [row["item_id"] for row in log.rows]
+    if "fail_at_init" in faults:
+        assert meta["start_time"] is None
+
+
+def started_job(process: subprocess.Popen) -> str:
+    """Read the job's stderr up to its start line; the job id."""
+    seen = []
+    for line in process.stderr:
+        found = re.search(r"started (\S+) on Ray", line)
+        if found:
+            return found.group(1)
+        seen.append(line)
+    raise AssertionError(f"the job ended before it started (exit code {process.wait()}): {''.join(seen[-30:])}")
+
+
+def long_job(cluster: Any, config: str, log_dir: Path) -> tuple[subprocess.Popen, str]:
+    """A job of far more Poisson requests than a test waits for, once it has started; and its id."""
+    job = benchmark(["-c", config, "--engine", "ray", "--ray-address", cluster.address, "-v", "100000",
+                     "-mi", "5", "--log-dir", str(log_dir)])
+    return job, started_job(job)
+
+
+def ended(job: subprocess.Popen) -> tuple[int, str]:
+    err = job.stderr.read()
+    return job.wait(timeout=JOB_TIMEOUT_S), err
+
+
+@pytest.mark.parametrize("how", ["kill_actor", "lose_node"])
+def test_an_actor_killed_from_outside_or_its_node_lost_ends_the_job_with_exit_1(ray_cluster, tmp_path, job_log, how):
+    document = json.loads(Path(small_config(tmp_path)).read_text())
+    if how == "lose_node":
+        doomed = ray_cluster.add_node("doomed").node_id
+        document["pipeline"][1]["queue_groups"][0]["node"] = "doomed"
+    job, name = long_job(ray_cluster, write(tmp_path / "long.json", document), tmp_path / "logs")
+    if how == "lose_node":
+        ray_cluster.remove_node("doomed")
+    else:
+        ray.kill(ray.get_actor(f"{name}/step1-g0-r0", namespace="rnb"))
+    struck = time.time()
+    code, err = ended(job)
+    assert code == 1, err
+    meta = job_log(tmp_path / "logs").meta
+    assert meta["end_time"] - struck < STOP_BOUND_S
+    assert meta["failed_process"] == "step1-g0-r0" and "its Ray actor died" in meta["error"]
+    assert ray_cluster.alive_actors(name) == []
+    if how == "lose_node":
+        ray_cluster.wait_until_known_dead(doomed)
+
+
+def test_ctrl_c_ends_the_job_with_exit_130_and_keeps_what_finished(ray_cluster, tmp_path, job_log):
+    job, name = long_job(ray_cluster, small_config(tmp_path), tmp_path / "logs")
+    time.sleep(2)
+    job.send_signal(signal.SIGINT)
+    code, err = ended(job)
+    assert code == 130, err
+    log = job_log(tmp_path / "logs")
+    assert log.meta["termination_reason"] == "interrupted" and len(log.rows) == log.meta["finished_items"]
+    assert ray_cluster.alive_actors(name) == []
+
+
+@pytest.mark.parametrize("change, sentence", [
+    ({"node": "nowhere"}, "pipeline[1].queue_groups[0].node: expected a label (node=nowhere) or custom resource of "
+                          "a node of the Ray cluster, found no node with it (its nodes' labels: node=loaders, node=nets)"),
+    ({"gpus": [0, 1]}, 'pipeline[1].queue_groups[0].gpus[1]: expected at most 1 distinct GPUs on the Ray nodes "nets" '
+                       "selects (they have 1), found the config asks for 2"),
+    pytest.param({"gpus": [0, 0]}, "pipeline[1].queue_groups[0].gpus[0]: expected a usable NVIDIA GPU 0, found no "
+                                   "usable NVIDIA GPU or driver on this machine",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the nets node's GPU is not real only here")),
+], ids=["unknown_label", "too_many_gpus", "gpu_checked_on_its_node"])
+def test_what_the_cluster_cannot_host_is_exit_2_in_one_sentence(ray_cluster, tmp_path, change, sentence):
+    document = json.loads(Path(small_config(tmp_path)).read_text())
+    document["pipeline"][1]["queue_groups"][0].update(change)
+    config = write(tmp_path / "bad.json", document)
+    code, err = run_on_ray(ray_cluster, config, tmp_path / "logs", "-v", "4")
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith(f"{config}: {sentence}")
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
+
+
+def test_the_shipped_two_node_config_runs_here_on_a_simulated_cluster_it_starts_and_stops(tmp_path, job_log):
+    dataset = tiny_dataset(tmp_path / "tiny")
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    job = benchmark(["-c", "config/ray-two-nodes.json", "--engine", "ray", "-v", "6", "--dataset", str(dataset),
+                     "--log-dir", str(tmp_path / "logs")], env=env)
+    _, err = job.communicate(timeout=JOB_TIMEOUT_S)
+    assert job.returncode == 0, err
+    log = job_log(tmp_path / "logs")
+    assert log.meta["engine"]["cluster"] == "simulated" and [row["item_id"] for row in log.rows] == list(range(6))
+    assert labels_of(log.meta) == {"step0-g0-r0": "loaders", "step0-g0-r1": "loaders", "step1-g0-r0": "nets"}
+    assert [p["pid"] for p in log.meta["processes"] if Path(f"/proc/{p['pid']}").exists()] == []

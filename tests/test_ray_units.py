@@ -1,0 +1,123 @@
+"""The Ray engine's pieces that need no cluster: seats, clock offsets, addresses, hand-off accounting."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from typing import Any
+
+import pytest
+
+from rnb.harness.ray_actors import Outstanding
+from rnb.harness.ray_cluster import NodeInfo, is_loopback_address, resolve_address, split_label, use_loopback_if_local
+from rnb.harness.ray_engine import measure_offset
+from rnb.harness.ray_placement import RESOURCE_SLIVER, seat_runners
+from rnb.pipeline.config import ConfigError, parse_config
+from rnb.pipeline.plan import plan_runners
+
+NODES = [
+    NodeInfo("head", "127.0.0.1", {}, {"CPU": 2}),
+    NodeInfo("a", "127.0.0.1", {"node": "loaders"}, {"CPU": 4}),
+    NodeInfo("b", "127.0.0.1", {"node": "nets", "zone": "x"}, {"CPU": 8, "GPU": 2, "fast": 1}),
+]
+
+
+def two_steps(first: dict, second: dict) -> Any:
+    document = {"source": {"synthetic": True}, "pipeline": [
+        {"model": "tests.fixture_models.Frames", "queue_groups": [{"out_queues": [0], **first}]},
+        {"model": "tests.fixture_models.Head", "queue_groups": [{"in_queue": 0, **second}]}]}
+    config = parse_config(document, "c.json")
+    return config, plan_runners(config, 1)
+
+
+def test_groups_find_their_nodes_by_label_key_value_or_custom_resource():
+    config, placements = two_steps({"gpus": [-1, -1], "node": "loaders"}, {"gpus": [-1], "node": "fast"})
+    seats, bundles = seat_runners(config, placements, NODES)
+    assert [seat.choice.actor_options() for seat in seats] == [
+        {"label_selector": {"node": "loaders"}}, {"label_selector": {"node": "loaders"}},
+        {"resources": {"fast": RESOURCE_SLIVER}}]
+    assert bundles == [] and {seat.bundle for seat in seats} == {None}
+    config, placements = two_steps({"gpus": [-1], "node": "zone=x"}, {"gpus": [-1]})
+    seats, _ = seat_runners(config, placements, NODES)
+    assert [seat.choice.actor_options() for seat in seats] == [{"label_selector": {"zone": "x"}}, {}]
+
+
+def test_entries_naming_one_gpu_share_its_bundle_and_distinct_ones_get_their_own():
+    config, placements = two_steps({"gpus": [0, 0], "node": "nets"}, {"gpus": [1], "node": "nets"})
+    seats, bundles = seat_runners(config, placements, NODES)
+    assert [(seat.bundle, seat.gpu_share) for seat in seats] == [(0, 0.5), (0, 0.5), (1, 1.0)]
+    assert [bundle.bundle() for bundle in bundles] == [({"GPU": 1.0}, {"node": "nets"})] * 2
+    assert [seat.gpus_path for seat in seats] == ["pipeline[0].queue_groups[0].gpus[0]",
+                                                  "pipeline[0].queue_groups[0].gpus[1]",
+                                                  "pipeline[1].queue_groups[0].gpus[0]"]
+
+
+@pytest.mark.parametrize("first, second, message", [
+    ({"gpus": [-1], "node": "gpus"}, {"gpus": [-1]},
+     "c.json: pipeline[0].queue_groups[0].node: expected a label (node=gpus) or custom resource of a node of the "
+     "Ray cluster, found no node with it (its nodes' labels: node=loaders, node=nets, zone=x)"),
+    ({"gpus": [-1], "node": "zone=y"}, {"gpus": [-1]},
+     "c.json: pipeline[0].queue_groups[0].node: expected a label (zone=y) or custom resource"),
+    ({"gpus": [0], "node": "loaders"}, {"gpus": [-1]},
+     'c.json: pipeline[0].queue_groups[0].gpus[0]: expected at most 0 distinct GPUs on the Ray nodes "loaders" '
+     "selects (they have 0), found the config asks for 1"),
+    ({"gpus": [0, 1]}, {"gpus": [2]},
+     "c.json: pipeline[1].queue_groups[0].gpus[0]: expected at most 2 distinct GPUs on the Ray cluster's nodes "
+     "(they have 2), found the config asks for 3"),
+], ids=["unknown_label", "unknown_key_value", "no_gpu_on_label", "too_many_gpus"])
+def test_what_the_nodes_cannot_host_is_one_config_sentence(first, second, message):
+    config, placements = two_steps(first, second)
+    with pytest.raises(ConfigError) as caught:
+        seat_runners(config, placements, NODES)
+    assert str(caught.value).startswith(message)
+
+
+def test_the_clock_offset_comes_from_the_tightest_round_trip():
+    local = iter([10.0, 10.5, 20.0, 20.01, 30.0, 30.2])   # sent, back for three round trips
+    remote = iter([105.2, 115.002, 125.0])                # a clock 95 s ahead, read mid-trip
+    offset = measure_offset(lambda: next(remote), round_trips=3, local_clock=lambda: next(local))
+    assert offset.round_trip_s == pytest.approx(0.01)
+    assert offset.offset_s == pytest.approx(115.002 - 20.005)
+
+
+def test_addresses_and_labels():
+    assert [is_loopback_address(a) for a in ("127.0.0.1:6379", "localhost:1", "[::1]:5", "10.0.0.5:6379", None)] == [
+        True, True, True, False, False]
+    assert split_label("loaders") == ("node", "loaders") and split_label("ray.io/zone=x") == ("ray.io/zone", "x")
+
+
+def test_the_cluster_to_use_and_whether_this_machine_is_loopback_to_ray(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert resolve_address(None) is None and resolve_address("10.0.0.5:6379") == "10.0.0.5:6379"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert resolve_address(None) == "auto"
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    use_loopback_if_local("auto")
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
+    use_loopback_if_local("127.0.0.1:6379")
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+
+
+class _Ref:
+    """Stands in for an ObjectRef: its future completes when the test says the hand-off was taken."""
+
+    def __init__(self) -> None:
+        self.done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def future(self) -> concurrent.futures.Future:
+        return self.done
+
+
+def test_hand_offs_go_to_the_least_loaded_consumer_and_hold_a_slot_until_taken():
+    outstanding = Outstanding(3)
+    refs = []
+    for _ in range(4):
+        chosen = outstanding.least_loaded([1, 2])
+        refs.append((chosen, _Ref()))
+        outstanding.add(chosen, refs[-1][1])
+    assert sorted(chosen for chosen, _ in refs) == [1, 1, 2, 2] and outstanding.counts == [0, 2, 2]
+    assert outstanding.wait_below(4, lambda: True) is False   # full, and the job ended: no wait
+    taker = threading.Timer(0.2, lambda: refs[0][1].done.set_result(None))
+    taker.start()
+    assert outstanding.wait_below(4, lambda: False) is True
+    assert outstanding.total == 3 and outstanding.least_loaded([1, 2]) == refs[0][0]
