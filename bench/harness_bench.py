@@ -1,4 +1,5 @@
-"""Harness benchmarks: P1s/P1h/P1c (what the process model costs), P5 (shared slots vs queues), P6 (loader scaling).
+"""Harness benchmarks: P1s/P1h/P1c (what the process model costs), P5 (shared slots vs queues), P6 (loader scaling),
+P9/P9h (the same on the Ray engine).
 
 Each compares the harness with what a user would write instead, on the same
 work, so the ratio says what RnB's machinery costs or buys.  Harness runs go
@@ -275,6 +276,49 @@ def p1_contention(effort: Effort) -> list[Row]:
                          f"SyntheticFrames {FRAMES_KW} -> TinyConvNet, both on CPU; the network step has "
                          f"threads {torch.get_num_threads()}, as many as the loop; on a machine with fewer cores "
                          "than busy threads this measures CPU contention between the steps, not the harness")]
+
+
+# ---------------------------------------------------------------- P9 the Ray engine
+
+def on_ray(config: dict[str, Any]) -> dict[str, Any]:
+    """The same config on the Ray engine: a one-node Ray on this machine that each job starts and stops."""
+    return {**config, "run": {**config.get("run", {}), "engine": "ray"}}
+
+
+def p9_ray_sleeping_steps(effort: Effort) -> list[Row]:
+    """P9: P1s's pipeline of sleeping steps on the Ray engine, against the slowest step alone."""
+    step = ("bench.harness_bench.Idle", {"sleep_ms": SLEEP_MS})
+    return [harness_pair(effort, "P9", f"{CHAIN_STEPS}-step pipeline of {SLEEP_MS:g} ms waits on the Ray engine: "
+                         "bulk / the slowest step alone in a loop", Goal(">=", 0.95),
+                         ("ray", on_ray(chain_pipeline((step,) * CHAIN_STEPS, -1))),
+                         ("loop", lambda n: loop_throughput((step,), "cpu", n)), effort.pick(500, 600),
+                         f"{CHAIN_STEPS} CPU runner actors on a one-node Ray the job starts, each sleeping "
+                         f"{SLEEP_MS:g} ms per item; the loop runs one such step in this process; "
+                         "the local engine's figure is P1s")]
+
+
+def p9_ray_per_hop(effort: Effort) -> list[Row]:
+    """P9h: harness cost per item per hop on the Ray engine, next to the local engine's on the same pipeline."""
+    items = effort.pick(1000, 2000)
+    config = chain_pipeline((("bench.harness_bench.Idle", {}),) * CHAIN_STEPS, -1)
+    with tempfile.TemporaryDirectory(prefix="rnb-P9h-") as tmp:
+        def hops(engine_config: dict[str, Any], windows: int) -> list[float]:
+            return [per_hop_us(rate, CHAIN_STEPS) for rate in run_harness(engine_config, items, Path(tmp), windows)]
+        if effort.quick:
+            ray_us, local_us = hops(on_ray(config), effort.reps), hops(config, effort.reps)
+        else:
+            ray_us, local_us = paired(lambda: hops(on_ray(config), 1)[0], lambda: hops(config, 1)[0],
+                                      effort.reps, warmup=0)
+    a, b = Side.of("ray", "us/item/hop", ray_us), Side.of("local", "us/item/hop", local_us)
+    ratios = [x / y for x, y in zip(a.values, b.values)]
+    return [Row("P9h", f"us of harness per item per hop on the Ray engine, {CHAIN_STEPS} no-op steps (bulk); "
+                       "the figure is in us, not a ratio", None, a, b, a.median, min(a.values), max(a.values),
+                len(a.values),
+                note=f"{items} items per job through {CHAIN_STEPS} CPU runners of bench.harness_bench.Idle, one "
+                     f"actor call (and its reply once taken) per hand-off on Ray, a slot and a queue message on the "
+                     f"local engine (B); per hop Ray costs {statistics.median(ratios):.1f}x the local engine (median "
+                     "of the paired ratios); "
+                     + ("--quick: windows of one job, not interleaved" if effort.quick else "jobs interleaved"))]
 
 
 # ---------------------------------------------------------------- P5 IPC

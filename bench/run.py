@@ -110,6 +110,8 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P8": p8_gpu,
     "P10": _access("P10"),
     "P11": _access("P11"),
+    "P9": _harness("p9_ray_sleeping_steps"),
+    "P9h": _harness("p9_ray_per_hop"),
 }
 
 
