@@ -227,11 +227,19 @@ class LocalBuffers:
         """The buffer for tensor `index` of a slot shaped like `slot`, on this consumer's device."""
         buffer = self._by_slot.get(id(slot))
         if buffer is None:
-            key = (index, slot.shape, slot.dtype)
-            if key not in self._buffers:
-                self._buffers[key] = torch.empty(slot.shape, dtype=slot.dtype, device=self.device)
-            buffer = self._by_slot[id(slot)] = self._buffers[key]
+            buffer = self._by_slot[id(slot)] = self.shaped(index, slot)
         return buffer
+
+    def shaped(self, index: int, tensor: torch.Tensor) -> torch.Tensor:
+        """The buffer for tensor `index` of `tensor`'s shape and dtype, for tensors that arrive anew each item.
+
+        Unlike `like`, it remembers nothing of `tensor` itself: the Ray engine's
+        inputs are fresh objects per item, whose ids Python reuses.
+        """
+        key = (index, tensor.shape, tensor.dtype)
+        if key not in self._buffers:
+            self._buffers[key] = torch.empty(tensor.shape, dtype=tensor.dtype, device=self.device)
+        return self._buffers[key]
 
 
 class HopQueue(multiprocessing.queues.Queue):

@@ -199,8 +199,8 @@ class _Member:
         return await asyncio.get_running_loop().run_in_executor(None, work)
 
 
-class _Shared:
-    """The transport methods the client's and the runners' share."""
+class _RayParticipant:
+    """What the client's and the runners' Ray transports do alike (rnb.harness.transport.Participant)."""
 
     def __init__(self, member: _Member) -> None:
         self.member = member
@@ -272,7 +272,7 @@ def _settle(future: asyncio.Future) -> None:
         future.set_result(None)
 
 
-class RayTransport(_Shared):
+class RayTransport(_RayParticipant):
     """A runner's transport (rnb.harness.transport.Transport) over actor calls and Ray's object store."""
 
     def __init__(self, spec: RunnerSpec, wiring: RayWiring, member: RunnerActor) -> None:
@@ -288,7 +288,7 @@ class RayTransport(_Shared):
         self.outstanding = Outstanding(sum(len(c) for c in wiring.consumers))
 
     def _sync(self) -> None:
-        if self.device.type == "cuda":
+        if self.inputs.on_cuda:
             torch.cuda.current_stream(self.device).synchronize()
 
     def receive(self, timeout: float) -> Input | None:
@@ -302,7 +302,7 @@ class RayTransport(_Shared):
             arrival.taken()
             return Input((), {"request": message.payload}, message.card, arrived)
         # Copied out so the object store's copy can go, as a shared slot is released on the local engine.
-        tensors = tuple(self.inputs.like(i, t).copy_(t, non_blocking=self.device.type == "cuda")
+        tensors = tuple(self.inputs.shaped(i, t).copy_(t, non_blocking=self.inputs.on_cuda)
                         for i, t in enumerate(arrival.tensors))
         self._sync()
         arrival.taken()
@@ -348,7 +348,7 @@ class ClientActor(_Member):
         return await self._in_thread(lambda: run_and_report("client", transport, lambda: client.generate(spec, transport)))
 
 
-class RayClientTransport(_Shared):
+class RayClientTransport(_RayParticipant):
     """The client's transport (rnb.harness.transport.ClientTransport): requests as calls to step-0 runners.
 
     The request queue of the local engine holds at most -qs requests; here
