@@ -282,7 +282,7 @@ class RayTransport(_RayParticipant):
         self.inbox = member.inbox
         self.device = torch.device(spec.device)
         self.events = StepEvents(spec.step)
-        self.inputs = LocalBuffers(self.device)
+        self.inputs = LocalBuffers(torch.device(spec.input_device or spec.device))
         # Each out_queue's consumers have a run of numbers of their own in `outstanding`, from first[queue].
         self.first = [sum(len(c) for c in wiring.consumers[:q]) for q in range(len(wiring.consumers))]
         self.outstanding = Outstanding(sum(len(c) for c in wiring.consumers))

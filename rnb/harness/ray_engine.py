@@ -183,9 +183,10 @@ class RayJob:
             name=f"{job}/client", num_cpus=0, scheduling_strategy=here, runtime_env={"env_vars": ACTOR_ENV}
         ).remote(self.control, self.args.concurrency))
         for seat in self.seats:
+            step = seat.placement.step
+            inbox = self.args.request_queue_size if step == 0 else self.args.queue_size  # as the local engine's queues
             self._add(seat.placement.name, "runner", seat.placement, ray.remote(RunnerActor).options(
-                name=f"{job}/{seat.placement.name}", **self._seat_options(seat)
-            ).remote(self.control, seat.placement.step, self.args.queue_size))
+                name=f"{job}/{seat.placement.name}", **self._seat_options(seat)).remote(self.control, step, inbox))
         self._locate()
         client = self.members[0].actor if self.args.concurrency else None
         self.control.attach.remote([m.actor for m in self.members], client)
@@ -193,7 +194,7 @@ class RayJob:
         step0 = tuple(by_name[s.placement.name] for s in self.seats if s.placement.step == 0)
         spec = ClientSpec(self.config.source, self.config.path, self.args.videos, self.args.mean_interval_ms,
                           self.args.concurrency, self.args.seed)
-        self.members[0].run = self.members[0].actor.run.remote(spec, step0, self.args.queue_size)
+        self.members[0].run = self.members[0].actor.run.remote(spec, step0, self.args.request_queue_size)
         for member, seat in zip(self.members[1:], self.seats):
             self._start_runner(member, seat, by_name)
 
@@ -239,8 +240,8 @@ class RayJob:
         p = seat.placement
         threads = self._threads(member, seat)
         member.record["threads"] = threads
-        device = "cuda:0" if p.device.startswith("cuda") else "cpu"  # Ray shows an actor only its own GPU
-        spec = dataclasses.replace(RunnerSpec.from_placement(p, self.args.videos), device=device, threads=threads)
+        spec = dataclasses.replace(RunnerSpec.from_placement(p, self.args.videos), device=_own_gpu(p.device),
+                                   input_device=_own_gpu(p.input_device), threads=threads)
         consumers = tuple(tuple(by_name[s.placement.name] for s in self.seats
                                 if s.placement.step == p.step + 1 and s.placement.in_queue == q) for q in p.out_queues)
         wiring = RayWiring(self.control, consumers, max(1, p.num_slots))
@@ -382,6 +383,11 @@ class RayJob:
                 "nodes": {n.node_id: {"ip": n.ip, "labels": dict(n.labels), "cpus": n.cpus, "gpus": n.gpus,
                                       **(dataclasses.asdict(self.offsets[n.node_id]) if n.node_id in self.offsets else {})}
                           for n in self.nodes if n.node_id in used}}
+
+
+def _own_gpu(device: str) -> str:
+    """A placement's device as its actor sees it: Ray shows an actor only its own GPU, as cuda:0."""
+    return "cuda:0" if device.startswith("cuda") else "cpu"
 
 
 def _paths_every_node_sees(config: PipelineConfig) -> PipelineConfig:
