@@ -97,27 +97,6 @@ def test_toy_pipeline_across_labelled_nodes_finishes_every_item_once_as_the_loca
     assert ray_cluster.alive_actors(meta["job_id"]) == []
 
 
-def test_episode_pipeline_split_across_nodes_predicts_as_the_local_engine_does(ray_cluster, tmp_path, job_log):
-    dataset = tiny_dataset(tmp_path / "tiny")
-    document = json.loads((REPO / "config" / "ray-two-nodes.json").read_text())
-    network = document["pipeline"][1]
-    network.update(num_shared_tensors=2, threads=1)
-    network["queue_groups"][0]["out_queues"] = [0]
-    document["pipeline"].append({"model": "tests.fixture_models.Digest", "queue_groups": [{"gpus": [-1], "in_queue": 0}]})
-    config = write(tmp_path / "episodes.json", document)
-    code, err = run_on_ray(ray_cluster, config, tmp_path / "ray", "-v", "6", "--dataset", str(dataset))
-    assert code == 0, err
-    assert cli.main(["-c", config, "-v", "6", "-mi", "0", "--warmup", "0", "--dataset", str(dataset),
-                     "--log-dir", str(tmp_path / "local")]) == 0
-    on_ray, local = job_log(tmp_path / "ray"), job_log(tmp_path / "local")
-    assert [row["item_id"] for row in on_ray.rows] == list(range(6))
-    # (bytes_fetched is not compared: it depends on which replica's cache an item met)
-    for key in ("episode", "digest", "frames_decoded"):
-        assert [row[key] for row in on_ray.rows] == [row[key] for row in local.rows], key
-    assert labels_of(on_ray.meta) == {"step0-g0-r0": "loaders", "step0-g0-r1": "loaders", "step1-g0-r0": "nets"}
-    assert ray_cluster.alive_actors(on_ray.meta["job_id"]) == []
-
-
 @pytest.mark.parametrize("faults, error", [
     ({"fail_at_item": 5}, "RuntimeError: TinyConvNet failed on item 5 on purpose (fail_at_item)"),
     ({"exit_at_item": 5}, "its Ray actor died (ActorDiedError: "),
@@ -184,14 +163,17 @@ def test_an_actor_killed_from_outside_or_its_node_lost_ends_the_job_with_exit_1(
         ray_cluster.wait_until_known_dead(doomed)
 
 
-def test_ctrl_c_ends_the_job_with_exit_130_and_keeps_what_finished(ray_cluster, tmp_path, job_log):
+@pytest.mark.parametrize("stop, code, reason", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+                         ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_or_sigterm_ends_the_job_with_its_exit_code_and_keeps_what_finished(ray_cluster, tmp_path, job_log,
+                                                                                   stop, code, reason):
     job, name = long_job(ray_cluster, small_config(tmp_path), tmp_path / "logs")
     time.sleep(2)
-    job.send_signal(signal.SIGINT)
-    code, err = ended(job)
-    assert code == 130, err
+    job.send_signal(stop)
+    returned, err = ended(job)
+    assert returned == code, err
     log = job_log(tmp_path / "logs")
-    assert log.meta["termination_reason"] == "interrupted" and len(log.rows) == log.meta["finished_items"]
+    assert log.meta["termination_reason"] == reason and len(log.rows) == log.meta["finished_items"] > 0
     assert ray_cluster.alive_actors(name) == []
 
 
@@ -214,14 +196,27 @@ def test_what_the_cluster_cannot_host_is_exit_2_in_one_sentence(ray_cluster, tmp
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
 
 
-def test_the_shipped_two_node_config_runs_here_on_a_simulated_cluster_it_starts_and_stops(tmp_path, job_log):
+def test_the_shipped_two_node_config_runs_here_on_a_simulated_cluster_and_predicts_as_the_local_engine_does(
+        tmp_path, job_log):
+    """config/ray-two-nodes.json with a digest step after its network: the job starts and stops its own cluster."""
     dataset = tiny_dataset(tmp_path / "tiny")
+    document = json.loads((REPO / "config" / "ray-two-nodes.json").read_text())
+    network = document["pipeline"][1]
+    network.update(num_shared_tensors=2, threads=1)
+    network["queue_groups"][0]["out_queues"] = [0]
+    document["pipeline"].append({"model": "tests.fixture_models.Digest", "queue_groups": [{"gpus": [-1], "in_queue": 0}]})
+    config = write(tmp_path / "episodes.json", document)
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    job = benchmark(["-c", "config/ray-two-nodes.json", "--engine", "ray", "-v", "6", "--dataset", str(dataset),
-                     "--log-dir", str(tmp_path / "logs")], env=env)
+    job = benchmark(["-c", config, "--engine", "ray", "-v", "6", "--dataset", str(dataset),
+                     "--log-dir", str(tmp_path / "ray")], env=env)
     _, err = job.communicate(timeout=JOB_TIMEOUT_S)
     assert job.returncode == 0, err
-    log = job_log(tmp_path / "logs")
-    assert log.meta["engine"]["cluster"] == "simulated" and [row["item_id"] for row in log.rows] == list(range(6))
-    assert labels_of(log.meta) == {"step0-g0-r0": "loaders", "step0-g0-r1": "loaders", "step1-g0-r0": "nets"}
-    assert [p["pid"] for p in log.meta["processes"] if Path(f"/proc/{p['pid']}").exists()] == []
+    assert cli.main(["-c", config, "-v", "6", "--dataset", str(dataset), "--log-dir", str(tmp_path / "local")]) == 0
+    on_ray, local = job_log(tmp_path / "ray"), job_log(tmp_path / "local")
+    assert on_ray.meta["engine"]["cluster"] == "simulated"
+    assert [row["item_id"] for row in on_ray.rows] == list(range(6))
+    # (bytes_fetched is not compared: it depends on which replica's cache an item met)
+    for key in ("episode", "digest", "frames_decoded"):
+        assert [row[key] for row in on_ray.rows] == [row[key] for row in local.rows], key
+    assert labels_of(on_ray.meta) == {"step0-g0-r0": "loaders", "step0-g0-r1": "loaders", "step1-g0-r0": "nets"}
+    assert [p["pid"] for p in on_ray.meta["processes"] if Path(f"/proc/{p['pid']}").exists()] == []

@@ -35,14 +35,14 @@ from tqdm import tqdm
 from rnb.harness import joblog
 from rnb.harness.client import ClientSpec
 from rnb.harness.control import POLL_S, Termination
-from rnb.harness.job import JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
+from rnb.harness.job import STOP_SIGNALS, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.harness.messages import Exited, Failed, Ready, Status
 from rnb.harness.ray_actors import ACTOR_ENV, ClientActor, ControlState, JobControl, RayWiring, RunnerActor
 from rnb.harness.ray_cluster import JobRay, NodeInfo
 from rnb.harness.ray_placement import NodeChoice, Seat, seat_runners
 from rnb.harness.runner import RunnerSpec
 from rnb.harness.sampler import Sampler
-from rnb.harness.timecard import TimeCard
+from rnb.harness.spool import TimingsSpool
 from rnb.pipeline.config import ConfigError, PipelineConfig
 from rnb.pipeline.dataset_source import KINDS
 from rnb.pipeline.gpus import GpuInfo, GpuRequestError, busy_notes, check_assigned_gpu
@@ -119,13 +119,14 @@ class RayJob:
     group: Any = None                                   # the placement group of the GPU bundles
     control: Any = None
     members: list[Member] = field(default_factory=list)
-    cards: list[TimeCard] = field(default_factory=list)
+    spool: TimingsSpool | None = None                   # finished items, streamed to disk as they come
     notes: list[str] = field(default_factory=list)
     ready: set[str] = field(default_factory=set)
     failure: tuple[str, str] | None = None
     state: ControlState | None = None
     offsets: dict[str, ClockOffset] = field(default_factory=dict)
-    interrupted: threading.Event = field(default_factory=threading.Event)
+    interrupted: threading.Event = field(default_factory=threading.Event)   # Ctrl-C or SIGTERM came
+    outside: Termination = Termination.INTERRUPTED      # which of them, once `interrupted` is set
 
     def reserve_gpus(self, bundles: Sequence[NodeChoice], allow_busy: bool) -> list[GpuInfo]:
         """The placement group of the GPU bundles, each GPU checked free by NVML on its node (GpuRequestError)."""
@@ -151,9 +152,11 @@ class RayJob:
 
     def run(self, job_dir: Path) -> JobEnding:
         """Create the actors, start them together, wait for the flag, stop them; how the job ended."""
-        previous = signal.signal(signal.SIGINT, lambda *_: self.interrupted.set())
+        previous = {number: signal.signal(number, lambda number, _: self.stopped_from_outside(STOP_SIGNALS[number]))
+                    for number in STOP_SIGNALS}
         start, setup_error = None, None
         job = job_dir.name
+        self.spool = TimingsSpool(job_dir, len(self.config.steps), self.args.warmup)
         sampler = Sampler(self.args.sample_interval_ms / 1000.0)
         try:
             self.launch(job)
@@ -162,17 +165,24 @@ class RayJob:
                 start = self.start_together(job)
                 self.follow()
         except (RuntimeError, ray.exceptions.RayError) as error:  # placement timed out, an actor could not start
-            setup_error = f"could not set up the job on Ray ({type(error).__name__}: {_one_line(error)})"
+            if not self.interrupted.is_set():
+                setup_error = f"could not set up the job on Ray ({type(error).__name__}: {_one_line(error)})"
         finally:
-            signal.signal(signal.SIGINT, previous)
-            self.stop(Termination.SETUP_FAILED if start is None else Termination.INTERRUPTED)
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+            self.stop(self.outside if self.interrupted.is_set() or start is not None else Termination.SETUP_FAILED)
             sampler.stop()
             sampler.write(job_dir)
         reason = self.state.reason
         return JobEnding(start=start, end=self.state.raised_at if reason != Termination.RUNNING else time.time(), reason=reason,
                          error=setup_error or error_sentence(reason, self.failure, self.args),
-                         failed_process=self.failure and self.failure[0], cards=self.cards,
+                         failed_process=self.failure and self.failure[0], spool=self.spool,
                          processes=[m.record for m in self.members], notes=self.notes, engine=self.engine_record())
+
+    def stopped_from_outside(self, reason: Termination) -> None:
+        """A signal handler's whole work: the driver's loop raises the flag at its next look."""
+        self.outside = reason
+        self.interrupted.set()
 
     def launch(self, job: str) -> None:
         """The JobControl and client on the driver's node, one actor per runner on its seat; then their run() calls."""
@@ -278,7 +288,7 @@ class RayJob:
         while True:
             self.poll()
             if bar is not None:
-                bar.update(len(self.cards) - bar.n)
+                bar.update(self.spool.rows - bar.n)
             if self.state.reason != Termination.RUNNING:
                 return False
             if done():
@@ -291,7 +301,7 @@ class RayJob:
         for ref in finished:
             self._ended(runs[ref], ref)
         if self.interrupted.is_set():
-            self.raise_flag(Termination.INTERRUPTED)
+            self.raise_flag(self.outside)
 
     def raise_flag(self, reason: Termination) -> None:
         """Have the JobControl raise the flag (the first reason wins) and halt everyone; then look."""
@@ -311,7 +321,7 @@ class RayJob:
             for member in self.members:
                 member.actor.halt.remote()
         self.state = state
-        self.cards.extend(state.cards)
+        self.spool.add(state.cards)
         for status in state.statuses:
             self._on_status(status)
 
