@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from contextlib import contextmanager
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
+from typing import Callable
 
 import pytest
 
 from episodes import DatasetFormatError, EpisodeByteCache, FetchError, Mp4FormatError, open_dataset
 from episodes.synthetic import SyntheticSpec
+from episodes.testing_faults import serve_with_faults
 from rnb.harness import cli
 from tests.test_make_dataset import read_indices
 
@@ -29,46 +27,9 @@ KEY = "observation.images.cam0"
 VIDEO = "videos/observation.images.cam0/chunk-000/file-000.mp4"  # episodes 0 and 1
 
 
-class RangeFaults(SimpleHTTPRequestHandler):
-    """Serves a directory; `ignore` answers Range requests with the whole file, `shift` moves the next N ranges."""
-
-    ignore = False
-    shift = 0
-    lock = threading.Lock()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        wanted = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
-        path = Path(self.translate_path(self.path))
-        if wanted is None or self.ignore or not path.is_file():
-            super().do_GET()  # the stdlib server knows no Range: the whole file, HTTP 200
-            return
-        with RangeFaults.lock:
-            moved = 1 if RangeFaults.shift > 0 else 0
-            RangeFaults.shift -= moved
-        data = path.read_bytes()
-        start, end = int(wanted[1]) + moved, int(wanted[2]) + moved
-        self.send_response(206)
-        self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
-        self.send_header("Content-Length", str(end + 1 - start))
-        self.end_headers()
-        self.wfile.write(data[start:end + 1])
-
-
-@contextmanager
-def serve(root: Path, ignore: bool = False, shift: int = 0) -> Iterator[str]:
-    handler = type("Handler", (RangeFaults,), {"ignore": ignore})
-    RangeFaults.shift = shift
-    server = ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join()
+def first(count: int, fault: str) -> Callable[[int], str | None]:
+    """The fault for the first `count` range requests, then right answers."""
+    return lambda n: fault if n < count else None
 
 
 def loader_config(tmp_path: Path, dataset: str, **keywords: object) -> str:
@@ -102,7 +63,7 @@ def test_a_remote_protocol_without_its_package_is_one_sentence_at_start(tmp_path
 
 
 def test_a_server_that_ignores_range_is_refused_by_the_start_up_probe(root, tmp_path, capsys):
-    with serve(root, ignore=True) as url:
+    with serve_with_faults(root, first(10**6, "ignore_range")) as url:
         config = loader_config(tmp_path, url)
         assert refused(tmp_path, config, capsys) == (
             f"{config}: source.dataset: expected a server that answers byte-range requests, found an error: "
@@ -111,11 +72,11 @@ def test_a_server_that_ignores_range_is_refused_by_the_start_up_probe(root, tmp_
 
 
 def test_a_wrong_content_range_is_retried_and_then_blamed_on_the_server(root, tmp_path):
-    with serve(root, shift=2) as url:  # two wrong answers, then right ones: the retries absorb them
+    with serve_with_faults(root, first(2, "shift")) as url:  # two wrong answers, then right ones: retries absorb them
         with EpisodeByteCache(open_dataset(url, backoff_s=0.01), sidecar_dir=tmp_path) as cache:
             assert read_indices(cache.get_episode_frames(1, KEY, [0, 1])) == [
                 cache.ds.episode(1).dataset_from_index + i for i in (0, 1)]
-    with serve(root, shift=10**6) as url:
+    with serve_with_faults(root, first(10**6, "shift")) as url:
         with EpisodeByteCache(open_dataset(url, backoff_s=0.01), sidecar_dir=tmp_path / "fresh") as cache:
             with pytest.raises(FetchError, match=(
                     rf"^{re.escape(url)}/{VIDEO}: episode 0, camera {KEY}: read of bytes \[0, \d+\) failed after 4 "
