@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -19,6 +19,9 @@ from rnb.harness.control import Plumbing, Termination
 from rnb.harness.messages import Exited, Failed
 from rnb.harness.transport import Participant
 from rnb.pipeline.gpus import device_memory_record
+
+# How long an exiting child waits for its queued messages to be written (normally well under a millisecond).
+FLUSH_S = 1.0
 
 
 def run_and_report(name: str, transport: Participant, work: Callable[[], None],
@@ -56,10 +59,23 @@ def child_main(name: str, plumbing: Plumbing, transport: Participant, work: Call
         if plumbing.flag.is_set and queue in pipeline_queues:
             queue.cancel_join_thread()  # nobody will read what is left for the pipeline
         queue.close()
-        queue.join_thread()
+        _join_feeder(queue)
     sys.stdout.flush()
     sys.stderr.flush()
     # Everything the main process needs is flushed; skip interpreter teardown, which
     # takes about a second with torch loaded and would only delay the job's end.
     os._exit(code)
 
+
+def _join_feeder(queue: Any, timeout_s: float = FLUSH_S) -> None:
+    """Wait for the queue's feeder thread to send what this process put on it, but not for ever.
+
+    A process killed while writing to the same queue leaves the queue's write
+    lock held, and a feeder waiting for it would wait for good; after
+    `timeout_s` the messages are given up (the main process notes the cut).
+    The feeder is multiprocessing's own thread, which Queue.join_thread
+    would join without a timeout.
+    """
+    feeder = getattr(queue, "_thread", None)  # None when this process never put on the queue
+    if feeder is not None:
+        feeder.join(timeout_s)

@@ -111,14 +111,19 @@ class Supervisor:
                     self.failure is None and self.plumbing.flag.reason == Termination.PROCESS_FAILED):
                 self.failure = (record["name"], record["error"])
 
-    def stop(self, grace_s: float = 4.0, kill_after_s: float = 2.0) -> None:
-        """Let children leave on their own, then kill them (they ignore SIGTERM); always joins them all."""
-        deadline = time.time() + grace_s
-        while self.alive() and time.time() < deadline:
+    def stop(self, grace_s: float = 4.0, starting_grace_s: float = 1.0, kill_after_s: float = 2.0) -> None:
+        """Let children leave on their own, then kill them (they ignore SIGTERM); always joins them all.
+
+        A child that never reported ready (still importing or loading its
+        model) has nothing measured to flush: it gets `starting_grace_s`, time
+        enough to send a failure it is reporting, not the full `grace_s`.
+        """
+        began = time.time()
+        while self.alive() and time.time() < began + grace_s:
             self.pump()
-        for child in self.alive():
-            child.stopped_by_main = True
-            child.process.kill()
+            if time.time() >= began + starting_grace_s:
+                self._kill([child for child in self.alive() if child.record["name"] not in self.ready])
+        self._kill(self.alive())
         deadline = time.time() + kill_after_s
         while self.alive() and time.time() < deadline:
             self.pump()
@@ -135,3 +140,8 @@ class Supervisor:
                 self.notes.append(f"the {inbox.name} queue was left cut short by a process that died writing to it "
                                   "(what was sent after that was lost)")
 
+    def _kill(self, children: list[Child]) -> None:
+        for child in children:
+            if not child.stopped_by_main:
+                child.stopped_by_main = True
+                child.process.kill()
