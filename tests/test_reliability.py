@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from bench.fault_jobs import MARK, marked
 from rnb.analysis import analyze_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,27 +39,14 @@ def toy_config(tmp_path: Path) -> str:
 
 def start_job(tmp_path: Path, config: str, *argv: str, import_delay_s: float = 0.0) -> tuple[subprocess.Popen, str]:
     mark = uuid.uuid4().hex
-    env = {**os.environ, "RNB_TEST_MARK": mark}
+    env = {**os.environ, MARK: mark}
     if import_delay_s:
-        env.update(PYTHONPATH=os.pathsep.join([str(SLOW_IMPORTS), env["PYTHONPATH"]]),
+        env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(SLOW_IMPORTS), env.get("PYTHONPATH")])),
                    RNB_TEST_IMPORT_DELAY_S=str(import_delay_s))
     command = [sys.executable, "benchmark.py", "-c", config, "--log-dir", str(tmp_path / "logs"), *argv]
     job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
     return job, mark
-
-
-def marked(mark: str) -> list[int]:
-    """Live processes whose environment carries `mark`: the job's main process and everything it spawned."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and f"RNB_TEST_MARK={mark}".encode() in (entry / "environ").read_bytes():
-                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def wait_for_children(job: subprocess.Popen, mark: str, count: int, timeout_s: float = 60.0) -> None:

@@ -1,0 +1,289 @@
+"""Reliability under faults: every way a job can go wrong, tried many times, and how each trial ended.
+
+    .venv/bin/python bench/faults.py [--quick] [--json FILE] [--only crash,hold,signal,config,remote]
+
+One row per kind of fault.  `passes` counts the trials that ended as they
+must: the defined exit code and termination reason, a complete log (for a
+killed main process: an incomplete one, without meta.json), no traceback, and
+nothing left behind.  `worst exit s` is the longest time from the fault to
+the main process's exit (for a killed main process: to its last child's
+exit; for config checks and remote reads: the whole check).  `orphans` counts
+processes of a job still alive 3 s after its main process exited, `leftover
+shm` the entries left in the job's private /dev/shm ("n/a" where this
+machine gives no process its own mount namespace).  Exit codes: 0 every
+trial passed, 1 some did not, 2 bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.fault_inputs import TOY, check_config, hand_made, mutants, remote_trial
+from bench.fault_jobs import HANG_S, JobRun, children, isolation_works, run_job
+
+REPO = Path(__file__).resolve().parents[1]
+GROUPS = ("crash", "hold", "signal", "config", "remote")
+# A signal that stops a job from outside, and what the job must then record and return.
+STOPS = {"SIGINT": (signal.SIGINT, "interrupted", 130), "SIGTERM": (signal.SIGTERM, "terminated", 143)}
+
+
+@dataclass
+class FaultRow:
+    """One kind of fault: how many trials ended as they must, and the worst of what the others left."""
+
+    id: str
+    what: str
+    trials: int = 0
+    passes: int = 0
+    worst_exit_s: float = 0.0
+    orphans: int = 0
+    leftovers: int | None = 0
+    failures: list[str] = field(default_factory=list)
+
+    def add(self, passed: bool, exit_s: float | None, note: str = "", orphans: int = 0,
+            leftovers: int | None = None) -> None:
+        self.trials += 1
+        self.passes += passed
+        self.worst_exit_s = max(self.worst_exit_s, exit_s or 0.0)
+        self.orphans += orphans
+        self.leftovers = None if leftovers is None or self.leftovers is None else self.leftovers + leftovers
+        if not passed:
+            self.failures.append(note)
+
+
+def toy(**step_changes: dict) -> dict:
+    document = copy.deepcopy(TOY)
+    for k, changes in step_changes.items():
+        document["pipeline"][int(k[-1])].update(changes)
+    return document
+
+
+def holding(hold: str) -> dict:
+    return {"source": {"synthetic": True}, "pipeline": [
+        {"model": "models.toy.DiesHolding", "queue_groups": [{"gpus": [-1, -1]}], "hold": hold, "at_item": 3}]}
+
+
+def after_start(work: Path, delay_s: float = 1.0, timeout_s: float = 120.0) -> None:
+    """Wait until the job announces its start barrier, then `delay_s` more (some items finish)."""
+    deadline = time.time() + timeout_s
+    while "started" not in (work / "stderr").read_text() and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(delay_s)
+
+
+def during_start_up(pid: int, count: int = 3, timeout_s: float = 120.0) -> None:
+    """Wait until the main process has `count` children (resource tracker, client, runners): all still starting."""
+    deadline = time.time() + timeout_s
+    while len(children(pid)) < count and time.time() < deadline:
+        time.sleep(0.01)
+
+
+def signal_at(work: Path, sig: int, to_group: bool, start_up: bool = False) -> Callable[[int, int], float]:
+    def act(pid: int, group: int) -> float:
+        during_start_up(pid) if start_up else after_start(work)
+        (os.killpg if to_group else os.kill)(group if to_group else pid, sig)
+        return time.time()
+    return act
+
+
+def kill_a_child(work: Path) -> Callable[[int, int], float]:
+    def act(pid: int, group: int) -> float:
+        after_start(work)
+        spawned = [p for p in children(pid) if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+        os.kill(spawned[0], signal.SIGKILL)
+        return time.time()
+    return act
+
+
+def judge(run: JobRun, struck: float | None, code: int, reason: str | None) -> tuple[bool, float | None, str]:
+    """Whether a job trial ended as it must; the time from fault to exit; what went wrong."""
+    if run.returncode is None:
+        return False, None, f"no exit within {HANG_S:g} s, or no report: {run.stderr.strip()[-300:]!r}"
+    if reason is None:  # the main process was killed: its children must go at once, its log stays incomplete
+        exit_s = None if run.gone_time is None else run.gone_time - struck
+        ok = exit_s is not None and exit_s < 2.0 and run.meta is None
+        return ok, exit_s, f"children gone after {exit_s} s; meta.json {'written' if run.meta else 'absent'}"
+    meta = run.meta or {}
+    exit_s = run.exit_time - (struck if struck is not None else meta.get("end_time", run.exit_time))
+    problems = []
+    if run.returncode != code:
+        problems.append(f"exit {run.returncode}")
+    if meta.get("termination_reason") != reason:
+        problems.append(f"reason {meta.get('termination_reason')!r}")
+    if "Traceback" in run.stderr:
+        problems.append("a traceback")
+    return not problems, exit_s, ", ".join(problems)
+
+
+@dataclass(frozen=True)
+class JobFault:
+    """One kind of job trial: the config and arguments, the fault from outside (if any), the ending it must have."""
+
+    id: str
+    what: str
+    config: dict
+    argv: list[str]
+    code: int                  # the main process's exit code (-9 when the fault is its SIGKILL)
+    reason: str | None         # meta.json's termination_reason; None: no meta.json may be written
+    fault: Callable[[Path], Callable[[int, int], float]] | None = None   # trial dir -> act(main pid, group)
+
+
+BUSY = ["-v", "100000", "-mi", "20", "--warmup", "0"]
+SHORT = ["-v", "60", "-mi", "0"]
+HOLDS = {"flag": "the termination flag, mid-raise", "finished": "the finished count's lock",
+         "status": "the status queue's write lock", "results": "half a message on the results queue"}
+
+
+def job_faults(groups: set[str]) -> list[JobFault]:
+    faults = []
+    if "crash" in groups:
+        faults += [JobFault("crash-init", "a runner raises while loading its model", toy(step1={"fail_at_init": True}),
+                            SHORT, 1, "process failed"),
+                   JobFault("crash-item", "a runner raises on item 5", toy(step0={"fail_at_item": 5}), SHORT, 1,
+                            "process failed"),
+                   JobFault("crash-exit", "a runner calls os._exit(3) on item 5", toy(step1={"exit_at_item": 5}),
+                            SHORT, 1, "process failed"),
+                   JobFault("crash-sigkill", "a child is SIGKILLed from outside mid-run", toy(), BUSY, 1,
+                            "process failed", kill_a_child)]
+    if "hold" in groups:
+        faults += [JobFault(f"hold-{hold}", f"a child is SIGKILLed holding {what}", holding(hold),
+                            ["-v", "200", "-mi", "2"], 1, "process failed") for hold, what in HOLDS.items()]
+    if "signal" in groups:
+        for name, (sig, reason, code) in STOPS.items():
+            faults += [JobFault(f"signal-{name.lower()}-main", f"{name} to the main process mid-run", toy(), BUSY,
+                                code, reason, lambda w, s=sig: signal_at(w, s, False)),
+                       JobFault(f"signal-{name.lower()}-group", f"{name} to the whole process group mid-run", toy(),
+                                BUSY, code, reason, lambda w, s=sig: signal_at(w, s, True))]
+        faults += [JobFault("signal-sigint-group-start-up", "Ctrl-C to the process group while children start",
+                            toy(), SHORT, 130, "interrupted",
+                            lambda w: signal_at(w, signal.SIGINT, True, start_up=True)),
+                   JobFault("signal-sigkill-main", "SIGKILL to the main process mid-run", toy(), BUSY, -9, None,
+                            lambda w: signal_at(w, signal.SIGKILL, False)),
+                   JobFault("signal-sigkill-main-start-up", "SIGKILL to the main process while children start",
+                            toy(), SHORT, -9, None, lambda w: signal_at(w, signal.SIGKILL, False, start_up=True))]
+    return faults
+
+
+def job_rows(work: Path, trials: int, groups: set[str], isolated: bool) -> list[FaultRow]:
+    """The job trials: crashes, deaths while holding shared plumbing, signals."""
+    rows = []
+    for kind in job_faults(groups):
+        row = FaultRow(kind.id, kind.what)
+        for trial in range(trials):
+            trial_dir = work / row.id / str(trial)
+            trial_dir.mkdir(parents=True)
+            (trial_dir / "job.json").write_text(json.dumps(kind.config))
+            fault = kind.fault(trial_dir) if kind.fault else (lambda pid, group: None)
+            run, struck = run_job(trial_dir, ["-c", str(trial_dir / "job.json"), *kind.argv], fault, isolated)
+            passed, exit_s, note = judge(run, struck, kind.code, kind.reason)
+            passed = passed and run.orphans == 0 and not run.leftovers
+            row.add(passed, exit_s, f"trial {trial}: {note}", run.orphans, run.leftovers)
+        rows.append(row)
+        print(table([row], header=False), flush=True)
+    return rows
+
+
+def config_rows(work: Path, mutations: int, runs: int, isolated: bool) -> list[FaultRow]:
+    hand = FaultRow("config-hand-made", "configs broken by hand (files, JSON, values), --check")
+    check_config(["-c", str(REPO / "config" / "toy.json")])  # imports torch and the models once, untimed
+    for what, argv in hand_made(work):
+        passed, seconds, said = check_config(argv)
+        hand.add(passed and said != "", seconds, f"{what}: {said}")
+    mutated = FaultRow("config-mutated", "random mutations of the shipped configs, --check (seed 0)")
+    ran = FaultRow("config-mutated-run", "mutants of toy.json and default.json that pass --check, then run (-v 4): "
+                   "exit 0 or 1 with a log")
+    dataset = ensure_dataset(work)
+    for n, (what, text) in enumerate(mutants(sorted((REPO / "config").glob("*.json")), mutations, seed=0)):
+        path = work / f"mutant-{n}.json"
+        path.write_text(text)
+        extra = ["--dataset", str(dataset)] if '"dataset"' in text else []
+        passed, seconds, said = check_config(["-c", str(path), *extra])
+        mutated.add(passed, seconds, f"{what}: {said}")
+        # Only the small configs run: R(2+1)D configs take minutes per job on a CPU.
+        if passed and not said and ran.trials < runs and what.startswith(("toy.json", "default.json")):
+            run, _ = run_job(work / f"mutant-{n}", ["-c", str(path), *extra, "-v", "4", "-mi", "0", "--cpu"],
+                             isolated=isolated)
+            ok = run.returncode in (0, 1) and run.meta is not None and "Traceback" not in run.stderr
+            exit_s = None if run.exit_time is None or run.meta is None else run.exit_time - run.meta["end_time"]
+            ran.add(ok and run.orphans == 0 and not run.leftovers, exit_s, f"{what}: exit {run.returncode}",
+                    run.orphans, run.leftovers)
+    return [hand, mutated, ran]
+
+
+def ensure_dataset(work: Path) -> Path:
+    from episodes.synthetic import SyntheticSpec, make_dataset
+
+    root = work / "dataset"
+    if not root.exists():
+        make_dataset(root, SyntheticSpec(codec="h264", gop=4, episodes=4, cameras=1, episodes_per_file=2,
+                                         min_length=8, max_length=12, width=32, height=32, seed=1))
+    return root
+
+
+def remote_rows(work: Path, trials: int) -> list[FaultRow]:
+    from episodes import EpisodeByteCache, open_dataset
+
+    root = ensure_dataset(work)
+    local = open_dataset(str(root))
+    key = local.video_keys[0]
+    with EpisodeByteCache(local, sidecar_dir=work / "local-cache") as cache:
+        reference = {ep: cache.get_episode_frames(ep, key, [0, 1]) for ep in range(local.num_episodes)}
+    rows = []
+    for probability in (0.1, 0.5):
+        row = FaultRow(f"remote-{int(probability * 100)}", f"a server faulty on {probability:.0%} of range requests "
+                       "(whole file, other range, 503, cut short, dropped): exact frames or a FetchError")
+        for trial in range(trials):
+            cache_dir = work / f"cache-{probability}-{trial}"
+            passed, seconds, note = remote_trial(root, reference, key, probability, trial, cache_dir)
+            row.add(passed, seconds, f"trial {trial}: {note}")
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[FaultRow], header: bool = True) -> str:
+    lines = ["| id | what | trials | passes | worst exit s | orphans | leftover shm |",
+             "|---|---|---|---|---|---|---|"] if header else []
+    for r in rows:
+        left = "n/a" if r.leftovers is None else str(r.leftovers)
+        lines.append(f"| {r.id} | {r.what} | {r.trials} | {r.passes} | {r.worst_exit_s:.2f} | {r.orphans} | {left} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one trial per job fault, fewer mutants")
+    parser.add_argument("--json", metavar="FILE", help="also write every row, failures included, as JSON")
+    parser.add_argument("--only", help=f"comma-separated groups of {', '.join(GROUPS)}")
+    args = parser.parse_args(argv)
+    groups = set(args.only.split(",")) if args.only else set(GROUPS)
+    if not groups <= set(GROUPS):
+        parser.error(f"--only takes groups of {', '.join(GROUPS)}")
+    isolated = isolation_works()
+    rows: list[FaultRow] = []
+    with tempfile.TemporaryDirectory(prefix="rnb-faults-") as tmp:
+        work = Path(tmp)
+        rows += job_rows(work / "jobs", 1 if args.quick else 5, groups, isolated)
+        if "config" in groups:
+            rows += config_rows(work, 40 if args.quick else 300, 2 if args.quick else 10, isolated)
+        if "remote" in groups:
+            rows += remote_rows(work, 3 if args.quick else 20)
+    print(table(rows))
+    for row in rows:
+        for failure in row.failures:
+            print(f"{row.id}: FAILED {failure}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([row.__dict__ for row in rows], indent=2) + "\n")
+    return 0 if all(row.passes == row.trials for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
