@@ -34,7 +34,8 @@ from rnb.analysis.stages import StepEvents
 from rnb.harness import client
 from rnb.harness.child import run_and_report
 from rnb.harness.control import POLL_S, LocalBuffers, Termination
-from rnb.harness.messages import Handoff, Request, Results, Status
+from rnb.harness.local import RESULTS_BATCH
+from rnb.harness.messages import Exited, Handoff, Request, Results, Status
 from rnb.harness.runner import Runner, RunnerSpec
 from rnb.harness.timecard import TimeCard, as_cards, now, set_clock_offset
 from rnb.harness.transport import Input
@@ -286,6 +287,7 @@ class RayTransport(_RayParticipant):
         # Each out_queue's consumers have a run of numbers of their own in `outstanding`, from first[queue].
         self.first = [sum(len(c) for c in wiring.consumers[:q]) for q in range(len(wiring.consumers))]
         self.outstanding = Outstanding(sum(len(c) for c in wiring.consumers))
+        self._finished: list[TimeCard] = []   # final step: counted cards not yet sent to the JobControl
 
     def _sync(self) -> None:
         if self.inputs.on_cuda:
@@ -326,9 +328,27 @@ class RayTransport(_RayParticipant):
         return True
 
     def finish(self, cards: tuple[TimeCard, ...]) -> bool:
-        """Count at the JobControl, which ends the job itself at the target: always False here."""
-        self.member.control.finish.remote(Results(cards))
+        """Count at the JobControl, which ends the job itself at the target: always False here.
+
+        While more items wait in the inbox, counted cards gather (up to
+        RESULTS_BATCH) and go in one call, as an actor call per item costs
+        both sides; with none waiting they go at once, so no card is held
+        back from the count, the one that reaches the target included.
+        """
+        self._finished.extend(cards)
+        if len(self._finished) >= RESULTS_BATCH or self.inbox.empty():
+            self._ship_finished()
         return False
+
+    def report(self, status: Status) -> None:
+        if isinstance(status, Exited):  # a runner's last word comes after every card it counted
+            self._ship_finished()
+        super().report(status)
+
+    def _ship_finished(self) -> None:
+        if self._finished:
+            self.member.control.finish.remote(Results(tuple(self._finished)))
+            self._finished = []
 
 
 class ClientActor(_Member):
