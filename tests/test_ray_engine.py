@@ -97,6 +97,23 @@ def test_toy_pipeline_across_labelled_nodes_finishes_every_item_once_as_the_loca
     assert ray_cluster.alive_actors(meta["job_id"]) == []
 
 
+@pytest.mark.gpu
+def test_gpu_runners_sharing_one_gpu_entry_share_their_nodes_gpu_checked_there(ray_cluster, tmp_path, job_log):
+    """The network and the digest both name GPU 0 on the nets node: one bundle, one NVML check, half a GPU each."""
+    document = json.loads(Path(toy_config(tmp_path)).read_text())
+    document["pipeline"][1]["queue_groups"][0]["gpus"] = [0]
+    document["pipeline"][2]["queue_groups"][0].update(gpus=[0], node="nets")
+    code, err = run_on_ray(ray_cluster, write(tmp_path / "gpu.json", document), tmp_path / "logs", "-v", "8")
+    assert code == 0, err
+    log = job_log(tmp_path / "logs")
+    assert [row["item_id"] for row in log.rows] == list(range(8))
+    assert {(row["device1"], row["device2"]) for row in log.rows} == {("cuda:0", "cuda:0")}
+    on_gpu = [p for p in log.meta["processes"] if p["name"] in ("step1-g0-r0", "step2-g0-r0")]
+    assert [(p["gpu_ids"], log.meta["engine"]["nodes"][p["node"]]["labels"]["node"]) for p in on_gpu] == [
+        (["0"], "nets"), (["0"], "nets")]
+    assert len(log.meta["gpus"]) == 1 and ray_cluster.alive_actors(log.meta["job_id"]) == []
+
+
 @pytest.mark.parametrize("faults, error", [
     ({"fail_at_item": 5}, "RuntimeError: TinyConvNet failed on item 5 on purpose (fail_at_item)"),
     ({"exit_at_item": 5}, "its Ray actor died (ActorDiedError: "),
