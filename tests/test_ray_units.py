@@ -10,7 +10,7 @@ import pytest
 
 from rnb.harness.ray_actors import Outstanding
 from rnb.harness.ray_cluster import NodeInfo, is_loopback_address, resolve_address, split_label, use_loopback_if_local
-from rnb.harness.ray_engine import measure_offset
+from rnb.harness.ray_engine import paths_every_node_sees, measure_offset
 from rnb.harness.ray_placement import RESOURCE_SLIVER, seat_runners
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.plan import plan_runners
@@ -78,6 +78,18 @@ def test_the_clock_offset_comes_from_the_tightest_round_trip():
     offset = measure_offset(lambda: next(remote), round_trips=3, local_clock=lambda: next(local))
     assert offset.round_trip_s == pytest.approx(0.01)
     assert offset.offset_s == pytest.approx(115.002 - 20.005)
+
+
+@pytest.mark.parametrize("given, seen", [
+    ("data/synthetic", os.path.join(os.getcwd(), "data/synthetic")),
+    ("/srv/data/synthetic", "/srv/data/synthetic"),
+    ("https://example.org/ds", "https://example.org/ds"),
+    ("hf://datasets/user/ds", "hf://datasets/user/ds"),
+])
+def test_a_relative_dataset_root_is_made_absolute_for_the_other_nodes_and_urls_stay(given, seen):
+    document = {"source": {"dataset": given}, "pipeline": [
+        {"model": "tests.fixture_models.Head", "queue_groups": [{"gpus": [-1]}]}]}
+    assert paths_every_node_sees(parse_config(document, "c.json")).source["dataset"] == seen
 
 
 def test_addresses_and_labels():

@@ -83,7 +83,7 @@ def run_ray_job(config: PipelineConfig, args: RunArgs, placements: list[Placemen
     labels = tuple(dict.fromkeys(g.node for s in config.steps for g in s.queue_groups if g.node))
     gpu_labels = frozenset(config.steps[p.step].queue_groups[p.group].node for p in placements
                            if p.device.startswith("cuda"))
-    config = _paths_every_node_sees(config)
+    config = paths_every_node_sees(config)
     with JobRay(address, labels, gpu_labels, machine_gpus) as cluster:
         nodes = cluster.nodes()
         seats, bundles = seat_runners(config, placements, nodes)
@@ -400,7 +400,7 @@ def _own_gpu(device: str) -> str:
     return "cuda:0" if device.startswith("cuda") else "cpu"
 
 
-def _paths_every_node_sees(config: PipelineConfig) -> PipelineConfig:
+def paths_every_node_sees(config: PipelineConfig) -> PipelineConfig:
     """A relative local dataset root or video glob made absolute here: an actor's working directory is its node's."""
     kind = next(iter(config.source), None)
     where = config.source.get(kind) if kind in KINDS else None
