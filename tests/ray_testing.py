@@ -24,6 +24,7 @@ from ray.util.state import list_actors
 from rnb.harness.ray_cluster import LOOPBACK, NAMESPACE, OWN_SYSTEM_CONFIG
 
 LABELS = ("loaders", "nets")
+OBJECT_STORE_BYTES = 150 * 2**20  # per node: the tests' tensors are small, and the nodes share this machine
 NETS_GPUS = 1  # a GPU Ray is told the "nets" node has: there is none, which the GPU checks must find
 
 
@@ -43,7 +44,8 @@ class TestCluster:
         return sorted(a.name for a in actors if a.name.startswith(f"{job}/") and a.state != "DEAD")
 
     def add_node(self, label: str) -> Any:
-        node = self.cluster.add_node(node_ip_address=LOOPBACK, num_cpus=1, labels={"node": label})
+        node = self.cluster.add_node(node_ip_address=LOOPBACK, num_cpus=1, num_gpus=0, labels={"node": label},
+                                     object_store_memory=OBJECT_STORE_BYTES)
         self.nodes[label] = node
         return node
 
@@ -70,13 +72,13 @@ def free_port() -> int:
 def start_test_cluster() -> Iterator[TestCluster]:
     """Yield the running cluster, the pytest process connected to it as a driver; shut it down after."""
     cluster = Cluster(initialize_head=True, head_node_args={
-        "node_ip_address": LOOPBACK, "num_cpus": 1, "include_dashboard": True, "dashboard_port": free_port(),
-        "_system_config": OWN_SYSTEM_CONFIG})
+        "node_ip_address": LOOPBACK, "num_cpus": 1, "num_gpus": 0, "object_store_memory": OBJECT_STORE_BYTES,
+        "include_dashboard": True, "dashboard_port": free_port(), "_system_config": OWN_SYSTEM_CONFIG})
     try:
         test = TestCluster(cluster)
         test.add_node("loaders")
         test.nodes["nets"] = cluster.add_node(node_ip_address=LOOPBACK, num_cpus=1, num_gpus=NETS_GPUS,
-                                              labels={"node": "nets"})
+                                              labels={"node": "nets"}, object_store_memory=OBJECT_STORE_BYTES)
         ray.init(address=cluster.address, namespace="rnb-tests", logging_level="WARNING")
         wide = listeners_beyond_loopback()
         if wide:

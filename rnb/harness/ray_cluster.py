@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 LOOPBACK = "127.0.0.1"
 NAMESPACE = "rnb"            # the Ray namespace of every job's named actors
 LABEL_KEY = "node"           # a group's "node": "loaders" selects nodes labelled node=loaders
-SIMULATED_OBJECT_STORE_BYTES = 512 * 2**20  # per simulated node; past it Ray spills to disk
+SIMULATED_OBJECT_STORE_BYTES = 200 * 2**20  # per simulated node (they share this machine); past it Ray spills to disk
 # For a Ray of the job's own: Ray's memory monitor would kill our actors when this machine's memory runs
 # short whoever uses it, where the local engine's processes would carry on; the job's own Ray does without.
 OWN_SYSTEM_CONFIG = {"memory_monitor_refresh_ms": 0}
