@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from rnb.harness import cli
 from rnb.harness.ray_actors import Outstanding
 from rnb.harness.ray_cluster import NodeInfo, is_loopback_address, resolve_address, split_label, use_loopback_if_local
 from rnb.harness.ray_engine import measure_offset, paths_every_node_sees
@@ -133,3 +134,10 @@ def test_hand_offs_go_to_the_least_loaded_consumer_and_hold_a_slot_until_taken()
     taker.start()
     assert outstanding.wait_below(4, lambda: False) is True
     assert outstanding.total == 3 and outstanding.least_loaded([1, 2]) == refs[0][0]
+
+
+def test_a_ray_address_without_the_ray_engine_is_exit_2_in_one_sentence(capsys):
+    assert cli.main(["-c", "config/toy.json", "--ray-address", "127.0.0.1:6379", "--check"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        'command line: --ray-address: expected the Ray engine (--engine ray or the config\'s "run": {"engine": "ray"}), '
+        "found the local engine")

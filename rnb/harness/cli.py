@@ -85,6 +85,9 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
     if not (math.isfinite(ns.sample_interval_ms) and ns.sample_interval_ms > 0):
         raise ConfigError("command line", "--sample-interval-ms", f"expected a positive number, found {ns.sample_interval_ms:g}")
     engine = ns.engine or config.run.get("engine", RUN_CHOICES["engine"][0])
+    if ns.ray_address is not None and engine != "ray":
+        raise ConfigError("command line", "--ray-address", f"expected the Ray engine (--engine ray or the config's "
+                                                          f"\"run\": {{\"engine\": \"ray\"}}), found the {engine} engine")
     return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms, engine=engine,
                    ray_address=ns.ray_address)
 
