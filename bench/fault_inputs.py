@@ -41,6 +41,7 @@ def hand_made(tmp: Path) -> list[tuple[str, list[str]]]:
     (tmp / "deep.json").write_text('{"description": ' + "[" * 50000 + "]" * 50000 + "}")
     (tmp / "bigint.json").write_text(json.dumps(TOY).replace('"clips": 2', '"clips": ' + "7" * 5000))
     (tmp / "inf.json").write_text(json.dumps(TOY).replace('"clips": 2', '"clips": 1e999'))
+
     def step0(key: str, value: Any) -> Callable[[dict], None]:
         return lambda d: d["pipeline"][0].update({key: value})
 
