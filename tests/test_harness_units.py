@@ -13,7 +13,9 @@ import torch.multiprocessing as mp
 
 from models.toy import SyntheticFrames
 from rnb.harness import cli, joblog
-from rnb.harness.control import HopQueue, LocalBuffers, Plumbing, SharedSlot, SlotFlag, Termination
+from rnb.harness.control import (
+    HopQueue, LocalBuffers, Plumbing, SharedSlot, SlotFlag, StepQueue, Termination, TerminationFlag,
+)
 from rnb.harness import local
 from rnb.harness.local import LocalTransport, LocalWiring
 from rnb.harness.messages import Exited, Request, Signal
@@ -175,6 +177,35 @@ def test_hop_queue_waits_for_a_message_from_another_process_and_keeps_the_capaci
     with pytest.raises(queue.Full):
         inbox.put_nowait(3)
     assert [inbox.get(timeout=10), inbox.get(timeout=10)] == [1, 2]
+
+
+def test_step_queue_writes_without_a_feeder_keeps_order_and_capacity_and_drops_what_nobody_will_read():
+    flag = TerminationFlag(CTX)
+    inbox = StepQueue(3, flag, ctx=CTX)
+    sender = CTX.Process(target=_put_after, args=(inbox, 0.3, Signal(1, 0, 2, 3, {"n": 4}, TimeCard(5, "5"))))
+    sender.start()
+    try:
+        got = inbox.get(timeout=120)  # a spawned child may take long to start
+    finally:
+        sender.join(10)
+    assert (got.step, got.group, got.instance, got.slot, got.non_tensors, got.time_card.item_id) == (1, 0, 2, 3, {"n": 4}, 5)
+    inbox.put_nowait(1), inbox.put_nowait(2), inbox.put_nowait(3)
+    with pytest.raises(queue.Full):
+        inbox.put_nowait(4)
+    assert [inbox.get(timeout=10) for _ in range(3)] == [1, 2, 3]
+    assert inbox._thread is None  # no feeder thread was ever started
+    # Nobody reads once the job has ended: a put into a full pipe gives up after a poll interval.
+    flag.raise_(Termination.TARGET_REACHED)
+    big = StepQueue(100, flag, ctx=CTX)
+    started = time.monotonic()
+    for i in range(40):
+        big.put_nowait((i, b"x" * 3000))  # 120 kB against a pipe of 64 kB
+    assert time.monotonic() - started < 30
+    written = []
+    with pytest.raises(queue.Empty):
+        while True:
+            written.append(big.get(timeout=0.2)[0])
+    assert 0 < len(written) < 40 and written == list(range(len(written)))
 
 
 def test_shared_slot_reads_full_and_partial_outputs_into_reused_buffers():

@@ -7,12 +7,17 @@ rnb.harness.messages.  `Termination` and `POLL_S` hold for every engine.
 """
 from __future__ import annotations
 
+import copyreg
+import io
 import math
 import multiprocessing.queues
+import pickle
+import queue
 import select
 import time
 from dataclasses import dataclass
 from enum import IntEnum
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -263,6 +268,78 @@ class HopQueue(multiprocessing.queues.Queue):
         return bool(self._poller.poll(max(0, math.ceil(timeout * 1000))))
 
 
+class StepQueue(HopQueue):
+    """An inter-step queue whose producer writes each message to the pipe itself, with no feeder thread.
+
+    The standard queue hands every message to a feeder thread: a condition
+    notified, a thread woken, the GIL passed to it and back, at every hop;
+    that cost more than the pickling and the write together.  The producer
+    here pickles and writes in its own thread under the queue's write lock;
+    the capacity (-qs) is counted as before, so a full queue still ends the
+    job.  A write never blocks the producer for good: it waits for room in
+    the pipe a poll interval at a time and drops the message once the job
+    has ended.  The room is there in practice: every message holds one of
+    its producer's slots until a consumer has read it, so at most the
+    producers' slots' worth of messages sit in the pipe.
+    """
+
+    def __init__(self, maxsize: int, flag: TerminationFlag, *, ctx: Any) -> None:
+        self._flag = flag
+        super().__init__(maxsize, ctx=ctx)
+
+    def __getstate__(self) -> tuple:
+        return (*super().__getstate__(), self._flag)
+
+    def __setstate__(self, state: tuple) -> None:
+        *queue_state, self._flag = state
+        super().__setstate__(tuple(queue_state))
+
+    def _reset(self, after_fork: bool = False) -> None:
+        super()._reset(after_fork)
+        self._room: select.poll | None = None
+        self._reducers: dict | None = None
+
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        """Write `obj` now; queue.Full when the queue holds its capacity (never waits for a free place)."""
+        if self._closed:
+            raise ValueError(f"Queue {self!r} is closed")
+        if not self._sem.acquire(False):
+            raise queue.Full
+        data = self._dumps(obj)
+        with self._wlock:
+            if self._wait_for_room():
+                self._send_bytes(data)
+
+    def _dumps(self, obj: Any) -> memoryview:
+        """`obj` pickled as multiprocessing's ForkingPickler does, without copying its reducer table each time.
+
+        ForkingPickler builds a pickler with a fresh copy of copyreg's and its
+        own reducers (torch registers some 80) for every message; the table is
+        taken once here, in the process that puts, after torch has registered
+        its reducers on import.
+        """
+        if self._reducers is None:
+            self._reducers = {**copyreg.dispatch_table, **ForkingPickler._extra_reducers}
+        buffer = io.BytesIO()
+        pickler = pickle.Pickler(buffer, pickle.HIGHEST_PROTOCOL)
+        pickler.dispatch_table = self._reducers
+        pickler.dump(obj)
+        return buffer.getbuffer()
+
+    def put_nowait(self, obj: Any) -> None:
+        self.put(obj, False)
+
+    def _wait_for_room(self) -> bool:
+        """True once the pipe takes a write; False if the job ended first (nobody would read it)."""
+        if self._room is None:
+            self._room = select.poll()
+            self._room.register(self._writer.fileno(), select.POLLOUT)
+        while not self._room.poll(math.ceil(POLL_S * 1000)):
+            if self._flag.is_set:
+                return False
+        return True
+
+
 @dataclass(frozen=True)
 class Plumbing:
     """Everything the children share: queues, the flag, counters and the start gate.
@@ -285,12 +362,13 @@ class Plumbing:
     def build(ctx: Any, queue_names: list[set[int]], queue_size: int, concurrency: int | None,
               request_queue_size: int | None = None) -> Plumbing:
         """Every queue holds `queue_size` messages, the request queue `request_queue_size` if given."""
+        flag = TerminationFlag(ctx)
         return Plumbing(
             requests=HopQueue(request_queue_size or queue_size, ctx=ctx),
-            step_queues=tuple({q: HopQueue(queue_size, ctx=ctx) for q in sorted(names)} for names in queue_names),
+            step_queues=tuple({q: StepQueue(queue_size, flag, ctx=ctx) for q in sorted(names)} for names in queue_names),
             results=HopQueue(ctx=ctx),
             status=ctx.Queue(),
-            flag=TerminationFlag(ctx),
+            flag=flag,
             finished=ctx.Value("q", 0),
             start=ctx.RawValue("b", 0),
             in_flight=ctx.Semaphore(concurrency) if concurrency else None,
