@@ -140,3 +140,17 @@ def test_every_item_logs_the_replica_output_queue_and_batch_of_each_step(tmp_pat
     assert all(len(seen) == 1 for seen in batches.values())  # a batch stays one batch at the next step
     assert sorted(seen.pop() for seen in batches.values()) == [0, 1, 2, 3]
     assert log.children_left == []
+
+
+@pytest.mark.timeout(600)
+def test_a_bulk_client_done_before_step_0_has_read_its_requests_still_delivers_every_one(tmp_path, run):
+    # 1,500 requests are more than the request pipe holds; step 0, 2 ms per item, reads them over seconds,
+    # long after the client has queued the last one and exited.
+    slow = write_config(tmp_path, {"source": {"synthetic": True}, "pipeline": [
+        {"model": "bench.harness_bench.Idle", "queue_groups": [{"gpus": [-1], "out_queues": [0]}], "sleep_ms": 2.0},
+        {"model": "bench.harness_bench.Idle", "queue_groups": [{"gpus": [-1], "in_queue": 0}]}]})
+    code, log = run(tmp_path / "logs", "-c", slow, "-mi", "0", "-v", "1500")
+    assert code == 0 and log.meta["termination_reason"] == "target reached"
+    assert [row["item_id"] for row in log.rows] == list(range(1500))
+    client = next(p for p in log.meta["processes"] if p["name"] == "client")
+    assert (client["status"], client["exitcode"]) == ("ok", 0)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from rnb.harness.control import Plumbing, Termination
+from rnb.harness.control import POLL_S, Plumbing, Termination, TerminationFlag
 from rnb.harness.messages import Exited, Failed
 from rnb.harness.transport import Participant
 from rnb.pipeline.gpus import device_memory_record
@@ -59,7 +59,7 @@ def child_main(name: str, plumbing: Plumbing, transport: Participant, work: Call
         if plumbing.flag.is_set and queue in pipeline_queues:
             queue.cancel_join_thread()  # nobody will read what is left for the pipeline
         queue.close()
-        _join_feeder(queue)
+        _join_feeder(queue, plumbing.flag)
     sys.stdout.flush()
     sys.stderr.flush()
     # Everything the main process needs is flushed; skip interpreter teardown, which
@@ -67,15 +67,21 @@ def child_main(name: str, plumbing: Plumbing, transport: Participant, work: Call
     os._exit(code)
 
 
-def _join_feeder(queue: Any, timeout_s: float = FLUSH_S) -> None:
+def _join_feeder(queue: Any, flag: TerminationFlag, timeout_s: float = FLUSH_S) -> None:
     """Wait for the queue's feeder thread to send what this process put on it, but not for ever.
 
-    A process killed while writing to the same queue leaves the queue's write
-    lock held, and a feeder waiting for it would wait for good; after
-    `timeout_s` the messages are given up (the main process notes the cut).
-    The feeder is multiprocessing's own thread, which Queue.join_thread
-    would join without a timeout.
+    While the job runs, everything must go: a bulk client is done as soon as
+    its requests are queued, and its feeder may still hold thousands that
+    the pipe cannot take until step 0 reads them.  Once the job has ended,
+    a process killed while writing to the same queue may have left the
+    queue's write lock held, and a feeder waiting for it would wait for
+    good; after `timeout_s` the messages are given up (the main process
+    notes the cut).  The feeder is multiprocessing's own thread, which
+    Queue.join_thread would join without a timeout.
     """
     feeder = getattr(queue, "_thread", None)  # None when this process never put on the queue
-    if feeder is not None:
-        feeder.join(timeout_s)
+    if feeder is None:
+        return
+    while feeder.is_alive() and not flag.is_set:
+        feeder.join(POLL_S)
+    feeder.join(timeout_s)
