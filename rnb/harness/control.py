@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from enum import IntEnum
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -280,7 +280,8 @@ class StepQueue(HopQueue):
     the pipe a poll interval at a time and drops the message once the job
     has ended.  The room is there in practice: every message holds one of
     its producer's slots until a consumer has read it, so at most the
-    producers' slots' worth of messages sit in the pipe.
+    producers' slots' worth of messages sit in the pipe.  Nor does a
+    producer wait for good on the write lock of one killed while writing.
     """
 
     def __init__(self, maxsize: int, flag: TerminationFlag, *, ctx: Any) -> None:
@@ -306,9 +307,13 @@ class StepQueue(HopQueue):
         if not self._sem.acquire(False):
             raise queue.Full
         data = self._dumps(obj)
-        with self._wlock:
-            if self._wait_for_room():
+        if not self._until(lambda: self._wlock.acquire(timeout=POLL_S)):
+            return  # a producer killed while writing holds the lock for good; the job is ending anyway
+        try:
+            if self._until(self._room_in_pipe):
                 self._send_bytes(data)
+        finally:
+            self._wlock.release()
 
     def _dumps(self, obj: Any) -> memoryview:
         """`obj` pickled as multiprocessing's ForkingPickler does, without copying its reducer table each time.
@@ -329,15 +334,18 @@ class StepQueue(HopQueue):
     def put_nowait(self, obj: Any) -> None:
         self.put(obj, False)
 
-    def _wait_for_room(self) -> bool:
-        """True once the pipe takes a write; False if the job ended first (nobody would read it)."""
-        if self._room is None:
-            self._room = select.poll()
-            self._room.register(self._writer.fileno(), select.POLLOUT)
-        while not self._room.poll(math.ceil(POLL_S * 1000)):
+    def _until(self, ready: Callable[[], bool]) -> bool:
+        """True once `ready()` (which waits up to a poll interval) is; False if the job ended first."""
+        while not ready():
             if self._flag.is_set:
                 return False
         return True
+
+    def _room_in_pipe(self) -> bool:
+        if self._room is None:
+            self._room = select.poll()
+            self._room.register(self._writer.fileno(), select.POLLOUT)
+        return bool(self._room.poll(math.ceil(POLL_S * 1000)))
 
 
 @dataclass(frozen=True)
