@@ -4,8 +4,10 @@ Holding every time card until the job ends costs the main process about
 2.5 KB per item (over 1 GB at 200,000 items).  The spool keeps at most one
 batch of cards: each full batch (or, at a slow pace, whatever `flush_s`
 seconds brought) becomes a sorted Parquet part under `<job_dir>/timings.spool/`,
-and closing merges the parts into `timings.parquet` in item order, holding
-one chunk of each part at a time.  A main process killed outright leaves its
+and closing merges the parts into `timings.parquet` in item order.  The merge
+holds one small chunk of each part, the chunks together about one batch
+whatever the number of parts, so main's memory stays flat however many items
+the job finished.  A main process killed outright leaves its
 parts behind: all but the last few seconds of measured items stay on disk,
 and analysis counts them for the incomplete job.
 """
@@ -28,6 +30,9 @@ BATCH_ROWS = 4096
 FLUSH_S = 10.0
 # Parts are merged into one when this many accumulate, so a long slow job never holds too many files open.
 MAX_PARTS = 128
+# A part's row group, and the fewest rows the merge reads from a part at a time: a reader holds a whole row group,
+# and smaller groups cost more in metadata than they save.
+PART_GROUP_ROWS = 512
 
 
 class TimingsSpool:
@@ -63,7 +68,8 @@ class TimingsSpool:
             return
         self.dir.mkdir(exist_ok=True)
         self.parts.append(self._next_part())
-        pq.write_table(timings_table(self.pending, self.num_steps, self.warmup), self.parts[-1])
+        pq.write_table(timings_table(self.pending, self.num_steps, self.warmup), self.parts[-1],
+                       row_group_size=PART_GROUP_ROWS)
         self.pending = []
         if len(self.parts) >= self.max_parts:
             merged = self._next_part()
@@ -90,28 +96,37 @@ class TimingsSpool:
 
 
 def merge_sorted_parts(parts: list[Path], path: Path, chunk_rows: int) -> None:
-    """Merge Parquet parts, each sorted by item_id, into one file sorted by item_id.
+    """Merge Parquet parts, each sorted by item_id, into one file sorted by item_id, holding about `chunk_rows` rows.
 
     Each round reads up to the smallest last item_id among the parts' current
     chunks (the frontier): every row at or below it is already loaded, since
-    each part is sorted, so the round's rows can be written in order.  Columns
-    a part lacks (a field no item of its batch set) are filled with nulls.
+    each part is sorted, so the round's rows can be written in order.  Each
+    part's chunk is `chunk_rows` shared among the parts, so memory does not
+    grow with their number; rows are written `chunk_rows` at a time, so the
+    file's row groups do not shrink with it.  Columns a part lacks (a field no
+    item of its batch set) are filled with nulls.
     """
     files = [pq.ParquetFile(part) for part in parts]
     schema = pa.unify_schemas([f.schema_arrow for f in files], promote_options="permissive")
-    readers = [_chunks(f, chunk_rows) for f in files]
+    readers = [_chunks(f, max(PART_GROUP_ROWS, chunk_rows // len(files))) for f in files]
     heads = [next(reader, None) for reader in readers]
+    ready: list[pa.Table] = []
     with pq.ParquetWriter(path, schema) as writer:
         while any(head is not None for head in heads):
             live = [i for i, head in enumerate(heads) if head is not None]
             frontier = min(heads[i].column("item_id")[-1].as_py() for i in live)
-            ready = []
+            taken_now = []
             for i in live:
                 head = heads[i]
                 taken = pc.sum(pc.less_equal(head.column("item_id"), frontier)).as_py() or 0
-                ready.append(_conform(head.slice(0, taken), schema))
+                taken_now.append(_conform(head.slice(0, taken), schema))
                 heads[i] = head.slice(taken) if taken < head.num_rows else next(readers[i], None)
-            writer.write_table(pa.concat_tables(ready).sort_by("item_id"))
+            ready.append(pa.concat_tables(taken_now).sort_by("item_id"))
+            if sum(table.num_rows for table in ready) >= chunk_rows:
+                writer.write_table(pa.concat_tables(ready))
+                ready = []
+        if ready:
+            writer.write_table(pa.concat_tables(ready))
 
 
 def _chunks(file: pq.ParquetFile, rows: int) -> Iterator[pa.Table]:
