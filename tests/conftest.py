@@ -94,8 +94,10 @@ def root(source: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(source, tmp_path / "ds"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    """The session's Ray cluster of labelled nodes on 127.0.0.1 (tests/ray_testing.py), started on first use."""
+    """A module's Ray cluster of labelled nodes on 127.0.0.1 (tests/ray_testing.py), shut down after the module.
+
+    Not the session's: its dashboard and agents would keep taking CPU from every test after the Ray ones."""
     from tests.ray_testing import start_test_cluster
     yield from start_test_cluster()
