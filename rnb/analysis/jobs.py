@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -132,20 +132,29 @@ def incomplete_job(path: Path) -> IncompleteJob:
     return IncompleteJob(path.name, path, rows)
 
 
-def read_job(path: str | Path) -> Job:
-    """Read one job directory; any missing or unreadable file raises JobLogError naming it."""
+def read_job(path: str | Path, columns: Callable[[int], Iterable[str]] | None = None) -> Job:
+    """Read one job directory; any missing or unreadable file raises JobLogError naming it.
+
+    `columns`, given the number of steps, names the timings columns to read
+    besides those every job has (the rest are left on disk): what a caller
+    that needs a few columns of a long job holds is those, not every row.
+    """
     path = Path(path)
     meta = _read_json(path / "meta.json")
     config = _read_json(path / "config.json")
     timings_path = path / "timings.parquet"
     try:
-        timings = pq.read_table(timings_path)
-    except (OSError, pa.ArrowException) as exc:
-        raise JobLogError(f"{timings_path}: cannot be read as Parquet ({exc}).") from exc
-    try:
         num_steps = int(meta["num_steps"])
     except (KeyError, TypeError, ValueError) as exc:
         raise JobLogError(f"{path / 'meta.json'}: needs an integer 'num_steps'.") from exc
+    try:
+        names = None
+        if columns is not None:
+            wanted = ("item_id", "is_warmup", ENQUEUE, *_step_columns(num_steps), *columns(num_steps))
+            names = [name for name in dict.fromkeys(wanted) if name in pq.read_schema(timings_path).names]
+        timings = pq.read_table(timings_path, columns=names)
+    except (OSError, pa.ArrowException) as exc:
+        raise JobLogError(f"{timings_path}: cannot be read as Parquet ({exc}).") from exc
     for column in ("item_id", "is_warmup", ENQUEUE, *_step_columns(num_steps)):
         if column not in timings.column_names:
             raise JobLogError(f"{timings_path}: lacks the column {column!r}.")

@@ -107,27 +107,46 @@ def part_latencies(table: pa.Table, num_steps: int) -> dict[str, np.ndarray]:
     that hands nothing on (the final step) has a slot wait of 0, one that
     merges no segments a sibling wait of 0.
     """
-    def column(name: str) -> np.ndarray:
-        return table.column(name).to_numpy(zero_copy_only=False).astype(float)
+    latencies: dict[str, np.ndarray] = {}
+    before = event_seconds(table, ENQUEUE)
+    for k in range(num_steps):
+        latencies.update(step_latencies(table, k, before))
+        before = event_seconds(table, StepEvents(k).handed_over)
+    return {END_TO_END.key: before - event_seconds(table, ENQUEUE), **latencies}
 
+
+def step_columns(step: int) -> tuple[str, ...]:
+    """The event columns `step_latencies` reads (the optional ones need not exist)."""
+    events = StepEvents(step)
+    return (*events.always, events.slot_acquired, events.siblings_arrived)
+
+
+def step_latencies(table: pa.Table, step: int, before: np.ndarray) -> dict[str, np.ndarray]:
+    """The parts of one step, in seconds per item, from the previous hand-over (`before`) and the step's events.
+
+    Only the step's own columns are read, so a caller short of memory can
+    load one step at a time.
+    """
     def waited(until: str, since: np.ndarray) -> np.ndarray:
         """Time from `since` to the event `until`, 0 for items (or jobs) that never recorded it."""
         if until not in table.column_names:
             return np.zeros_like(since)
-        times = column(until)
+        times = event_seconds(table, until)
         return np.where(np.isnan(times), 0.0, times - since)
 
-    latencies: dict[str, np.ndarray] = {}
-    before = column(ENQUEUE)
-    for k in range(num_steps):
-        events = StepEvents(k)
-        arrived, started, finished, handed_over = (column(name) for name in events.always)
-        slot_wait = waited(events.slot_acquired, finished)
-        sibling_wait = waited(events.siblings_arrived, arrived)
-        latencies[part_key(QUEUE, k)] = arrived - before
-        latencies[part_key(SIBLING_WAIT, k)] = sibling_wait
-        latencies[part_key(COPY, k)] = (started - arrived) + (handed_over - finished) - slot_wait - sibling_wait
-        latencies[part_key(SLOT_WAIT, k)] = slot_wait
-        latencies[part_key(INSIDE, k)] = finished - started
-        before = handed_over
-    return {END_TO_END.key: before - column(ENQUEUE), **latencies}
+    events = StepEvents(step)
+    arrived, started, finished, handed_over = (event_seconds(table, name) for name in events.always)
+    slot_wait = waited(events.slot_acquired, finished)
+    sibling_wait = waited(events.siblings_arrived, arrived)
+    return {
+        part_key(QUEUE, step): arrived - before,
+        part_key(SIBLING_WAIT, step): sibling_wait,
+        part_key(COPY, step): (started - arrived) + (handed_over - finished) - slot_wait - sibling_wait,
+        part_key(SLOT_WAIT, step): slot_wait,
+        part_key(INSIDE, step): finished - started,
+    }
+
+
+def event_seconds(table: pa.Table, name: str) -> np.ndarray:
+    """An event column as float seconds (NaN where missing)."""
+    return table.column(name).to_numpy(zero_copy_only=False).astype(float)

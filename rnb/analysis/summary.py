@@ -1,44 +1,66 @@
 """The human-readable end-of-run summary: throughput, per-stage latency, busy runners.
 
-It reads the same timings table that goes to the job log, and names the
-stages as every other view does (rnb.analysis.stages); the busy fractions and
-the bottleneck are `analyze.py`'s own lines over the log just written, so
+It reads the timings file that goes to the job log, one step's columns at a
+time, so what it holds per item is a few numbers, not a row; it names the
+stages as every other view does (rnb.analysis.stages); the busy fractions
+and the bottleneck are `analyze.py`'s own lines over the log just written, so
 what is printed and what is logged or analysed later cannot disagree.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from rnb.analysis.jobs import read_job
 from rnb.analysis.report import format_utilisation
-from rnb.analysis.stages import END_TO_END, PARTS, part_key, part_latencies
-from rnb.analysis.utilisation import utilisation_columns
+from rnb.analysis.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, event_seconds, part_key, step_columns, step_latencies
+from rnb.analysis.utilisation import busy_columns, utilisation_columns
 
 
-def summary_text(table: pa.Table, num_steps: int, warmup: int, finished: int, elapsed: float | None,
+def summary_text(timings: Path, num_steps: int, warmup: int, finished: int, elapsed: float | None,
                  reason: str) -> str:
     lines = [f"termination: {reason}"]
     if elapsed:
         lines.append(f"throughput: {finished / elapsed:.2f} items/s ({finished} items in {elapsed:.3f} s)")
-    measured = table.filter(pc.invert(table.column("is_warmup")))
-    if measured.num_rows == 0:
+    file = pq.ParquetFile(timings)
+    measured = pc.invert(file.read(columns=["is_warmup"]).column("is_warmup"))
+    count = pc.sum(measured.cast(pa.int64())).as_py() or 0
+    if count == 0:
         lines.append(f"latency: no items after the first {warmup} (warmup) to report")
         return "\n".join(lines)
-    lines.append(f"latency in ms over {measured.num_rows} items (the first {warmup} items are warmup, excluded):")
+    lines.append(f"latency in ms over {count} items (the first {warmup} items are warmup, excluded):")
     lines.append(f"  {'stage':<22}{'mean':>10}{'p50':>10}{'p99':>10}")
-    latencies = part_latencies(measured, num_steps)
-    rows = [(f"step {k} {part.name}", latencies[part_key(part, k)]) for k in range(num_steps) for part in PARTS]
-    for stage, seconds in [*rows, (END_TO_END.name, latencies[END_TO_END.key])]:
+    for stage, seconds in _stage_latencies(file, measured, num_steps):
         ms = seconds[~np.isnan(seconds)] * 1000
         if ms.size:
             lines.append(f"  {stage:<22}{ms.mean():>10.2f}{np.percentile(ms, 50):>10.2f}{np.percentile(ms, 99):>10.2f}")
     return "\n".join(lines)
 
 
+def _stage_latencies(file: pq.ParquetFile, measured: pa.ChunkedArray, num_steps: int) -> Iterator[tuple[str, np.ndarray]]:
+    """Each step's parts, then the end-to-end latency, over the measured items, reading one step's columns at a time."""
+    present = set(file.schema_arrow.names)
+
+    def read(names: list[str]) -> pa.Table:
+        return file.read(columns=[name for name in dict.fromkeys(names) if name in present]).filter(measured)
+
+    before = ENQUEUE
+    for k in range(num_steps):
+        table = read([before, *step_columns(k)])
+        latencies = step_latencies(table, k, event_seconds(table, before))
+        del table
+        for part in PARTS:
+            yield f"step {k} {part.name}", latencies[part_key(part, k)]
+        before = StepEvents(k).handed_over
+    ends = read([ENQUEUE, before])
+    yield END_TO_END.name, event_seconds(ends, before) - event_seconds(ends, ENQUEUE)
+
+
 def utilisation_text(job_dir: Path) -> str:
     """Each runner's busy fraction and CPU use and the bottleneck step of a logged job; '' when none ran."""
-    return format_utilisation(utilisation_columns(read_job(job_dir)))
+    return format_utilisation(utilisation_columns(read_job(job_dir, columns=busy_columns)))

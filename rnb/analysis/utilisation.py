@@ -41,6 +41,11 @@ def union_seconds(starts: np.ndarray, ends: np.ndarray) -> float:
     return float(total)
 
 
+def busy_columns(num_steps: int) -> list[str]:
+    """The timings columns `utilisation_columns` reads besides those every job has: who ran each item."""
+    return [f"{name}{k}" for k in range(num_steps) for name in ("group", "instance", "device")]
+
+
 def busy_fractions(job: Job) -> dict[str, float]:
     """Each runner's time inside its model over the elapsed time, clipped to [start, end]; {} without both."""
     start, end = job.meta.get("start_time"), job.meta.get("end_time")

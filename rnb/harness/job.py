@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 import torch.multiprocessing as mp
 from tqdm import tqdm
@@ -220,27 +218,27 @@ def open_job_dir(config: PipelineConfig, args: RunArgs) -> Path:
 
 
 def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: list[dict], ending: JobEnding) -> JobResult:
-    """Write timings.parquet and meta.json, report the error if any, and summarise the job."""
+    """Write timings.parquet and meta.json, report the error if any, and summarise the job.
+
+    meta.json is written before the summary, so that a summary that fails
+    loses nothing measured, and again after it with main's peak RSS then:
+    the summary is part of the run, and its memory counts.
+    """
     num_steps = len(config.steps)
-    table = _latency_columns(ending.spool.close())
-    joblog.write_json(job_dir / "meta.json", joblog.meta_document(
+    timings = ending.spool.close()
+    meta = joblog.meta_document(
         job=job_dir.name, config_path=config.path, args=dataclasses.asdict(args), start=ending.start,
         end=ending.end, finished=ending.spool.rows, reason=ending.reason.reason, failed_process=ending.failed_process,
         error=ending.error, processes=ending.processes, gpus=gpus, num_steps=num_steps,
-        notes=[*config.notes, *ending.notes], engine=ending.engine))
+        notes=[*config.notes, *ending.notes], engine=ending.engine)
+    joblog.write_json(job_dir / "meta.json", meta)
     if ending.error:
         log.error("%s", ending.error)
     elapsed = None if ending.start is None else ending.end - ending.start
-    summary = summary_text(table, num_steps, args.warmup, ending.spool.rows, elapsed, ending.reason.reason)
+    summary = summary_text(timings, num_steps, args.warmup, ending.spool.rows, elapsed, ending.reason.reason)
     summary = "\n".join(filter(None, (summary, utilisation_text(job_dir))))
+    joblog.write_json(job_dir / "meta.json", {**meta, "main_peak_rss_bytes": joblog.main_peak_rss_bytes()})
     return JobResult(EXIT_CODES.get(ending.reason, 1), job_dir, summary)
-
-
-def _latency_columns(timings: Path) -> pa.Table:
-    """The times and flags of every item, read back for the summary: 8 bytes per value, not a time card each."""
-    schema = pq.read_schema(timings)
-    return pq.read_table(timings, columns=[f.name for f in schema
-                                           if pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)])
 
 
 def _setup_failed(failure: Exception, spool: TimingsSpool) -> JobEnding:

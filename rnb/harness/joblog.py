@@ -47,7 +47,15 @@ def create_job_dir(log_dir: str, name: str) -> Path:
 
 
 def write_json(path: Path, document: Any) -> None:
-    path.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    """Write a whole document or none: a reader (or a kill) never meets half a file, even when it is rewritten."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+
+
+def main_peak_rss_bytes() -> int:
+    """The peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def versions() -> dict[str, str | None]:
@@ -130,8 +138,8 @@ def meta_document(*, job: str, config_path: str, args: Mapping[str, Any], start:
         "failed_process": failed_process,
         "error": error,
         "processes": processes,
-        # The main process's own peak, when the log is written: it stays flat with -v (rnb.harness.spool).
-        "main_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+        # The main process's own peak: it stays flat with -v (rnb.harness.spool, rnb.analysis.summary).
+        "main_peak_rss_bytes": main_peak_rss_bytes(),
         "versions": versions(),
         "host": host(),
         "gpus": gpus,
