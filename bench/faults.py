@@ -1,6 +1,6 @@
 """Reliability under faults: every way a job can go wrong, tried many times, and how each trial ended.
 
-    .venv/bin/python bench/faults.py [--quick] [--json FILE] [--only crash,hold,signal,config,remote]
+    .venv/bin/python bench/faults.py [--quick] [--json FILE] [--only crash,hold,signal,config,remote,memory]
 
 One row per kind of fault.  `passes` counts the trials that ended as they
 must: the defined exit code and termination reason, a complete log (for a
@@ -10,8 +10,12 @@ the main process's exit (for a killed main process: to its last child's
 exit; for config checks and remote reads: the whole check).  `orphans` counts
 processes of a job still alive 3 s after its main process exited, `leftover
 shm` the entries left in the job's private /dev/shm ("n/a" where this
-machine gives no process its own mount namespace).  Exit codes: 0 every
-trial passed, 1 some did not, 2 bad arguments.
+machine gives no process its own mount namespace).  The memory rows run one
+bulk toy job per `-v` side by side and print main's peak RSS (meta.json's
+`main_peak_rss_bytes`, taken after the summary) and the bytes per item
+between successive sizes: what main holds per finished item.  Exit codes: 0
+every trial passed (and every memory job reached its target), 1 some did
+not, 2 bad arguments.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ from bench.fault_inputs import TOY, check_config, hand_made, mutants, remote_tri
 from bench.fault_jobs import HANG_S, JobRun, children, isolation_works, run_job
 
 REPO = Path(__file__).resolve().parents[1]
-GROUPS = ("crash", "hold", "signal", "config", "remote")
+GROUPS = ("crash", "hold", "signal", "config", "remote", "memory")
+MEMORY_VIDEOS = (2000, 12000, 40000)
 # A signal that stops a job from outside, and what the job must then record and return.
 STOPS = {"SIGINT": (signal.SIGINT, "interrupted", 130), "SIGTERM": (signal.SIGTERM, "terminated", 143)}
 
@@ -249,6 +254,41 @@ def remote_rows(work: Path, trials: int) -> list[FaultRow]:
     return rows
 
 
+@dataclass(frozen=True)
+class MemoryRow:
+    """Main's peak RSS for one bulk toy job of `videos` items, and the bytes per item since the previous row."""
+
+    videos: int
+    finished: int
+    main_peak_rss_bytes: int | None
+    bytes_per_item: float | None
+
+
+def memory_rows(work: Path, sizes: tuple[int, ...], isolated: bool) -> list[MemoryRow]:
+    rows: list[MemoryRow] = []
+    for videos in sizes:
+        run, _ = run_job(work / f"memory-{videos}", ["-c", str(REPO / "config" / "toy.json"), "-mi", "0",
+                                                     "-v", str(videos)], isolated=isolated)
+        meta = run.meta or {}
+        peak = meta.get("main_peak_rss_bytes")
+        before = rows[-1] if rows else None
+        slope = None if before is None or None in (peak, before.main_peak_rss_bytes) else (
+            (peak - before.main_peak_rss_bytes) / (videos - before.videos))
+        rows.append(MemoryRow(videos, meta.get("finished_items", 0), peak, slope))
+        print(memory_table(rows[-1:], header=False), flush=True)
+    return rows
+
+
+def memory_table(rows: list[MemoryRow], header: bool = True) -> str:
+    lines = ["| -v | finished | main peak RSS MiB | bytes per item since the row above |",
+             "|---|---|---|---|"] if header else []
+    for r in rows:
+        peak = "-" if r.main_peak_rss_bytes is None else f"{r.main_peak_rss_bytes / 2**20:.1f}"
+        slope = "-" if r.bytes_per_item is None else f"{r.bytes_per_item:.0f}"
+        lines.append(f"| {r.videos} | {r.finished} | {peak} | {slope} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[FaultRow], header: bool = True) -> str:
     lines = ["| id | what | trials | passes | worst exit s | orphans | leftover shm |",
              "|---|---|---|---|---|---|---|"] if header else []
@@ -276,13 +316,19 @@ def main(argv: list[str] | None = None) -> int:
             rows += config_rows(work, 40 if args.quick else 300, 2 if args.quick else 10, isolated)
         if "remote" in groups:
             rows += remote_rows(work, 3 if args.quick else 20)
-    print(table(rows))
+        memory = memory_rows(work, MEMORY_VIDEOS[:2] if args.quick else MEMORY_VIDEOS, isolated) \
+            if "memory" in groups else []
+    if rows:
+        print(table(rows))
+    if memory:
+        print(memory_table(memory))
     for row in rows:
         for failure in row.failures:
             print(f"{row.id}: FAILED {failure}")
     if args.json:
-        Path(args.json).write_text(json.dumps([row.__dict__ for row in rows], indent=2) + "\n")
-    return 0 if all(row.passes == row.trials for row in rows) else 1
+        Path(args.json).write_text(json.dumps([row.__dict__ for row in [*rows, *memory]], indent=2) + "\n")
+    reached = all(row.finished == row.videos for row in memory)
+    return 0 if reached and all(row.passes == row.trials for row in rows) else 1
 
 
 if __name__ == "__main__":
