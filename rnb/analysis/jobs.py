@@ -148,11 +148,13 @@ def read_job(path: str | Path, columns: Callable[[int], Iterable[str]] | None = 
     except (KeyError, TypeError, ValueError) as exc:
         raise JobLogError(f"{path / 'meta.json'}: needs an integer 'num_steps'.") from exc
     try:
-        names = None
-        if columns is not None:
+        if columns is None:
+            timings = pq.read_table(timings_path)
+        else:  # a column at a time, on this thread: the reader's buffers for one column at once
+            file = pq.ParquetFile(timings_path)
             wanted = ("item_id", "is_warmup", ENQUEUE, *_step_columns(num_steps), *columns(num_steps))
-            names = [name for name in dict.fromkeys(wanted) if name in pq.read_schema(timings_path).names]
-        timings = pq.read_table(timings_path, columns=names)
+            timings = pa.table({name: file.read(columns=[name], use_threads=False).column(0)
+                                for name in dict.fromkeys(wanted) if name in file.schema_arrow.names})
     except (OSError, pa.ArrowException) as exc:
         raise JobLogError(f"{timings_path}: cannot be read as Parquet ({exc}).") from exc
     for column in ("item_id", "is_warmup", ENQUEUE, *_step_columns(num_steps)):

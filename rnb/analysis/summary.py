@@ -47,7 +47,9 @@ def _stage_latencies(file: pq.ParquetFile, measured: pa.ChunkedArray, num_steps:
     present = set(file.schema_arrow.names)
 
     def read(names: list[str]) -> pa.Table:
-        return file.read(columns=[name for name in dict.fromkeys(names) if name in present]).filter(measured)
+        # A column at a time, on this thread: the reader's buffers for one column at once, not for several.
+        return pa.table({name: file.read(columns=[name], use_threads=False).column(0).filter(measured)
+                         for name in dict.fromkeys(names) if name in present})
 
     before = ENQUEUE
     for k in range(num_steps):
