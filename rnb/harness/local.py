@@ -23,16 +23,14 @@ from rnb.analysis.stages import StepEvents
 from rnb.harness import client
 from rnb.harness.child import child_main
 from rnb.harness.control import POLL_S, LocalBuffers, Plumbing, SharedSlot, Termination
-from rnb.harness.messages import Exited, Request, Results, Signal, Status
+from rnb.harness.messages import Exited, Request, Signal, Status
 from rnb.harness.runner import Runner, RunnerSpec
 from rnb.harness.timecard import TimeCard, as_cards
-from rnb.harness.transport import Input
+from rnb.harness.transport import RESULTS_BATCH, FinishedCards, Input
 
 
-# The final step ships finished cards to the main process in batches: one message per item would cost
-# the final runner and the main process a queue message each.  A card waits at most RESULTS_WAIT_S for
-# company (and not at all once the inbox is idle, the target is reached or the runner exits).
-RESULTS_BATCH = 64
+# A finished card waits at most this long for company in its batch to the main process (and not at all
+# once the inbox is idle, the target is reached or the runner exits).
 RESULTS_WAIT_S = POLL_S
 
 
@@ -79,8 +77,7 @@ class LocalTransport(_LocalParticipant):
         self.inbox = plumbing.requests if spec.in_queue is None else plumbing.step_queues[spec.step - 1][spec.in_queue]
         self.outboxes = [plumbing.step_queues[spec.step][q] for q in spec.out_queues]
         self._next_slot = 0
-        self._finished: list[TimeCard] = []  # counted cards not yet shipped to main
-        self._oldest = 0.0                   # when the first of them was counted (time.monotonic)
+        self.finished = FinishedCards(plumbing.results.put)
 
     def _sync(self) -> None:
         """Wait for copies queued on the current CUDA stream (the runner's own)."""
@@ -91,7 +88,7 @@ class LocalTransport(_LocalParticipant):
         try:
             message = self.inbox.get(timeout=timeout)
         except queue.Empty:
-            self._ship_finished()
+            self.finished.send()
             return None
         arrived = time.time()
         if isinstance(message, Request):
@@ -149,11 +146,9 @@ class LocalTransport(_LocalParticipant):
             reached = finished.value >= self.spec.target
         finally:
             lock.release()
-        if accepted and not self._finished:
-            self._oldest = time.monotonic()
-        self._finished.extend(accepted)
-        if reached or len(self._finished) >= RESULTS_BATCH or time.monotonic() - self._oldest >= RESULTS_WAIT_S:
-            self._ship_finished()
+        self.finished.add(accepted)
+        if reached or len(self.finished) >= RESULTS_BATCH or time.monotonic() - self.finished.oldest >= RESULTS_WAIT_S:
+            self.finished.send()
         if self.plumbing.in_flight is not None:
             for _ in cards:
                 self.plumbing.in_flight.release()
@@ -161,13 +156,8 @@ class LocalTransport(_LocalParticipant):
 
     def report(self, status: Status) -> None:
         if isinstance(status, Exited):  # a runner's last word comes after every card it counted
-            self._ship_finished()
+            self.finished.send()
         super().report(status)
-
-    def _ship_finished(self) -> None:
-        if self._finished:
-            self.plumbing.results.put(Results(tuple(self._finished)))
-            self._finished = []
 
 
 class LocalClientTransport(_LocalParticipant):

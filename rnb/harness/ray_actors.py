@@ -34,11 +34,10 @@ from rnb.analysis.stages import StepEvents
 from rnb.harness import client
 from rnb.harness.child import run_and_report
 from rnb.harness.control import POLL_S, LocalBuffers, Termination
-from rnb.harness.local import RESULTS_BATCH
 from rnb.harness.messages import Exited, Handoff, Request, Results, Status
 from rnb.harness.runner import Runner, RunnerSpec
 from rnb.harness.timecard import TimeCard, as_cards, now, set_clock_offset
-from rnb.harness.transport import Input
+from rnb.harness.transport import RESULTS_BATCH, FinishedCards, Input
 
 # Ray's own zero-copy path for CPU tensors: the consumer reads them straight out of the object store.
 ACTOR_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
@@ -287,7 +286,7 @@ class RayTransport(_RayParticipant):
         # Each out_queue's consumers have a run of numbers of their own in `outstanding`, from first[queue].
         self.first = [sum(len(c) for c in wiring.consumers[:q]) for q in range(len(wiring.consumers))]
         self.outstanding = Outstanding(sum(len(c) for c in wiring.consumers))
-        self._finished: list[TimeCard] = []   # final step: counted cards not yet sent to the JobControl
+        self.finished = FinishedCards(lambda results: self.member.control.finish.remote(results))
 
     def _sync(self) -> None:
         if self.inputs.on_cuda:
@@ -335,20 +334,15 @@ class RayTransport(_RayParticipant):
         both sides; with none waiting they go at once, so no card is held
         back from the count, the one that reaches the target included.
         """
-        self._finished.extend(cards)
-        if len(self._finished) >= RESULTS_BATCH or self.inbox.empty():
-            self._ship_finished()
+        self.finished.add(cards)
+        if len(self.finished) >= RESULTS_BATCH or self.inbox.empty():
+            self.finished.send()
         return False
 
     def report(self, status: Status) -> None:
         if isinstance(status, Exited):  # a runner's last word comes after every card it counted
-            self._ship_finished()
+            self.finished.send()
         super().report(status)
-
-    def _ship_finished(self) -> None:
-        if self._finished:
-            self.member.control.finish.remote(Results(tuple(self._finished)))
-            self._finished = []
 
 
 class ClientActor(_Member):

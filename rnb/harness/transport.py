@@ -10,14 +10,46 @@ torch.multiprocessing queues); another engine implements the same methods.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
 from rnb.harness.control import Termination
-from rnb.harness.messages import Request, Status
+from rnb.harness.messages import Request, Results, Status
 from rnb.harness.timecard import TimeCard
+
+# The final step sends counted cards to whoever counts the job in batches of up to this many: one
+# message per item would cost both sides as much as a hop.
+RESULTS_BATCH = 64
+
+
+class FinishedCards:
+    """The final step's counted cards not yet sent to the job's counter (main, or Ray's JobControl).
+
+    When a batch goes is each engine's policy; holding, timing and sending
+    the batch is the same for both.
+    """
+
+    def __init__(self, send: Callable[[Results], Any]) -> None:
+        self._send = send
+        self._cards: list[TimeCard] = []
+        self.oldest = 0.0  # when the first card held now was added (time.monotonic)
+
+    def __len__(self) -> int:
+        return len(self._cards)
+
+    def add(self, cards: tuple[TimeCard, ...]) -> None:
+        if cards and not self._cards:
+            self.oldest = time.monotonic()
+        self._cards.extend(cards)
+
+    def send(self) -> None:
+        """Send what is held, if anything, as one Results."""
+        if self._cards:
+            self._send(Results(tuple(self._cards)))
+            self._cards = []
 
 
 @dataclass(frozen=True)
