@@ -28,12 +28,12 @@ from bench.common import Effort, Goal, Row, Side, compare, measure_pair
 from bench.episode_bench import grainy_dataset, remote_rows
 from episodes import EpisodeByteCache, LeRobotDataset, open_dataset
 from episodes._mp4.span import episode_span
-from episodes.streaming import (StreamingOptions, random_targets, remote_decoder_track, windows_track)
+from episodes.streaming import StreamingOptions, random_targets, remote_decoder_track, windows_track
 from episodes.synthetic import SyntheticSpec
 from episodes.testing_network import WAN
 from episodes.testing_server import serve_directory
 from models.episode import EpisodeLoader
-from rnb.harness.timecard import TimeCard
+from rnb.core.timecard import TimeCard
 from rnb.pipeline.dataset_source import EpisodeRequest
 
 GOP30 = SyntheticSpec(codec="h264", gop=30, bframes=2, episodes=64, cameras=1, episodes_per_file=16,

@@ -14,8 +14,9 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = json.loads((REPO / "config" / "toy.json").read_text())
@@ -108,7 +109,7 @@ def _random_place(document: Any, rng: random.Random) -> tuple[str, Any, Any]:
 
 def check_config(argv: list[str]) -> tuple[bool, float, str]:
     """Run `benchmark.py --check ARGV` in this process: (ended a defined way, seconds, what it said)."""
-    from rnb.harness import cli
+    from rnb import cli
 
     err = io.StringIO()
     began = time.perf_counter()

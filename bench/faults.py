@@ -27,9 +27,9 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
 from bench.fault_inputs import TOY, check_config, hand_made, mutants, remote_trial
 from bench.fault_jobs import HANG_S, JobRun, children, isolation_works, run_job
@@ -74,7 +74,7 @@ def toy(**step_changes: dict) -> dict:
 
 def holding(hold: str) -> dict:
     return {"source": {"synthetic": True}, "pipeline": [
-        {"model": "models.toy.DiesHolding", "queue_groups": [{"gpus": [-1, -1]}], "hold": hold, "at_item": 3}]}
+        {"model": "bench.fault_models.DiesHolding", "queue_groups": [{"gpus": [-1, -1]}], "hold": hold, "at_item": 3}]}
 
 
 def after_start(work: Path, delay_s: float = 1.0, timeout_s: float = 120.0) -> None:

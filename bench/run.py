@@ -17,8 +17,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from bench.common import Effort, Goal, Report, Row, table_text, write_json
 
@@ -151,7 +152,7 @@ def run_benchmarks(names: list[str], effort: Effort) -> tuple[list[Row], bool]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from rnb.harness import joblog
+    from rnb.core import joblog
     effort = Effort.of(args.quick)
     started = time.time()
     rows, all_ran = run_benchmarks(args.only or list(BENCHMARKS), effort)

@@ -22,18 +22,17 @@ bytes_reused (source bytes it used that an earlier item had paid for).
 from __future__ import annotations
 
 import dataclasses
-import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from episodes import (EpisodeByteCache, EpisodeDataError, EpisodeDataset, FrameRequest, MiniRead, decode_frames,
-                      open_episodes)
+from episodes import EpisodeByteCache, EpisodeDataError, EpisodeDataset, FrameRequest, MiniRead, decode_frames, open_episodes
 from episodes.cache import DEFAULT_COALESCE_GAP
-from rnb.harness.timecard import TimeCard
+from rnb.core.timecard import TimeCard
 from rnb.pipeline.config import KeywordError
 from rnb.pipeline.dataset_source import EpisodeRequest
 

@@ -11,8 +11,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import pyarrow.parquet as pq
 import pytest
@@ -20,7 +21,7 @@ import torch
 
 from episodes.synthetic import make_dataset
 from episodes.testing_server import NGINX
-from rnb.harness.ray_cluster import use_loopback_if_local
+from rnb.engines.ray.cluster import use_loopback_if_local
 
 REPO = Path(__file__).resolve().parents[1]
 # Scripts the tests start (scripts/*.py, bench/run.py) import the project through the venv's

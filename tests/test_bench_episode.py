@@ -9,8 +9,15 @@ import pytest
 
 from bench import episode_bench
 from bench.common import Effort
-from bench.episode_bench import (benchmark_seconds, bytes_rows, cached_dataset_name, ffmpeg_command, grainy_dataset,
-                                 remote_rows, sidecar_rows)
+from bench.episode_bench import (
+    benchmark_seconds,
+    bytes_rows,
+    cached_dataset_name,
+    ffmpeg_command,
+    grainy_dataset,
+    remote_rows,
+    sidecar_rows,
+)
 from episodes import EpisodeByteCache, open_dataset
 from episodes.synthetic import SyntheticSpec, make_dataset
 from episodes.testing_server import serve_directory

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from episodes.dataset import EpisodeRecord, VideoSegment, open_dataset
-from episodes.tabular import column_array
-from episodes.errors import DatasetFormatError, EpisodeDataError, FetchError
+from episodes.errors import DatasetFormatError, FetchError
 from episodes.synthetic import SyntheticSpec
+from episodes.tabular import column_array
 from episodes.testing_server import serve_directory
 
 SPEC = SyntheticSpec(episodes=7, cameras=2, episodes_per_file=3, files_per_chunk=2, min_length=10,

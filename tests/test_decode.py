@@ -1,7 +1,7 @@
 """Frames decoded from mini-MP4s are bit-identical to torchcodec's decode of the full file."""
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ __all__ = ["clip_dir"]
 SPANS = [(0, 10), (5, 23), (13, FRAMES), (FRAMES - 1, FRAMES), (30, 31), (0, FRAMES)]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _full(path: Path, device: str = "cpu") -> VideoDecoder:
     return VideoDecoder(str(path), seek_mode="exact", device=device)
 

@@ -12,13 +12,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rnb.harness import cli
-from rnb.harness.control import Plumbing, SharedSlot
-from rnb.harness.job import allocate_slots
-from rnb.harness.local import LocalTransport, LocalWiring
-from rnb.harness.messages import Signal
-from rnb.harness.runner import RunnerSpec
-from rnb.harness.timecard import TimeCard
+from rnb import cli
+from rnb.core.messages import Signal
+from rnb.core.timecard import TimeCard
+from rnb.engines.local.driver import allocate_slots
+from rnb.engines.local.plumbing import Plumbing, SharedSlot
+from rnb.engines.local.transport import LocalTransport, LocalWiring
+from rnb.engines.runner import RunnerSpec
 from rnb.pipeline.config import parse_config
 from rnb.pipeline.gpus import Nvml
 from rnb.pipeline.plan import plan_runners

@@ -12,15 +12,16 @@ import torch
 import torch.multiprocessing as mp
 
 from models.toy import SyntheticFrames
-from rnb.harness import cli, joblog
-from rnb.harness.control import (
-    HopQueue, LocalBuffers, Plumbing, SharedSlot, SlotFlag, StepQueue, Termination, TerminationFlag,
-)
-from rnb.harness import local
-from rnb.harness.local import LocalTransport, LocalWiring
-from rnb.harness.messages import Exited, Request, Signal
-from rnb.harness.runner import Runner, RunnerSpec
-from rnb.harness.timecard import TimeCard, as_cards
+from rnb import cli
+from rnb.core import joblog
+from rnb.core.messages import Exited, Request, Signal
+from rnb.core.termination import Termination
+from rnb.core.timecard import TimeCard, as_cards
+from rnb.engines.buffers import LocalBuffers
+from rnb.engines.local import transport as local
+from rnb.engines.local.plumbing import HopQueue, Plumbing, SharedSlot, SlotFlag, StepQueue, TerminationFlag
+from rnb.engines.local.transport import LocalTransport, LocalWiring
+from rnb.engines.runner import Runner, RunnerSpec
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.sources import open_source
 

@@ -10,8 +10,6 @@ import pytest
 import torch
 from torchvision.models.video import r2plus1d_18
 
-from rnb.harness.control import SharedSlot
-from rnb.harness.job import allocate_slots
 from episodes import EpisodeByteCache, open_dataset
 from episodes._mp4.span import episode_span
 from episodes._mp4.windows import frame_windows
@@ -20,13 +18,14 @@ from episodes.storage import coalesce_ranges
 from episodes.synthetic import make_dataset
 from models.aggregator import Aggregator
 from models.batcher import Batcher
-from models.episode import (EpisodeDecoder, EpisodeFetcher, EpisodeLoader, ClipCount, sample_clip_frames,
-                            to_clips)
+from models.episode import ClipCount, EpisodeDecoder, EpisodeFetcher, EpisodeLoader, sample_clip_frames, to_clips
 from models.r2p1d import R2P1DRunner, input_rows, stage_shape, warm_up_rows
+from rnb.core.timecard import TimeCard
+from rnb.engines.local.driver import allocate_slots
+from rnb.engines.local.plumbing import SharedSlot
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.dataset_source import EpisodeRequest, SourceOptions, parse_options, requests
 from rnb.pipeline.plan import plan_runners
-from rnb.harness.timecard import TimeCard
 from selector import LargeSmallSelector
 
 CPU = torch.device("cpu")

@@ -15,7 +15,15 @@ from episodes._mp4.span import episode_span
 from episodes._mp4.writer import synthesize_mini_mp4
 from episodes.errors import Mp4FormatError
 from tests.mp4_fixtures import (
-    ALL_KINDS, FRAMES, VIDEO_STBL, box_path, clip_dir, make_mp4, read_index, replace_box, top_level,
+    ALL_KINDS,
+    FRAMES,
+    VIDEO_STBL,
+    box_path,
+    clip_dir,
+    make_mp4,
+    read_index,
+    replace_box,
+    top_level,
 )
 
 __all__ = ["clip_dir"]

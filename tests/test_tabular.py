@@ -14,9 +14,9 @@ import pytest
 from episodes import EpisodeDataset, LeRobotDataset, VideoFilesDataset, open_episodes
 from episodes.errors import DatasetFormatError
 from episodes.layout import ROW_INDEX
+from episodes.sidecar import local_cache_path
 from episodes.source import guess_kind
 from episodes.synthetic import SyntheticSpec
-from episodes.sidecar import local_cache_path
 from episodes.tabular import USAGE_DIR
 
 SPEC = SyntheticSpec(episodes=6, cameras=1, episodes_per_file=3, min_length=10, max_length=40, width=32,

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from episodes import DatasetFormatError, EpisodeByteCache, FetchError, Mp4FormatError, open_dataset
 from episodes.synthetic import SyntheticSpec
 from episodes.testing_faults import serve_with_faults
-from rnb.harness import cli
+from rnb import cli
 from tests.test_make_dataset import read_indices
 
 SPEC = SyntheticSpec(codec="h264", gop=4, episodes=3, cameras=1, episodes_per_file=2, min_length=6, max_length=8,

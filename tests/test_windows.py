@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from episodes import EpisodeByteCache, open_dataset
+from episodes import EpisodeByteCache, FrameRequest, open_dataset
 from episodes._mp4.span import episode_span
 from episodes._mp4.windows import frame_windows
 from episodes._mp4.writer import build_mini_mp4, gather_samples
-from episodes import FrameRequest
 from episodes.decode import decode_frames
 from episodes.errors import FetchError
 from episodes.storage import coalesce_ranges

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.analysis.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
 from rnb.analysis.utilisation import utilisation_columns
-from rnb.harness.sampler import SAMPLES_FILE
-from rnb.harness.spool import SPOOL_DIR
+from rnb.core.joblog import CONFIG_FILE, META_FILE, SAMPLES_FILE, SPOOL_DIR, TIMINGS_FILE
+from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 
 TARGET_REACHED = "target reached"
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
@@ -33,7 +33,7 @@ ARG_KEYS: tuple[str, ...] = (
     "mean_interval_ms", "videos", "batch_size", "queue_size",
     "concurrency", "warmup", "seed", "cpu", "log_dir",
 )
-JOB_FILES: tuple[str, ...] = ("meta.json", "config.json", "timings.parquet", SPOOL_DIR)
+JOB_FILES: tuple[str, ...] = (META_FILE, CONFIG_FILE, TIMINGS_FILE, SPOOL_DIR)
 JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
     "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows",
     "busy_fraction", "cpu_percent")
@@ -118,7 +118,7 @@ def _is_job_dir(path: Path) -> bool:
 
 def is_complete(path: Path) -> bool:
     """Whether a job directory holds meta.json, the last file a job writes."""
-    return (path / "meta.json").is_file()
+    return (path / META_FILE).is_file()
 
 
 def incomplete_job(path: Path) -> IncompleteJob:
@@ -140,13 +140,13 @@ def read_job(path: str | Path, columns: Callable[[int], Iterable[str]] | None = 
     that needs a few columns of a long job holds is those, not every row.
     """
     path = Path(path)
-    meta = _read_json(path / "meta.json")
-    config = _read_json(path / "config.json")
-    timings_path = path / "timings.parquet"
+    meta = _read_json(path / META_FILE)
+    config = _read_json(path / CONFIG_FILE)
+    timings_path = path / TIMINGS_FILE
     try:
         num_steps = int(meta["num_steps"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise JobLogError(f"{path / 'meta.json'}: needs an integer 'num_steps'.") from exc
+        raise JobLogError(f"{path / META_FILE}: needs an integer 'num_steps'.") from exc
     try:
         if columns is None:
             timings = pq.read_table(timings_path)

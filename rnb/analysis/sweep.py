@@ -12,12 +12,17 @@ import math
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from rnb.analysis.jobs import (
-    BOUNDED_PERCENTILE, TARGET_REACHED, ValidityRules, e2e_percentile_ms, read_job, summarize_job,
+    BOUNDED_PERCENTILE,
+    TARGET_REACHED,
+    ValidityRules,
+    e2e_percentile_ms,
+    read_job,
+    summarize_job,
 )
 from rnb.analysis.stats import min_items_for_upper_bound
 

@@ -9,7 +9,7 @@ Layout, read top to bottom in the viewer:
     queue: requests → step 0 (one trace process per queue)   counter: depth
       queue             one async slice per item waiting in it
 
-Slices are named by the stage parts of rnb.analysis.stages, so the trace and
+Slices are named by the stage parts of rnb.core.stages, so the trace and
 every table speak alike; what a model records itself as `<name>_start` /
 `<name>_finish` (a loader's fetch and decode) nests inside its step's inside
 slice. Flow arrows follow each item from the client through every queue and
@@ -24,16 +24,17 @@ enqueue if earlier), rounded per event so that nesting survives rounding.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from rnb.analysis.jobs import Job
 from rnb.analysis.routing import queue_labels, replicas
-from rnb.analysis.stages import COPY, ENQUEUE, INSIDE, QUEUE, SIBLING_WAIT, SLOT_WAIT, StepEvents
+from rnb.core.stages import COPY, ENQUEUE, INSIDE, QUEUE, SIBLING_WAIT, SLOT_WAIT, StepEvents
 
 CATEGORY = "item"
 LANE_STRIDE = 1000           # tid of lane j of a process: the process's tid + j * LANE_STRIDE

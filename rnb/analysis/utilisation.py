@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rnb.analysis.routing import replicas
-from rnb.analysis.stages import StepEvents
+from rnb.core.stages import StepEvents
 
 if TYPE_CHECKING:  # jobs.py builds its table from this module's columns
     from rnb.analysis.jobs import Job

@@ -15,9 +15,10 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, NoReturn
+from typing import Any, NoReturn
 
 from rnb.pipeline.dotted import load_object
 from rnb.pipeline.original import translate

@@ -17,9 +17,10 @@ import itertools
 import logging
 import random
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from rnb.pipeline.config import ConfigError, PipelineConfig, describe
 

@@ -9,8 +9,9 @@ import dataclasses
 import inspect
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

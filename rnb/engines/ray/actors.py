@@ -5,7 +5,7 @@
                                                    final step ──finish(cards)──▶ JobControl ──halt──▶ every actor
 
 The client and every runner run the same loops as on the local engine
-(rnb.harness.client.generate, rnb.harness.runner.Runner), each in a thread
+(rnb.engines.client.generate, rnb.engines.runner.Runner), each in a thread
 of its own async actor, while the actor's event loop takes hand-offs, the
 start signal and the halt.  A hand-off is one actor call whose tensors are
 an argument: Ray moves them through its object store, across nodes when the
@@ -24,20 +24,22 @@ import queue
 import threading
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import ray
 import torch
 
-from rnb.analysis.stages import StepEvents
-from rnb.harness import client
-from rnb.harness.child import run_and_report
-from rnb.harness.control import POLL_S, LocalBuffers, Termination
-from rnb.harness.messages import Exited, Handoff, Request, Results, Status
-from rnb.harness.runner import Runner, RunnerSpec
-from rnb.harness.timecard import TimeCard, as_cards, now, set_clock_offset
-from rnb.harness.transport import RESULTS_BATCH, FinishedCards, Input
+from rnb.core.messages import Exited, Handoff, Request, Results, Status
+from rnb.core.stages import StepEvents
+from rnb.core.termination import POLL_S, Termination
+from rnb.core.timecard import TimeCard, as_cards, now, set_clock_offset
+from rnb.engines import client
+from rnb.engines.buffers import LocalBuffers
+from rnb.engines.participant import run_and_report
+from rnb.engines.runner import Runner, RunnerSpec
+from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
 
 # Ray's own zero-copy path for CPU tensors: the consumer reads them straight out of the object store.
 ACTOR_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
@@ -200,7 +202,7 @@ class _Member:
 
 
 class _RayParticipant:
-    """What the client's and the runners' Ray transports do alike (rnb.harness.transport.Participant)."""
+    """What the client's and the runners' Ray transports do alike (rnb.engines.transport.Participant)."""
 
     def __init__(self, member: _Member) -> None:
         self.member = member
@@ -273,7 +275,7 @@ def _settle(future: asyncio.Future) -> None:
 
 
 class RayTransport(_RayParticipant):
-    """A runner's transport (rnb.harness.transport.Transport) over actor calls and Ray's object store."""
+    """A runner's transport (rnb.engines.transport.Transport) over actor calls and Ray's object store."""
 
     def __init__(self, spec: RunnerSpec, wiring: RayWiring, member: RunnerActor) -> None:
         super().__init__(member)
@@ -346,7 +348,7 @@ class RayTransport(_RayParticipant):
 
 
 class ClientActor(_Member):
-    """The load generator, whose thread runs rnb.harness.client.generate."""
+    """The load generator, whose thread runs rnb.engines.client.generate."""
 
     def __init__(self, control: Any, concurrency: int | None) -> None:
         super().__init__(control)
@@ -363,7 +365,7 @@ class ClientActor(_Member):
 
 
 class RayClientTransport(_RayParticipant):
-    """The client's transport (rnb.harness.transport.ClientTransport): requests as calls to step-0 runners.
+    """The client's transport (rnb.engines.transport.ClientTransport): requests as calls to step-0 runners.
 
     The request queue of the local engine holds at most -qs requests; here
     that bound is on the requests sent but not yet taken by any step-0 runner.

@@ -4,20 +4,21 @@ Three modes.  Poisson (-mi > 0): open loop with exponential gaps, it never
 waits for completions, and a full request queue aborts the job.  Bulk
 (-mi 0): all requests at once.  Closed loop (--concurrency N): N requests in
 flight, the next one sent as the final step finishes one; -mi is ignored.
-It talks to the engine through a `ClientTransport` (rnb.harness.transport).
+It talks to the engine through a `ClientTransport` (rnb.engines.transport).
 """
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from rnb.analysis.stages import ENQUEUE
-from rnb.harness.control import POLL_S
-from rnb.harness.messages import Ready, Request
-from rnb.harness.timecard import TimeCard
-from rnb.harness.transport import ClientTransport
+from rnb.core.messages import Ready, Request
+from rnb.core.stages import ENQUEUE
+from rnb.core.termination import POLL_S
+from rnb.core.timecard import TimeCard
+from rnb.engines.transport import ClientTransport
 from rnb.pipeline.sources import open_source
 
 

@@ -1,7 +1,7 @@
 """The Ray engine's driver: one job on a Ray cluster, with the local engine's barriers, timing and log.
 
-    run_ray_job ── connects (rnb.harness.ray_cluster), seats the runners (rnb.harness.ray_placement),
-      │            reserves and checks GPUs, creates the actors (rnb.harness.ray_actors)
+    run_ray_job ── connects (rnb.engines.ray.cluster), seats the runners (rnb.engines.ray.placement),
+      │            reserves and checks GPUs, creates the actors (rnb.engines.ray.actors)
       ▼
     JobControl ◀── Ready, Failed, Exited, finished cards ── client actor, runner actors
       │
@@ -23,26 +23,27 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
-from rnb.harness import joblog
-from rnb.harness.client import ClientSpec
-from rnb.harness.control import POLL_S, Termination
-from rnb.harness.job import STOP_SIGNALS, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
-from rnb.harness.messages import Exited, Failed, Ready, Status
-from rnb.harness.ray_actors import ACTOR_ENV, ClientActor, ControlState, JobControl, RayWiring, RunnerActor
-from rnb.harness.ray_cluster import JobRay, NodeInfo
-from rnb.harness.ray_placement import NodeChoice, Seat, seat_runners
-from rnb.harness.runner import RunnerSpec
-from rnb.harness.sampler import Sampler
-from rnb.harness.spool import TimingsSpool
+from rnb.core import joblog
+from rnb.core.messages import Exited, Failed, Ready, Status
+from rnb.core.termination import POLL_S, Termination
+from rnb.engines.client import ClientSpec
+from rnb.engines.job import STOP_SIGNALS, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
+from rnb.engines.ray.actors import ACTOR_ENV, ClientActor, ControlState, JobControl, RayWiring, RunnerActor
+from rnb.engines.ray.cluster import JobRay, NodeInfo
+from rnb.engines.ray.placement import NodeChoice, Seat, seat_runners
+from rnb.engines.runner import RunnerSpec
+from rnb.engines.sampler import Sampler
+from rnb.engines.spool import TimingsSpool
 from rnb.pipeline.config import ConfigError, PipelineConfig
 from rnb.pipeline.dataset_source import KINDS
 from rnb.pipeline.gpus import GpuInfo, GpuRequestError, busy_notes, check_assigned_gpu

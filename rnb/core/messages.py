@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
-from rnb.harness.timecard import TimeCard
+from rnb.core.timecard import TimeCard
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The main process builds all of it before spawning, so every child gets the
 same queues, flag and shared tensors as spawn arguments.  Tensors move only
 through preallocated `SharedSlot`s; queues carry the small messages of
-rnb.harness.messages.  `Termination` and `POLL_S` hold for every engine.
+rnb.core.messages.
 """
 from __future__ import annotations
 
@@ -15,47 +15,18 @@ import pickle
 import queue
 import select
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from enum import IntEnum
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-# How long any blocking wait lasts before it re-checks the termination flag.
-POLL_S = 0.05
+from rnb.core.termination import POLL_S, Termination
+from rnb.engines.buffers import LocalBuffers
+
 # How often a child looks at the start gate: the start barrier's skew between processes.
 START_POLL_S = 0.002
-
-
-class Termination(IntEnum):
-    """Values of the termination flag; RUNNING until the first reason wins."""
-
-    RUNNING = 0
-    TARGET_REACHED = 1
-    REQUEST_QUEUE_FULL = 2
-    INTER_STEP_QUEUE_FULL = 3
-    PROCESS_FAILED = 4
-    INTERRUPTED = 5
-    SETUP_FAILED = 6  # the main process could not build the queues or shared tensors
-    TERMINATED = 7    # SIGTERM: what kill, schedulers and containers send
-
-    @property
-    def reason(self) -> str:
-        """The termination_reason written to meta.json."""
-        return _REASONS[self]
-
-
-_REASONS = {
-    Termination.RUNNING: "running",
-    Termination.TARGET_REACHED: "target reached",
-    Termination.REQUEST_QUEUE_FULL: "request queue full",
-    Termination.INTER_STEP_QUEUE_FULL: "inter-step queue full",
-    Termination.PROCESS_FAILED: "process failed",
-    Termination.INTERRUPTED: "interrupted",
-    Termination.SETUP_FAILED: "setup failed",
-    Termination.TERMINATED: "terminated",
-}
 
 
 class TerminationFlag:
@@ -213,40 +184,6 @@ class SharedSlot:
         return tuple(copies)
 
 
-class LocalBuffers:
-    """A consumer's private copies of its producers' slots, allocated once per tensor and reused.
-
-    Reading a slot into a fresh tensor costs an allocation per item, and for
-    tensors of many MB the page faults of new memory cost as much as the copy
-    itself.  One buffer per (tensor position, shape, dtype) serves every
-    producer slot of that form, since a runner handles one item at a time.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.on_cuda = device.type == "cuda"
-        self._buffers: dict[tuple[int, torch.Size, torch.dtype], torch.Tensor] = {}
-        self._by_slot: dict[int, torch.Tensor] = {}  # id of a producer's slot tensor (they live all job) -> buffer
-
-    def like(self, index: int, slot: torch.Tensor) -> torch.Tensor:
-        """The buffer for tensor `index` of a slot shaped like `slot`, on this consumer's device."""
-        buffer = self._by_slot.get(id(slot))
-        if buffer is None:
-            buffer = self._by_slot[id(slot)] = self.shaped(index, slot)
-        return buffer
-
-    def shaped(self, index: int, tensor: torch.Tensor) -> torch.Tensor:
-        """The buffer for tensor `index` of `tensor`'s shape and dtype, for tensors that arrive anew each item.
-
-        Unlike `like`, it remembers nothing of `tensor` itself: the Ray engine's
-        inputs are fresh objects per item, whose ids Python reuses.
-        """
-        key = (index, tensor.shape, tensor.dtype)
-        if key not in self._buffers:
-            self._buffers[key] = torch.empty(tensor.shape, dtype=tensor.dtype, device=self.device)
-        return self._buffers[key]
-
-
 class HopQueue(multiprocessing.queues.Queue):
     """A multiprocessing queue whose `get` waits on one poll object kept for the queue's lifetime.
 
@@ -359,8 +296,8 @@ class Plumbing:
 
     requests: Any
     step_queues: tuple[dict[int, Any], ...]
-    results: Any       # rnb.harness.messages.Results, final step -> main
-    status: Any        # rnb.harness.messages.Ready, Failed, Exited: child -> main
+    results: Any       # rnb.core.messages.Results, final step -> main
+    status: Any        # rnb.core.messages.Ready, Failed, Exited: child -> main
     flag: TerminationFlag
     finished: Any      # shared count of finished items
     start: Any         # shared byte, set to 1 by main once every child is ready (no lock: see TerminationFlag)

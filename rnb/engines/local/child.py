@@ -1,49 +1,24 @@
-"""What every child process (client or runner) does around its own work.
+"""What a spawned local child does after its work: flush what main needs, then leave at once.
 
-Centralised so that failure reporting behaves identically everywhere: the
-main process learns the error as one line, the job stops at once, and the
-child's peak memory and the torch thread counts it ran with reach the job
-log even when it failed.  `run_and_report` is the engine-independent part;
-`child_main` adds what a spawned local process needs.
+The child was spawned ignoring Ctrl-C and SIGTERM, and dies with the main
+process (rnb.engines.local.lifeline): stopping children is the main process's business.
 """
 from __future__ import annotations
 
 import os
-import resource
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from rnb.harness.control import POLL_S, Plumbing, Termination, TerminationFlag
-from rnb.harness.messages import Exited, Failed
-from rnb.harness.transport import Participant
-from rnb.pipeline.gpus import device_memory_record
+from rnb.core.termination import POLL_S
+from rnb.engines.local.plumbing import Plumbing, TerminationFlag
+from rnb.engines.participant import run_and_report
+from rnb.engines.transport import Participant
 
 # How long an exiting child waits for its queued messages to be written (normally well under a millisecond).
 FLUSH_S = 1.0
-
-
-def run_and_report(name: str, transport: Participant, work: Callable[[], None],
-                   device: torch.device | None = None) -> int:
-    """Run `work`, report how it ended (Failed if it raised, then Exited) and return 0 (ok) or 1 (failed)."""
-    code = 0
-    try:
-        work()
-    except BaseException as error:  # the job must learn of any failure, whatever its type
-        code = 1
-        transport.report(Failed(name, f"{type(error).__name__}: {error}"))
-        transport.stop(Termination.PROCESS_FAILED)
-    peak_device, held = None, {}
-    if device is not None and device.type == "cuda":
-        peak_device = torch.cuda.max_memory_allocated(device)
-        held = device_memory_record(str(torch.cuda.get_device_properties(device).uuid), os.getpid(),
-                                    torch.cuda.memory_reserved(device))
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    transport.report(Exited(name, peak_rss_bytes=peak_rss, peak_device_bytes=peak_device,
-                            intra_op_threads=torch.get_num_threads(),
-                            interop_threads=torch.get_num_interop_threads(), **held))
-    return code
 
 
 def child_main(name: str, plumbing: Plumbing, transport: Participant, work: Callable[[], None],
@@ -51,7 +26,7 @@ def child_main(name: str, plumbing: Plumbing, transport: Participant, work: Call
     """A spawned process's whole life: run and report, flush what main needs, exit 0 (ok) or 1 (failed).
 
     The child was spawned ignoring Ctrl-C and SIGTERM, and dies with the main
-    process (rnb.harness.lifeline): stopping children is the main process's business.
+    process (rnb.engines.local.lifeline): stopping children is the main process's business.
     """
     code = run_and_report(name, transport, work, device)
     pipeline_queues = [plumbing.requests, *(q for step in plumbing.step_queues for q in step.values())]

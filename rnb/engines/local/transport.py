@@ -6,7 +6,7 @@ step carries only a `Signal` naming the slot.  The consumer copies the data
 out into its own reused buffers, then sets the slot's `free` event so the
 producer may write it again.  Requests, results and status messages travel
 on plain queues; the flag and the start gate are shared objects
-(rnb.harness.control.Plumbing).
+(rnb.engines.local.plumbing.Plumbing).
 
 This module also holds the two process entry points the main process spawns.
 """
@@ -14,20 +14,22 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
-from rnb.analysis.stages import StepEvents
-from rnb.harness import client
-from rnb.harness.child import child_main
-from rnb.harness.control import POLL_S, LocalBuffers, Plumbing, SharedSlot, Termination
-from rnb.harness.messages import Exited, Request, Signal, Status
-from rnb.harness.runner import Runner, RunnerSpec
-from rnb.harness.timecard import TimeCard, as_cards
-from rnb.harness.transport import RESULTS_BATCH, FinishedCards, Input
-
+from rnb.core.messages import Exited, Request, Signal, Status
+from rnb.core.stages import StepEvents
+from rnb.core.termination import POLL_S, Termination
+from rnb.core.timecard import TimeCard, as_cards
+from rnb.engines import client
+from rnb.engines.buffers import LocalBuffers
+from rnb.engines.local.child import child_main
+from rnb.engines.local.plumbing import Plumbing, SharedSlot
+from rnb.engines.runner import Runner, RunnerSpec
+from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
 
 # A finished card waits at most this long for company in its batch to the main process (and not at all
 # once the inbox is idle, the target is reached or the runner exits).
@@ -43,7 +45,7 @@ class LocalWiring:
 
 
 class _LocalParticipant:
-    """What the client's and the runners' transports do alike (rnb.harness.transport.Participant)."""
+    """What the client's and the runners' transports do alike (rnb.engines.transport.Participant)."""
 
     def __init__(self, plumbing: Plumbing) -> None:
         self.plumbing = plumbing
@@ -63,7 +65,7 @@ class _LocalParticipant:
 
 
 class LocalTransport(_LocalParticipant):
-    """A runner's transport (rnb.harness.transport.Transport) over slots and queues."""
+    """A runner's transport (rnb.engines.transport.Transport) over slots and queues."""
 
     def __init__(self, spec: RunnerSpec, wiring: LocalWiring, plumbing: Plumbing) -> None:
         super().__init__(plumbing)
@@ -161,7 +163,7 @@ class LocalTransport(_LocalParticipant):
 
 
 class LocalClientTransport(_LocalParticipant):
-    """The client's transport (rnb.harness.transport.ClientTransport): the request queue and the in-flight bound."""
+    """The client's transport (rnb.engines.transport.ClientTransport): the request queue and the in-flight bound."""
 
     def wait_for_room(self) -> bool:
         in_flight = self.plumbing.in_flight

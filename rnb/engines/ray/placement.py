@@ -11,10 +11,11 @@ config error (exit 2) before any actor exists.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-from rnb.harness.ray_cluster import NodeInfo, split_label
+from rnb.engines.ray.cluster import NodeInfo, split_label
 from rnb.pipeline.config import ConfigError, PipelineConfig
 from rnb.pipeline.plan import Placement
 

@@ -1,108 +1,46 @@
-"""One job: who spawns whom, and what flows where.
+"""The local engine's driver: one job on this host, who spawns whom, and what flows where.
 
     main process (run_job) ── builds Plumbing (queues, flag, start gate) and every runner's SharedSlots
-      │ spawns (rnb.harness.local: client_main, runner_main)
+      │ spawns (rnb.engines.local.transport: client_main, runner_main)
       ▼
     client ──Request──▶ step 0 runners ──Signal──▶ step 1 runners ... ──▶ final step
-     (rnb.harness.client)   (rnb.harness.runner, the same loop at every step)      │
+     (rnb.engines.client)  (rnb.engines.runner, the same loop at every step)        │
                                                                                    │ Results
     main process ◀── Ready, Failed, Exited from every child ◀──────────────────────┘
 
 The start time is taken when every child has reported ready (the start
 barrier), the end time when the termination flag is raised (the final step
-counting the target, or a failure).  `open_job_dir` and `close_job` are the
-engine-independent ends of a job: the log directory, the log and the summary.
+counting the target, or a failure).  The job's log is opened and closed by
+the engine-neutral ends in rnb.engines.job.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
-from rnb.analysis.summary import summary_text, utilisation_text
-from rnb.harness import joblog
-from rnb.harness.client import ClientSpec
-from rnb.harness.control import Plumbing, SharedSlot, Termination
-from rnb.harness.local import DeviceFirst, LocalWiring, client_main, runner_main
-from rnb.harness.runner import RunnerSpec
-from rnb.harness.sampler import DEFAULT_INTERVAL_MS, SampledGpu, Sampler
-from rnb.harness.spool import TimingsSpool
-from rnb.harness.supervisor import Supervisor
-from rnb.pipeline.config import MAX_SEMAPHORE_VALUE, PipelineConfig
+from rnb.core.termination import Termination
+from rnb.engines.client import ClientSpec
+from rnb.engines.job import STOP_SIGNALS, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
+from rnb.engines.local.plumbing import Plumbing, SharedSlot
+from rnb.engines.local.supervisor import Supervisor
+from rnb.engines.local.transport import DeviceFirst, LocalWiring, client_main, runner_main
+from rnb.engines.runner import RunnerSpec
+from rnb.engines.sampler import SampledGpu, Sampler
+from rnb.engines.spool import TimingsSpool
+from rnb.pipeline.config import PipelineConfig
 from rnb.pipeline.gpus import device_memory_record
 from rnb.pipeline.plan import Placement
 
 log = logging.getLogger(__name__)
-
-EXIT_CODES = {Termination.TARGET_REACHED: 0, Termination.INTERRUPTED: 130, Termination.TERMINATED: 143}
-# What stops a job from outside: Ctrl-C, and SIGTERM (kill, schedulers, containers); children ignore both.
-STOP_SIGNALS = {signal.SIGINT: Termination.INTERRUPTED, signal.SIGTERM: Termination.TERMINATED}
-
-
-@dataclass(frozen=True)
-class RunArgs:
-    """The job's settings after command line, config "run" object and defaults are combined."""
-
-    mean_interval_ms: float
-    videos: int
-    batch_size: int
-    queue_size: int
-    concurrency: int | None
-    warmup: int
-    seed: int
-    cpu: bool
-    log_dir: str
-    sample_interval_ms: float = DEFAULT_INTERVAL_MS
-    engine: str = "local"             # "local" (spawned processes) or "ray" (rnb.harness.ray_engine)
-    ray_address: str | None = None    # --ray-address as given
-    request_queue_size: int = field(init=False)  # -qs, or in bulk mode at least -v (see __post_init__)
-
-    def __post_init__(self) -> None:
-        # Bulk mode sends every request at once, so the request queue must hold all -v of them whatever -qs
-        # says, as RnB sized it; -qs still bounds the inter-step queues.
-        bulk = self.mean_interval_ms == 0 and self.concurrency is None
-        size = min(max(self.queue_size, self.videos), MAX_SEMAPHORE_VALUE) if bulk else self.queue_size
-        object.__setattr__(self, "request_queue_size", size)
-
-
-def request_queue_note(args: RunArgs) -> str | None:
-    """The job-log note of a request queue that bulk mode made larger than -qs."""
-    if args.request_queue_size == args.queue_size:
-        return None
-    return (f"bulk mode (-mi 0): the request queue holds all {args.request_queue_size} requests, more than "
-            f"-qs {args.queue_size} (which still bounds the inter-step queues), as RnB sized it")
-
-
-@dataclass(frozen=True)
-class JobEnding:
-    """How a job ended, as its log records it, whatever the engine."""
-
-    start: float | None               # the start barrier passed; None if it never did
-    end: float
-    reason: Termination
-    error: str | None                 # one sentence, for the user and meta.json
-    failed_process: str | None
-    spool: TimingsSpool               # finished items, streamed to disk as they came
-    processes: list[dict[str, Any]]   # meta.json `processes`
-    notes: list[str]                  # what the processes said (the config's own notes are added to them)
-    engine: Mapping[str, Any] = field(default_factory=lambda: {"name": "local"})  # meta.json's `engine`
-
-
-@dataclass(frozen=True)
-class JobResult:
-    exit_code: int
-    job_dir: Path
-    summary: str                      # the human-readable end-of-run summary
 
 
 def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], gpus: list[dict]) -> JobResult:
@@ -209,38 +147,6 @@ def _run_between_barriers(supervisor: Supervisor, job: str, videos: int, runners
     return start
 
 
-def open_job_dir(config: PipelineConfig, args: RunArgs) -> Path:
-    """The job's new log directory, holding a copy of its config."""
-    job = joblog.job_id(time.time(), args.mean_interval_ms, args.batch_size, args.videos, args.queue_size, args.concurrency)
-    job_dir = joblog.create_job_dir(args.log_dir, job)
-    joblog.write_json(job_dir / "config.json", config.raw)
-    return job_dir
-
-
-def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: list[dict], ending: JobEnding) -> JobResult:
-    """Write timings.parquet and meta.json, report the error if any, and summarise the job.
-
-    meta.json is written before the summary, so that a summary that fails
-    loses nothing measured, and again after it with main's peak RSS then:
-    the summary is part of the run, and its memory counts.
-    """
-    num_steps = len(config.steps)
-    timings = ending.spool.close()
-    meta = joblog.meta_document(
-        job=job_dir.name, config_path=config.path, args=dataclasses.asdict(args), start=ending.start,
-        end=ending.end, finished=ending.spool.rows, reason=ending.reason.reason, failed_process=ending.failed_process,
-        error=ending.error, processes=ending.processes, gpus=gpus, num_steps=num_steps,
-        notes=[*config.notes, *ending.notes], engine=ending.engine)
-    joblog.write_json(job_dir / "meta.json", meta)
-    if ending.error:
-        log.error("%s", ending.error)
-    elapsed = None if ending.start is None else ending.end - ending.start
-    summary = summary_text(timings, num_steps, args.warmup, ending.spool.rows, elapsed, ending.reason.reason)
-    summary = "\n".join(filter(None, (summary, utilisation_text(job_dir))))
-    joblog.write_json(job_dir / "meta.json", {**meta, "main_peak_rss_bytes": joblog.main_peak_rss_bytes()})
-    return JobResult(EXIT_CODES.get(ending.reason, 1), job_dir, summary)
-
-
 def _setup_failed(failure: Exception, spool: TimingsSpool) -> JobEnding:
     """A job that never spawned anything, and why in one sentence."""
     first_line = (str(failure).splitlines() or [""])[0]
@@ -248,15 +154,3 @@ def _setup_failed(failure: Exception, spool: TimingsSpool) -> JobEnding:
              "lower num_shared_tensors, the output shapes or -qs")
     return JobEnding(start=None, end=time.time(), reason=Termination.SETUP_FAILED, error=error, failed_process=None,
                      spool=spool, processes=[], notes=[])
-
-
-def error_sentence(reason: Termination, failure: tuple[str, str] | None, args: RunArgs) -> str | None:
-    if reason == Termination.PROCESS_FAILED and failure:
-        name, error = failure
-        return f"process {name} failed: {error}"
-    if reason == Termination.REQUEST_QUEUE_FULL:
-        return (f"the request queue was full (capacity {args.request_queue_size}, -qs): the pipeline could not keep up "
-                "with the requests")
-    if reason == Termination.INTER_STEP_QUEUE_FULL:
-        return f"an inter-step queue was full (capacity {args.queue_size}, -qs): a step could not keep up with the one before it"
-    return None

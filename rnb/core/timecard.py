@@ -16,9 +16,10 @@ from __future__ import annotations
 import functools
 import re
 import time
-from typing import Any, Iterable, NamedTuple, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
-from rnb.analysis.stages import ENQUEUE, StepEvents
+from rnb.core.stages import ENQUEUE, StepEvents
 
 # A card's times hold the enqueue at entry 0, then the events the harness stamps at step k (in the order they
 # happen: arrived, started, finished, slot acquired, handed over) at entries 1 + 5k to 5 + 5k.
@@ -50,13 +51,13 @@ _DEVICE, _GROUP, _INSTANCE, _BATCH, _BATCH_SIZE, _OUT_QUEUE = range(len(ROUTE_CO
 _STEP_NAME = re.compile(r"^([a-z_]+?)(\d+)(_[a-z]+)?$")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _step_layout(step: int) -> tuple[str, ...]:
     events = StepEvents(step)
     return events.arrived, events.started, events.finished, events.slot_acquired, events.handed_over
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def event_index(name: str) -> int | None:
     """Where a harness event lives in a card's times; None for any other name (a model's own event)."""
     if name == ENQUEUE:
@@ -75,7 +76,7 @@ def route_name(index: int) -> str:
     return ROUTE_COLUMNS[index % len(ROUTE_COLUMNS)].format(k=index // len(ROUTE_COLUMNS))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _route_index(name: str) -> int:
     match = _STEP_NAME.match(name)
     if match:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 LOOPBACK = "127.0.0.1"
 NAMESPACE = "rnb"            # the Ray namespace of every job's named actors

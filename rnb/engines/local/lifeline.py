@@ -27,8 +27,9 @@ import multiprocessing.spawn
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rnb.pipeline.dotted import load_object
 

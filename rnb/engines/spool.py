@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.harness.joblog import timings_table, write_timings
-from rnb.harness.timecard import TimeCard
+from rnb.core.joblog import SPOOL_DIR, TIMINGS_FILE, timings_table, write_timings
+from rnb.core.timecard import TimeCard
 
-SPOOL_DIR = "timings.spool"
 BATCH_ROWS = 4096
 FLUSH_S = 10.0
 # Parts are merged into one when this many accumulate, so a long slow job never holds too many files open.
@@ -84,7 +83,7 @@ class TimingsSpool:
 
     def close(self) -> Path:
         """Write timings.parquet (every row, in item order) and remove the parts; returns its path."""
-        path = self.job_dir / "timings.parquet"
+        path = self.job_dir / TIMINGS_FILE
         if not self.parts:  # a short job: one table, no merging
             write_timings(self.job_dir, timings_table(self.pending, self.num_steps, self.warmup))
         else:

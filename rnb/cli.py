@@ -20,10 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from rnb.analysis.summary import job_summary
 from rnb.console import terminal_logging
-from rnb.harness import joblog, ray_cluster
-from rnb.harness.job import RunArgs, request_queue_note, run_job
-from rnb.harness.sampler import DEFAULT_INTERVAL_MS
+from rnb.core import joblog
+from rnb.engines.job import JobResult, RunArgs, request_queue_note
+from rnb.engines.local.driver import run_job
+from rnb.engines.ray import cluster as ray_cluster
+from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.pipeline.config import RUN_CHOICES, RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
 from rnb.pipeline.gpus import apply_cpu_override, busy_notes, validate_gpus, visible_gpu_count
@@ -128,7 +131,7 @@ def _run(ns: argparse.Namespace) -> int:
             config = limit_replicas(config, ns.max_replicas)
         args = resolve_args(ns, config)
         config = dataclasses.replace(config, notes=(*config.notes, *filter(None, [request_queue_note(args)])))
-        # On Ray the GPUs are the cluster's: rnb.harness.ray_engine checks each on its node.
+        # On Ray the GPUs are the cluster's: rnb.engines.ray.driver checks each on its node.
         gpus = validate_gpus(config, cpu_only=args.cpu or args.engine == "ray", allow_busy=ns.allow_busy_gpus)
         config = dataclasses.replace(config, notes=(*config.notes, *busy_notes(gpus)))
         dataset = check_source(config.source, config.path, may_write=not ns.check)
@@ -148,17 +151,14 @@ def _run(ns: argparse.Namespace) -> int:
         return 0
     if args.engine == "ray":
         return _run_on_ray(config, args, placements, ns.allow_busy_gpus)
-    result = run_job(config, args, placements, [dataclasses.asdict(gpu) for gpu in gpus])
-    print(result.summary)
-    print(f"job log: {result.job_dir}")
-    return result.exit_code
+    return _reported(run_job(config, args, placements, [dataclasses.asdict(gpu) for gpu in gpus]))
 
 
 def _run_on_ray(config: PipelineConfig, args: RunArgs, placements: list[Placement], allow_busy_gpus: bool) -> int:
     """The job on the Ray engine: what the cluster cannot host is exit 2, a cluster out of reach exit 1."""
     address = ray_cluster.resolve_address(args.ray_address)
     ray_cluster.use_loopback_if_local(address)
-    from rnb.harness.ray_engine import run_ray_job  # only now: Ray reads the line above when first imported
+    from rnb.engines.ray.driver import run_ray_job  # only now: Ray reads the line above when first imported
 
     try:
         result = run_ray_job(config, args, placements, address, machine_gpus=visible_gpu_count() if address is None else 0,
@@ -172,6 +172,17 @@ def _run_on_ray(config: PipelineConfig, args: RunArgs, placements: list[Placemen
     except KeyboardInterrupt:
         print("benchmark.py: interrupted before the job started", file=sys.stderr)
         return 130
-    print(result.summary)
+    return _reported(result)
+
+
+def _reported(result: JobResult) -> int:
+    """Print the end-of-run summary of the job just logged; its exit code.
+
+    The summary reads the log back, so what is printed and what is analysed
+    later cannot disagree; it is part of the run, so main's peak memory is
+    recorded in meta.json after it.
+    """
+    print(job_summary(result.job_dir))
+    joblog.record_main_peak_rss(result.job_dir)
     print(f"job log: {result.job_dir}")
     return result.exit_code

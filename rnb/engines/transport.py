@@ -1,24 +1,25 @@
 """The seam between the engine-independent loops (runner, client) and an engine.
 
-The runner loop (`rnb.harness.runner`) decides what happens to an item:
+The runner loop (`rnb.engines.runner`) decides what happens to an item:
 time-card stamps, the model call, segments, the selector, batcher flushes,
 final-step checks.  How an input reaches a step, how outputs reach the next
 one, how the start barrier, the termination flag and the job's results are
 shared: that is the engine's, behind these two small protocols.  The local
-engine implements them in `rnb.harness.local` (shared slots and
+engine implements them in `rnb.engines.local.transport` (shared slots and
 torch.multiprocessing queues); another engine implements the same methods.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 
-from rnb.harness.control import Termination
-from rnb.harness.messages import Request, Results, Status
-from rnb.harness.timecard import TimeCard
+from rnb.core.messages import Request, Results, Status
+from rnb.core.termination import Termination
+from rnb.core.timecard import TimeCard
 
 # The final step sends counted cards to whoever counts the job in batches of up to this many: one
 # message per item would cost both sides as much as a hop.

@@ -8,22 +8,23 @@ says so.  The final step counts finished items instead, and ends the job at
 the target.  Every move is stamped on the item's time card.
 
 What the loop needs from the engine (inputs, outputs, the start barrier, the
-termination flag) goes through a `Transport` (rnb.harness.transport); the
-local engine's is `rnb.harness.local.LocalTransport`.
+termination flag) goes through a `Transport` (rnb.engines.transport); the
+local engine's is `rnb.engines.local.transport.LocalTransport`.
 """
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import torch
 
-from rnb.analysis.stages import StepEvents
-from rnb.harness.control import POLL_S, Termination
-from rnb.harness.messages import Ready
-from rnb.harness.timecard import TimeCard, as_cards, now
-from rnb.harness.transport import Input, Transport
+from rnb.core.messages import Ready
+from rnb.core.stages import StepEvents
+from rnb.core.termination import POLL_S, Termination
+from rnb.core.timecard import TimeCard, as_cards, now
+from rnb.engines.transport import Input, Transport
 from rnb.pipeline.dotted import load_object
 from rnb.pipeline.plan import Placement
 from selector import RoundRobinSelector

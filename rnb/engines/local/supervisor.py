@@ -1,14 +1,14 @@
 """The main process's watch over its children: spawn, listen, notice deaths, stop.
 
 Nothing here can block the main thread on anything a child holds: children
-→ main queues are read on threads (rnb.harness.inbox), the flag and the
+→ main queues are read on threads (rnb.engines.local.inbox), the flag and the
 start gate take no lock, and stopping ends in SIGKILL and join.  A child that
 dies at any moment (at start-up, mid-run, holding any lock, half way through
 a message) is noticed within a fraction of a second, no job hangs and no
 child outlives it.
 
 Children are spawned with Ctrl-C and SIGTERM ignored and tied to the main
-process's life (rnb.harness.lifeline): the main process alone decides when
+process's life (rnb.engines.local.lifeline): the main process alone decides when
 they stop.
 """
 from __future__ import annotations
@@ -16,15 +16,17 @@ from __future__ import annotations
 import dataclasses
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from rnb.harness.control import POLL_S, Plumbing, Termination
-from rnb.harness.inbox import Inbox
-from rnb.harness.joblog import process_record
-from rnb.harness.lifeline import Lifeline, run, spawning_children
-from rnb.harness.messages import Exited, Failed, Ready, Status
-from rnb.harness.spool import TimingsSpool
+from rnb.core.joblog import process_record
+from rnb.core.messages import Exited, Failed, Ready, Status
+from rnb.core.termination import POLL_S, Termination
+from rnb.engines.local.inbox import Inbox
+from rnb.engines.local.lifeline import Lifeline, run, spawning_children
+from rnb.engines.local.plumbing import Plumbing
+from rnb.engines.spool import TimingsSpool
 
 
 @dataclass

@@ -13,20 +13,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rnb.core.joblog import SAMPLES_FILE
 from rnb.pipeline.gpus import Nvml
 
 log = logging.getLogger(__name__)
 
-SAMPLES_FILE = "samples.parquet"
 DEFAULT_INTERVAL_MS = 100.0
 SCHEMA = pa.schema([
     ("time", pa.float64()),                 # epoch seconds

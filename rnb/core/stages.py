@@ -22,7 +22,7 @@ A part has one name people read ("slot wait") and one key that column names
 spell it with ("slotwait", as in `slotwait1_ms` and `slotwait1_p99_ms`).
 
 An item split into segments is followed, up to the step that merges them,
-by its segment that reaches that step first (rnb.harness.timecard): its
+by its segment that reaches that step first (rnb.core.timecard): its
 events stand for the item's, so the parts stay in order and add up, and what
 the other segments made the item wait is the merging step's sibling wait.
 """

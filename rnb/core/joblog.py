@@ -1,7 +1,8 @@
-"""The job log: `<log-dir>/<job_id>/` with config.json, meta.json and timings.parquet.
+"""The job log: `<log-dir>/<job_id>/` with config.json, meta.json, timings.parquet and samples.parquet.
 
-Its format is what analysis scripts parse, so everything about it lives here:
-the job id, the directory, the meta record and the timings table.
+Its format is what analysis scripts parse, so everything about it lives here,
+shared by the engines that write it and the analysis that reads it: the file
+names, the job id, the directory, the meta record and the timings table.
 """
 from __future__ import annotations
 
@@ -11,15 +12,22 @@ import platform
 import resource
 import socket
 import time
+from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rnb.analysis.stages import ENQUEUE, StepEvents
-from rnb.harness.timecard import ROUTE_COLUMNS, TimeCard
+from rnb.core.stages import ENQUEUE, StepEvents
+from rnb.core.timecard import ROUTE_COLUMNS, TimeCard
+
+CONFIG_FILE = "config.json"          # the config as given
+META_FILE = "meta.json"              # the job's record (rnb.core.records), written last
+TIMINGS_FILE = "timings.parquet"     # one row per finished item
+SAMPLES_FILE = "samples.parquet"     # CPU, memory and GPU use over time (rnb.engines.sampler)
+SPOOL_DIR = "timings.spool"          # finished items' rows in parts while the job runs (rnb.engines.spool)
 
 
 def job_id(start: float, mean_interval_ms: float, batch_size: int, videos: int, queue_size: int,
@@ -51,6 +59,12 @@ def write_json(path: Path, document: Any) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     os.replace(partial, path)
+
+
+def record_main_peak_rss(job_dir: Path) -> None:
+    """Rewrite meta.json with the main process's peak memory as it is now, after the end-of-run summary."""
+    path = job_dir / META_FILE
+    write_json(path, {**json.loads(path.read_text(encoding="utf-8")), "main_peak_rss_bytes": main_peak_rss_bytes()})
 
 
 def main_peak_rss_bytes() -> int:
@@ -108,7 +122,7 @@ def timings_table(cards: Iterable[TimeCard], num_steps: int, warmup: int) -> pa.
 
 
 def write_timings(job_dir: Path, table: pa.Table) -> None:
-    pq.write_table(table, job_dir / "timings.parquet")
+    pq.write_table(table, job_dir / TIMINGS_FILE)
 
 
 def process_record(name: str, role: str, step: int | None, group: int | None, instance: int | None,
@@ -138,7 +152,7 @@ def meta_document(*, job: str, config_path: str, args: Mapping[str, Any], start:
         "failed_process": failed_process,
         "error": error,
         "processes": processes,
-        # The main process's own peak: it stays flat with -v (rnb.harness.spool, rnb.analysis.summary).
+        # The main process's own peak: it stays flat with -v (rnb.engines.spool, rnb.analysis.summary).
         "main_peak_rss_bytes": main_peak_rss_bytes(),
         "versions": versions(),
         "host": host(),
