@@ -267,7 +267,7 @@ class EpisodeFetcher:
     as non-tensors.
     """
 
-    output_device = "cpu"  # the decoder reads bytes from host memory (rnb.pipeline.plan.host_side)
+    output_device = "cpu"  # the decoder reads bytes from host memory (rnb.core.model.PlacesOutputs)
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
                  num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, prefetch: int = 2,
@@ -310,7 +310,7 @@ class EpisodeDecoder:
     too) reads them from there, so a copy to the GPU would only come back.
     """
 
-    input_device = "cpu"  # rnb.pipeline.plan.host_side
+    input_device = "cpu"  # rnb.core.model.PlacesInputs
 
     def __init__(self, device: torch.device, num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8,
                  size: int = 112) -> None:

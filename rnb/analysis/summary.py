@@ -8,7 +8,6 @@ what is printed and what is logged or analysed later cannot disagree.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,15 +19,15 @@ import pyarrow.parquet as pq
 from rnb.analysis.jobs import read_job
 from rnb.analysis.report import format_utilisation
 from rnb.analysis.utilisation import busy_columns, utilisation_columns
-from rnb.core.joblog import META_FILE, TIMINGS_FILE
+from rnb.core.joblog import TIMINGS_FILE, read_meta
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, event_seconds, part_key, step_columns, step_latencies
 
 
 def job_summary(job_dir: Path) -> str:
     """The summary printed at the end of a run, from its log: stage latencies, then busy runners."""
-    meta = json.loads((job_dir / META_FILE).read_text(encoding="utf-8"))
-    text = summary_text(job_dir / TIMINGS_FILE, meta["num_steps"], meta["args"]["warmup"], meta["finished_items"],
-                        meta["elapsed_s"], meta["termination_reason"])
+    meta = read_meta(job_dir)
+    text = summary_text(job_dir / TIMINGS_FILE, meta.num_steps, meta.setting("warmup", 0), meta.finished_items,
+                        meta.elapsed_s, meta.termination_reason)
     return "\n".join(filter(None, (text, utilisation_text(job_dir))))
 
 

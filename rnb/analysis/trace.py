@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from rnb.analysis.jobs import Job
 from rnb.analysis.routing import queue_labels, replicas
+from rnb.core.records import ProcessRecord
 from rnb.core.stages import COPY, ENQUEUE, INSIDE, QUEUE, SIBLING_WAIT, SLOT_WAIT, StepEvents
 
 CATEGORY = "item"
@@ -111,22 +112,21 @@ class Tracks:
 
     def __post_init__(self) -> None:
         processes = self.processes()
-        self.nodes = sorted({self.node(p) for p in processes} or {self.node({})})
-        ordered = sorted(processes, key=lambda p: (p.get("role") != "client", p.get("step") or 0,
-                                                   p.get("group") or 0, p.get("instance") or 0))
+        self.nodes = sorted({self.node(p) for p in processes} or {self.node(None)})
+        ordered = sorted(processes, key=lambda p: (p.role != "client", p.step or 0, p.group or 0, p.instance or 0))
         for process in ordered:
-            self.thread(str(process["name"]), process)
+            self.thread(process.name, process)
 
-    def processes(self) -> list[dict[str, Any]]:
-        return [p for p in self.job.meta.get("processes") or [] if isinstance(p, dict) and p.get("name")]
+    def processes(self) -> tuple[ProcessRecord, ...]:
+        return self.job.meta.processes
 
-    def node(self, process: dict[str, Any]) -> str:
-        return str(process.get("node") or self.job.meta.get("host") or "local")
+    def node(self, process: ProcessRecord | None) -> str:
+        return (process.node if process else None) or self.job.meta.host or "local"
 
-    def thread(self, name: str, process: dict[str, Any] | None = None) -> tuple[int, Lanes]:
+    def thread(self, name: str, process: ProcessRecord | None = None) -> tuple[int, Lanes]:
         """The process's node pid and lanes, made on first use (a track for unlogged replicas, too)."""
         if name not in self.threads:
-            pid = 1 + self.nodes.index(self.node(process or {})) if process else 1
+            pid = 1 + self.nodes.index(self.node(process)) if process else 1
             self.threads[name] = (pid, Lanes(len(self.threads) + 1), len(self.threads))
         pid, lanes, _ = self.threads[name]
         return pid, lanes
@@ -161,9 +161,9 @@ class Timeline:
         self.job = job
         seconds = {name: table.column(name).to_numpy(zero_copy_only=False).astype(float)
                    for name in table.column_names if pa.types.is_floating(table.schema.field(name).type)}
-        start = job.meta.get("start_time")
+        start = job.meta.start_time
         candidates = [float(np.nanmin(seconds[ENQUEUE]))] if table.num_rows else []
-        candidates += [float(start)] if isinstance(start, (int, float)) else []
+        candidates += [start] if start is not None else []
         self.origin = min(candidates, default=0.0)
         self.us = {name: np.round((values - self.origin) * 1e6) for name, values in seconds.items()}
         self.items = table.column("item_id").to_pylist()

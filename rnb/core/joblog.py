@@ -6,13 +6,14 @@ names, the job id, the directory, the meta record and the timings table.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
 import resource
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rnb.core.records import JobLogError, JobMeta
 from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.timecard import ROUTE_COLUMNS, TimeCard
 
@@ -63,8 +65,7 @@ def write_json(path: Path, document: Any) -> None:
 
 def record_main_peak_rss(job_dir: Path) -> None:
     """Rewrite meta.json with the main process's peak memory as it is now, after the end-of-run summary."""
-    path = job_dir / META_FILE
-    write_json(path, {**json.loads(path.read_text(encoding="utf-8")), "main_peak_rss_bytes": main_peak_rss_bytes()})
+    write_meta(job_dir, dataclasses.replace(read_meta(job_dir), main_peak_rss_bytes=main_peak_rss_bytes()))
 
 
 def main_peak_rss_bytes() -> int:
@@ -125,39 +126,19 @@ def write_timings(job_dir: Path, table: pa.Table) -> None:
     pq.write_table(table, job_dir / TIMINGS_FILE)
 
 
-def process_record(name: str, role: str, step: int | None, group: int | None, instance: int | None,
-                   device: str | None, pid: int | None) -> dict[str, Any]:
-    """A meta.json `processes` entry as it is known at spawn time; the rest is filled in at exit."""
-    return {"name": name, "role": role, "step": step, "group": group, "instance": instance, "device": device,
-            "pid": pid, "exitcode": None, "status": None, "error": None,
-            "peak_rss_bytes": None, "peak_device_bytes": None,
-            "device_process_bytes": None, "device_outside_allocator_bytes": None}
+def write_meta(job_dir: Path, meta: JobMeta) -> None:
+    write_json(job_dir / META_FILE, meta.to_json())
 
 
-def meta_document(*, job: str, config_path: str, args: Mapping[str, Any], start: float | None, end: float,
-                  finished: int, reason: str, failed_process: str | None, error: str | None,
-                  processes: list[dict[str, Any]], gpus: list[dict[str, Any]], num_steps: int,
-                  notes: list[str], engine: Mapping[str, Any]) -> dict[str, Any]:
-    elapsed = None if start is None else end - start
-    return {
-        "job_id": job,
-        "config_path": config_path,
-        "args": dict(args),
-        "start_time": start,
-        "end_time": end,
-        "elapsed_s": elapsed,
-        "finished_items": finished,
-        "throughput_items_per_s": finished / elapsed if elapsed else 0.0,
-        "termination_reason": reason,
-        "failed_process": failed_process,
-        "error": error,
-        "processes": processes,
-        # The main process's own peak: it stays flat with -v (rnb.engines.spool, rnb.analysis.summary).
-        "main_peak_rss_bytes": main_peak_rss_bytes(),
-        "versions": versions(),
-        "host": host(),
-        "gpus": gpus,
-        "num_steps": num_steps,
-        "notes": notes,
-        "engine": dict(engine),
-    }
+def read_meta(job_dir: Path) -> JobMeta:
+    """A job's meta.json as its record; JobLogError naming the file if it is missing or not one."""
+    path = job_dir / META_FILE
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise JobLogError(f"{path}: missing.") from error
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise JobLogError(f"{path}: cannot be read as JSON ({error}).") from error
+    if not isinstance(document, dict):
+        raise JobLogError(f"{path}: should hold a JSON object.")
+    return JobMeta.from_json(document, str(path))

@@ -9,7 +9,7 @@ Signal only says which shared slot holds them).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from rnb.core.timecard import TimeCard
 
@@ -91,4 +91,4 @@ class Results:
     cards: tuple[TimeCard, ...]
 
 
-Status = Union[Ready, Failed, Exited]
+Status = Ready | Failed | Exited

@@ -73,6 +73,11 @@ class StepEvents:
         return f"runner{self.step}_finish"
 
     @property
+    def device_ms(self) -> str:
+        """The field of the device's own measure of the step's work (CUDA events), on steps whose work is asynchronous."""
+        return f"device_ms{self.step}"
+
+    @property
     def always(self) -> tuple[str, str, str, str]:
         """The events every step records, in order: the columns every job log has."""
         return (self.arrived, self.started, self.finished, self.handed_over)

@@ -12,12 +12,12 @@ import dataclasses
 import logging
 import signal
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rnb.core import joblog
+from rnb.core.messages import Failed, Ready, Status
+from rnb.core.records import JobMeta, JsonObject, ProcessRecord
 from rnb.core.termination import Termination
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.engines.spool import TimingsSpool
@@ -65,6 +65,60 @@ def request_queue_note(args: RunArgs) -> str | None:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """The first process that failed, and why in one sentence."""
+
+    process: str
+    error: str
+
+
+class JobBook:
+    """What a driver keeps of its job's processes, whatever the engine: their records, who is ready, notes, the first failure.
+
+    Both engines' processes report the same messages (Ready, Failed, Exited:
+    rnb.core.messages), so both drivers take them in here; what differs is
+    only how each engine learns that a process ended.
+    """
+
+    def __init__(self) -> None:
+        self._records: dict[str, ProcessRecord] = {}
+        self.ready: set[str] = set()
+        self.notes: list[str] = []
+        self.failure: Failure | None = None
+
+    def add(self, record: ProcessRecord) -> None:
+        self._records[record.name] = record
+
+    def __getitem__(self, name: str) -> ProcessRecord:
+        return self._records[name]
+
+    def update(self, name: str, **changes: object) -> ProcessRecord:
+        """Replace the named record's fields (ProcessRecord's names); the new record."""
+        record = self._records[name] = dataclasses.replace(self._records[name], **changes)  # type: ignore[arg-type]
+        return record
+
+    @property
+    def records(self) -> tuple[ProcessRecord, ...]:
+        """Every record, in the order the processes were added (spawned or created)."""
+        return tuple(self._records.values())
+
+    def on_status(self, status: Status) -> None:
+        if isinstance(status, Ready):
+            self.ready.add(status.name)
+            self.notes.extend(note for note in status.notes if note not in self.notes)
+        elif isinstance(status, Failed):
+            self.update(status.name, status="failed", error=status.error)
+            self.first_failure(status.name, status.error)
+        else:
+            self.update(status.name, **{k: v for k, v in dataclasses.asdict(status).items() if k != "name"})
+
+    def first_failure(self, process: str, error: str) -> None:
+        """Keep `process` as the job's failure unless another came first."""
+        if self.failure is None:
+            self.failure = Failure(process, error)
+
+
+@dataclass(frozen=True)
 class JobEnding:
     """How a job ended, as its log records it, whatever the engine."""
 
@@ -72,11 +126,9 @@ class JobEnding:
     end: float
     reason: Termination
     error: str | None                 # one sentence, for the user and meta.json
-    failed_process: str | None
     spool: TimingsSpool               # finished items, streamed to disk as they came
-    processes: list[dict[str, Any]]   # meta.json `processes`
-    notes: list[str]                  # what the processes said (the config's own notes are added to them)
-    engine: Mapping[str, Any] = field(default_factory=lambda: {"name": "local"})  # meta.json's `engine`
+    book: JobBook                     # the processes, their notes and the first failure
+    engine: JsonObject = field(default_factory=lambda: {"name": "local"})  # meta.json's `engine`
 
 
 @dataclass(frozen=True)
@@ -93,24 +145,26 @@ def open_job_dir(config: PipelineConfig, args: RunArgs) -> Path:
     return job_dir
 
 
-def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: list[dict], ending: JobEnding) -> JobResult:
+def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: list[JsonObject],
+              ending: JobEnding) -> JobResult:
     """Write timings.parquet and meta.json, and report the error if any: what was measured is on disk."""
     ending.spool.close()
-    meta = joblog.meta_document(
-        job=job_dir.name, config_path=config.path, args=dataclasses.asdict(args), start=ending.start,
-        end=ending.end, finished=ending.spool.rows, reason=ending.reason.reason, failed_process=ending.failed_process,
-        error=ending.error, processes=ending.processes, gpus=gpus, num_steps=len(config.steps),
-        notes=[*config.notes, *ending.notes], engine=ending.engine)
-    joblog.write_json(job_dir / joblog.META_FILE, meta)
+    failure = ending.book.failure
+    meta = JobMeta(
+        job_id=job_dir.name, config_path=config.path, args=dataclasses.asdict(args), start_time=ending.start,
+        end_time=ending.end, finished_items=ending.spool.rows, termination_reason=ending.reason.reason,
+        num_steps=len(config.steps), failed_process=failure.process if failure else None, error=ending.error,
+        processes=ending.book.records, main_peak_rss_bytes=joblog.main_peak_rss_bytes(), versions=joblog.versions(),
+        host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine)
+    joblog.write_meta(job_dir, meta)
     if ending.error:
         log.error("%s", ending.error)
     return JobResult(EXIT_CODES.get(ending.reason, 1), job_dir)
 
 
-def error_sentence(reason: Termination, failure: tuple[str, str] | None, args: RunArgs) -> str | None:
+def error_sentence(reason: Termination, failure: Failure | None, args: RunArgs) -> str | None:
     if reason == Termination.PROCESS_FAILED and failure:
-        name, error = failure
-        return f"process {name} failed: {error}"
+        return f"process {failure.process} failed: {failure.error}"
     if reason == Termination.REQUEST_QUEUE_FULL:
         return (f"the request queue was full (capacity {args.request_queue_size}, -qs): the pipeline could not keep up "
                 "with the requests")

@@ -27,13 +27,13 @@ import torch
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
+from rnb.core.records import ProcessRecord
 from rnb.core.termination import Termination
 from rnb.engines.client import ClientSpec
-from rnb.engines.job import STOP_SIGNALS, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
+from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.engines.local.plumbing import Plumbing, SharedSlot
 from rnb.engines.local.supervisor import Supervisor
 from rnb.engines.local.transport import DeviceFirst, LocalWiring, client_main, runner_main
-from rnb.engines.runner import RunnerSpec
 from rnb.engines.sampler import SampledGpu, Sampler
 from rnb.engines.spool import TimingsSpool
 from rnb.pipeline.config import PipelineConfig
@@ -61,8 +61,8 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     start = None
     try:
         spawn_all(ctx, supervisor, config, args, placements, wirings)
-        for child in supervisor.children:
-            sampler.watch(child.record["name"], child.record["pid"])
+        for record in supervisor.book.records:
+            sampler.watch(record.name, record.pid)
         sampler.start()  # from start-up on, so that model loading shows too
         start = _run_between_barriers(supervisor, job_dir.name, args.videos, len(placements))
     finally:
@@ -75,9 +75,8 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
             signal.signal(number, handler)
         reason = plumbing.flag.reason
         result = close_job(job_dir, config, args, with_main_memory(gpus, placements), JobEnding(
-            start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.failure, args),
-            failed_process=supervisor.failure[0] if supervisor.failure else None, spool=spool,
-            processes=[child.record for child in supervisor.children], notes=supervisor.notes))
+            start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.book.failure, args),
+            spool=spool, book=supervisor.book))
     return result
 
 
@@ -122,18 +121,17 @@ def spawn_all(ctx: Any, supervisor: Supervisor, config: PipelineConfig, args: Ru
     """One client process, then one runner process per placement."""
     plumbing = supervisor.plumbing
     spec = ClientSpec(config.source, config.path, args.videos, args.mean_interval_ms, args.concurrency, args.seed)
-    supervisor.spawn(ctx, client_main, (spec, plumbing), "client", "client")
+    supervisor.spawn(ctx, client_main, (spec, plumbing), ProcessRecord("client", "client"))
     for p in placements:
-        spec = RunnerSpec.from_placement(p, target=args.videos)
-        arguments = (DeviceFirst(p.device), spec, wirings[p.name], plumbing)
-        supervisor.spawn(ctx, runner_main, arguments, p.name, "runner", p.step, p.group, p.instance, p.device)
-        supervisor.children[-1].record["threads"] = p.threads
+        arguments = (DeviceFirst(p.device), p, args.videos, wirings[p.name], plumbing)
+        supervisor.spawn(ctx, runner_main, arguments, ProcessRecord(
+            p.name, "runner", p.step, p.group, p.instance, p.device, threads=p.threads))
 
 
 def _run_between_barriers(supervisor: Supervisor, job: str, videos: int, runners: int) -> float | None:
     """Wait until every child is ready, open the start gate, then wait for the flag; the start time, if any."""
     plumbing = supervisor.plumbing
-    while not plumbing.flag.is_set and len(supervisor.ready) < len(supervisor.children):
+    while not plumbing.flag.is_set and len(supervisor.book.ready) < len(supervisor.children):
         supervisor.pump()
     if plumbing.flag.is_set:
         return None
@@ -152,5 +150,5 @@ def _setup_failed(failure: Exception, spool: TimingsSpool) -> JobEnding:
     first_line = (str(failure).splitlines() or [""])[0]
     error = (f"could not set up the queues and shared tensors ({type(failure).__name__}: {first_line}); "
              "lower num_shared_tensors, the output shapes or -qs")
-    return JobEnding(start=None, end=time.time(), reason=Termination.SETUP_FAILED, error=error, failed_process=None,
-                     spool=spool, processes=[], notes=[])
+    return JobEnding(start=None, end=time.time(), reason=Termination.SETUP_FAILED, error=error, spool=spool,
+                     book=JobBook())

@@ -18,11 +18,12 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from multiprocessing.context import SpawnContext
+from multiprocessing.process import BaseProcess
 
-from rnb.core.joblog import process_record
-from rnb.core.messages import Exited, Failed, Ready, Status
+from rnb.core.records import ProcessRecord
 from rnb.core.termination import POLL_S, Termination
+from rnb.engines.job import JobBook
 from rnb.engines.local.inbox import Inbox
 from rnb.engines.local.lifeline import Lifeline, run, spawning_children
 from rnb.engines.local.plumbing import Plumbing
@@ -31,8 +32,8 @@ from rnb.engines.spool import TimingsSpool
 
 @dataclass
 class Child:
-    process: Any
-    record: dict[str, Any]          # its meta.json `processes` entry, filled in as it goes
+    name: str
+    process: BaseProcess
     stopped_by_main: bool = False
 
 
@@ -40,22 +41,22 @@ class Child:
 class Supervisor:
     plumbing: Plumbing
     spool: TimingsSpool             # where finished items' time cards go
+    book: JobBook = field(default_factory=JobBook)
     children: list[Child] = field(default_factory=list)
-    ready: set[str] = field(default_factory=set)
-    notes: list[str] = field(default_factory=list)
-    failure: tuple[str, str] | None = None   # (process name, error) of the first failure
     inboxes: dict[str, Inbox] = field(default_factory=dict)
 
-    def spawn(self, ctx: Any, target: Callable, args: tuple, name: str, role: str, step: int | None = None,
-              group: int | None = None, instance: int | None = None, device: str | None = None) -> None:
+    def spawn(self, ctx: SpawnContext, target: Callable[..., None], args: tuple[object, ...],
+              record: ProcessRecord) -> None:
+        """Start `target(*args)` in a new process, tied to this one's life; `record` says what it is."""
         entry = f"{target.__module__}.{target.__qualname__}"
-        process = ctx.Process(target=run, args=(Lifeline(), entry, *args), name=name, daemon=True)
+        process = ctx.Process(target=run, args=(Lifeline(), entry, *args), name=record.name, daemon=True)
         with spawning_children():
             process.start()
-        self.children.append(Child(process, process_record(name, role, step, group, instance, device, process.pid)))
+        self.children.append(Child(record.name, process))
+        self.book.add(dataclasses.replace(record, pid=process.pid))
 
     def alive(self) -> list[Child]:
-        return [child for child in self.children if child.record["exitcode"] is None]
+        return [child for child in self.children if self.book[child.name].exitcode is None]
 
     def pump(self, timeout: float = POLL_S) -> None:
         """Take in what children sent, then account for any that exited."""
@@ -76,42 +77,29 @@ class Supervisor:
     def _drain(self, timeout: float) -> None:
         status = self.inboxes["status"]
         try:
-            self._on_status(status.get(timeout))
+            self.book.on_status(status.get(timeout))
         except queue.Empty:
             pass
         for message in status.take_all():
-            self._on_status(message)
+            self.book.on_status(message)
         for results in self.inboxes["results"].take_all():
             self.spool.add(results.cards)
 
-    def _on_status(self, message: Status) -> None:
-        record = next(child.record for child in self.children if child.record["name"] == message.name)
-        if isinstance(message, Ready):
-            self.ready.add(message.name)
-            self.notes.extend(note for note in message.notes if note not in self.notes)
-        elif isinstance(message, Failed):
-            record["status"], record["error"] = "failed", message.error
-            if self.failure is None:
-                self.failure = (message.name, message.error)
-        elif isinstance(message, Exited):
-            record.update(dataclasses.asdict(message))
-
     def _exited(self, child: Child, code: int) -> None:
-        record = child.record
-        record["exitcode"] = code
-        if record["status"] is not None:
+        record = self.book.update(child.name, exitcode=code)
+        if record.status is not None:
             return
         if code == 0:
-            record["status"] = "ok"
+            self.book.update(child.name, status="ok")
         elif child.stopped_by_main:
-            record["status"] = "killed"
+            self.book.update(child.name, status="killed")
         else:
-            record["status"] = "failed"
-            record["error"] = f"exited with code {code}" if code > 0 else f"was killed by signal {-code}"
+            error = f"exited with code {code}" if code > 0 else f"was killed by signal {-code}"
+            self.book.update(child.name, status="failed", error=error)
             # take_over: the child may have died holding the flag's token, mid-raise.
             if self.plumbing.flag.take_over(Termination.PROCESS_FAILED) or (
-                    self.failure is None and self.plumbing.flag.reason == Termination.PROCESS_FAILED):
-                self.failure = (record["name"], record["error"])
+                    self.plumbing.flag.reason == Termination.PROCESS_FAILED):
+                self.book.first_failure(child.name, error)
 
     def stop(self, grace_s: float = 4.0, starting_grace_s: float = 1.0, kill_after_s: float = 2.0) -> None:
         """Let children leave on their own, then kill them (they ignore SIGTERM); always joins them all.
@@ -124,7 +112,7 @@ class Supervisor:
         while self.alive() and time.time() < began + grace_s:
             self.pump()
             if time.time() >= began + starting_grace_s:
-                self._kill([child for child in self.alive() if child.record["name"] not in self.ready])
+                self._kill([child for child in self.alive() if child.name not in self.book.ready])
         self._kill(self.alive())
         deadline = time.time() + kill_after_s
         while self.alive() and time.time() < deadline:
@@ -133,13 +121,13 @@ class Supervisor:
             child.process.join(timeout=1.0)
         self.pump(0.0)
         for child in self.alive():  # unkillable (e.g. stuck in the kernel): say so rather than wait
-            child.record.update(status="killed", error="did not exit after SIGKILL")
+            self.book.update(child.name, status="killed", error="did not exit after SIGKILL")
         for inbox in self.inboxes.values():
             inbox.close()
         self._drain(0.0)
         for inbox in self.inboxes.values():
             if inbox.stuck or inbox.broken:
-                self.notes.append(f"the {inbox.name} queue was left cut short by a process that died writing to it "
+                self.book.notes.append(f"the {inbox.name} queue was left cut short by a process that died writing to it "
                                   "(what was sent after that was lost)")
 
     def _kill(self, children: list[Child]) -> None:

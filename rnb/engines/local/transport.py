@@ -28,8 +28,9 @@ from rnb.engines import client
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.child import child_main
 from rnb.engines.local.plumbing import Plumbing, SharedSlot
-from rnb.engines.runner import Runner, RunnerSpec
+from rnb.engines.runner import Runner
 from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
+from rnb.pipeline.plan import Placement
 
 # A finished card waits at most this long for company in its batch to the main process (and not at all
 # once the inbox is idle, the target is reached or the runner exits).
@@ -67,13 +68,14 @@ class _LocalParticipant:
 class LocalTransport(_LocalParticipant):
     """A runner's transport (rnb.engines.transport.Transport) over slots and queues."""
 
-    def __init__(self, spec: RunnerSpec, wiring: LocalWiring, plumbing: Plumbing) -> None:
+    def __init__(self, spec: Placement, target: int, wiring: LocalWiring, plumbing: Plumbing) -> None:
         super().__init__(plumbing)
         self.spec = spec
+        self.target = target  # -v: items the final step must finish
         self.wiring = wiring
         self.device = torch.device(spec.device)
         self._cuda = self.device.type == "cuda"  # asked twice per hop; a torch.device attribute is not free
-        self.input_device = torch.device(spec.input_device or spec.device)
+        self.input_device = torch.device(spec.input_device)
         self.events = StepEvents(spec.step)
         self.inputs = LocalBuffers(self.input_device)
         self.inbox = plumbing.requests if spec.in_queue is None else plumbing.step_queues[spec.step - 1][spec.in_queue]
@@ -143,9 +145,9 @@ class LocalTransport(_LocalParticipant):
             if self.stopped:
                 return False
         try:
-            accepted = cards[: max(0, self.spec.target - finished.value)]
+            accepted = cards[: max(0, self.target - finished.value)]
             finished.value += len(accepted)
-            reached = finished.value >= self.spec.target
+            reached = finished.value >= self.target
         finally:
             lock.release()
         self.finished.add(accepted)
@@ -206,9 +208,9 @@ def select_device(device: str) -> str:
     return device
 
 
-def runner_main(device: str, spec: RunnerSpec, wiring: LocalWiring, plumbing: Plumbing) -> None:
+def runner_main(device: str, spec: Placement, target: int, wiring: LocalWiring, plumbing: Plumbing) -> None:
     """Entry point of a spawned runner process; `device` comes first (DeviceFirst) and is already current."""
-    transport = LocalTransport(spec, wiring, plumbing)
+    transport = LocalTransport(spec, target, wiring, plumbing)
     child_main(spec.name, plumbing, transport, lambda: Runner(spec, transport).run(), torch.device(spec.device))
 
 

@@ -38,8 +38,9 @@ from rnb.core.timecard import TimeCard, as_cards, now, set_clock_offset
 from rnb.engines import client
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.participant import run_and_report
-from rnb.engines.runner import Runner, RunnerSpec
+from rnb.engines.runner import Runner
 from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
+from rnb.pipeline.plan import Placement
 
 # Ray's own zero-copy path for CPU tensors: the consumer reads them straight out of the object store.
 ACTOR_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
@@ -262,7 +263,7 @@ class RunnerActor(_Member):
         for taken in list(self.pending):
             _settle(taken)
 
-    async def run(self, spec: RunnerSpec, wiring: RayWiring) -> int:
+    async def run(self, spec: Placement, wiring: RayWiring) -> int:
         """The runner loop, until the job ends; 0 ok, 1 failed (reported to the control as Failed)."""
         transport = RayTransport(spec, wiring, self)
         return await self._in_thread(lambda: run_and_report(
@@ -277,14 +278,14 @@ def _settle(future: asyncio.Future) -> None:
 class RayTransport(_RayParticipant):
     """A runner's transport (rnb.engines.transport.Transport) over actor calls and Ray's object store."""
 
-    def __init__(self, spec: RunnerSpec, wiring: RayWiring, member: RunnerActor) -> None:
+    def __init__(self, spec: Placement, wiring: RayWiring, member: RunnerActor) -> None:
         super().__init__(member)
         self.spec = spec
         self.wiring = wiring
         self.inbox = member.inbox
         self.device = torch.device(spec.device)
         self.events = StepEvents(spec.step)
-        self.inputs = LocalBuffers(torch.device(spec.input_device or spec.device))
+        self.inputs = LocalBuffers(torch.device(spec.input_device))
         # Each out_queue's consumers have a run of numbers of their own in `outstanding`, from first[queue].
         self.first = [sum(len(c) for c in wiring.consumers[:q]) for q in range(len(wiring.consumers))]
         self.outstanding = Outstanding(sum(len(c) for c in wiring.consumers))

@@ -33,15 +33,13 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
-from rnb.core import joblog
-from rnb.core.messages import Exited, Failed, Ready, Status
+from rnb.core.records import ProcessRecord
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
-from rnb.engines.job import STOP_SIGNALS, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
+from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.engines.ray.actors import ACTOR_ENV, ClientActor, ControlState, JobControl, RayWiring, RunnerActor
 from rnb.engines.ray.cluster import JobRay, NodeInfo
 from rnb.engines.ray.placement import NodeChoice, Seat, seat_runners
-from rnb.engines.runner import RunnerSpec
 from rnb.engines.sampler import Sampler
 from rnb.engines.spool import TimingsSpool
 from rnb.pipeline.config import ConfigError, PipelineConfig
@@ -101,13 +99,13 @@ def run_ray_job(config: PipelineConfig, args: RunArgs, placements: list[Placemen
 
 @dataclass
 class Member:
-    """One actor of the job as the driver follows it; `record` is its meta.json `processes` entry."""
+    """One actor of the job as the driver follows it; its meta.json record is in the job's book under `name`."""
 
     name: str
-    actor: Any
-    record: dict[str, Any]
-    run: Any = None                     # ObjectRef of its run() call
+    actor: Any                          # a Ray actor handle
+    run: ray.ObjectRef | None = None    # its run() call
     node: NodeInfo | None = None
+    killed_by_driver: bool = False
 
 
 @dataclass
@@ -121,9 +119,7 @@ class RayJob:
     control: Any = None
     members: list[Member] = field(default_factory=list)
     spool: TimingsSpool | None = None                   # finished items, streamed to disk as they come
-    notes: list[str] = field(default_factory=list)
-    ready: set[str] = field(default_factory=set)
-    failure: tuple[str, str] | None = None
+    book: JobBook = field(default_factory=JobBook)
     state: ControlState | None = None
     offsets: dict[str, ClockOffset] = field(default_factory=dict)
     interrupted: threading.Event = field(default_factory=threading.Event)   # Ctrl-C or SIGTERM came
@@ -134,7 +130,7 @@ class RayJob:
         if not bundles:
             return []
         shapes = [choice.bundle() for choice in bundles]
-        self.group = placement_group([s for s, _ in shapes], strategy="PACK", bundle_label_selector=[l for _, l in shapes])
+        self.group = placement_group([s for s, _ in shapes], strategy="PACK", bundle_label_selector=[label for _, label in shapes])
         ready, _ = ray.wait([self.group.ready()], timeout=PLACE_TIMEOUT_S)
         if not ready:
             first = next(seat for seat in self.seats if seat.bundle is not None)
@@ -162,7 +158,7 @@ class RayJob:
         try:
             self.launch(job)
             self.sample_here(sampler)
-            if self.wait_until(lambda: len(self.ready) == len(self.members)):
+            if self.wait_until(lambda: len(self.book.ready) == len(self.members)):
                 start = self.start_together(job)
                 self.follow()
         except (RuntimeError, ray.exceptions.RayError) as error:  # placement timed out, an actor could not start
@@ -176,9 +172,8 @@ class RayJob:
             sampler.write(job_dir)
         reason = self.state.reason
         return JobEnding(start=start, end=self.state.raised_at if reason != Termination.RUNNING else time.time(), reason=reason,
-                         error=setup_error or error_sentence(reason, self.failure, self.args),
-                         failed_process=self.failure and self.failure[0], spool=self.spool,
-                         processes=[m.record for m in self.members], notes=self.notes, engine=self.engine_record())
+                         error=setup_error or error_sentence(reason, self.book.failure, self.args), spool=self.spool,
+                         book=self.book, engine=self.engine_record())
 
     def stopped_from_outside(self, reason: Termination) -> None:
         """A signal handler's whole work: the driver's loop raises the flag at its next look."""
@@ -214,8 +209,9 @@ class RayJob:
         sampler.watch("main", os.getpid())
         here = ray.util.get_node_ip_address()
         for member in self.members:
-            if member.record["node_ip"] == here:
-                sampler.watch(member.name, member.record["pid"])
+            record = self.book[member.name]
+            if record.node_ip == here and record.pid is not None:
+                sampler.watch(member.name, record.pid)
         sampler.start()
 
     def _seat_options(self, seat: Seat) -> dict[str, Any]:
@@ -226,8 +222,8 @@ class RayJob:
         return {**options, "num_gpus": seat.gpu_share, "scheduling_strategy": strategy}
 
     def _add(self, name: str, role: str, p: Placement | None, actor: Any) -> None:
-        record = joblog.process_record(name, role, p and p.step, p and p.group, p and p.instance, p and p.device, None)
-        self.members.append(Member(name, actor, record))
+        self.book.add(ProcessRecord(name, role, p and p.step, p and p.group, p and p.instance, p and p.device))
+        self.members.append(Member(name, actor))
 
     def _locate(self) -> None:
         """Wait for every actor to be placed (or Ctrl-C); record its node, pid and GPUs."""
@@ -244,14 +240,14 @@ class RayJob:
         for ref in where:
             member, found = where[ref], ray.get(ref)
             member.node = nodes.get(found.node_id)
-            member.record.update(pid=found.pid, node=found.node_id, node_ip=member.node and member.node.ip,
-                                 gpu_ids=list(found.gpu_ids))
+            self.book.update(member.name, pid=found.pid, node=found.node_id, node_ip=member.node and member.node.ip,
+                             gpu_ids=found.gpu_ids)
 
     def _start_runner(self, member: Member, seat: Seat, by_name: Mapping[str, Any]) -> None:
         p = seat.placement
         threads = self._threads(member, seat)
-        member.record["threads"] = threads
-        spec = dataclasses.replace(RunnerSpec.from_placement(p, self.args.videos), device=_own_gpu(p.device),
+        self.book.update(member.name, threads=threads)
+        spec = dataclasses.replace(p, device=_own_gpu(p.device), output_device=_own_gpu(p.output_device),
                                    input_device=_own_gpu(p.input_device), threads=threads)
         consumers = tuple(tuple(by_name[s.placement.name] for s in self.seats
                                 if s.placement.step == p.step + 1 and s.placement.in_queue == q) for q in p.out_queues)
@@ -270,12 +266,12 @@ class RayJob:
     def start_together(self, job: str) -> float:
         """Measure each node's clock offset, then open every actor's start gate; the start time."""
         for member in self.members:
-            node = member.record["node"]
+            node = self.book[member.name].node
             if node not in self.offsets:
                 self.offsets[node] = measure_offset(lambda: ray.get(member.actor.clock.remote()))
         start = time.time()
         for member in self.members:
-            member.actor.start.remote(self.offsets[member.record["node"]].offset_s)
+            member.actor.start.remote(self.offsets[self.book[member.name].node].offset_s)
         log.info("started %s on Ray: client and %d runners ready on %d nodes", job, len(self.seats), len(self.offsets))
         return start
 
@@ -296,7 +292,7 @@ class RayJob:
                 return True
 
     def poll(self, timeout: float = POLL_S) -> None:
-        runs = {m.run: m for m in self.members if m.run is not None and m.record["status"] is None}
+        runs = {m.run: m for m in self._running()}
         finished, _ = ray.wait(list(runs), num_returns=len(runs), timeout=timeout) if runs else ([], [])
         self.collect()
         for ref in finished:
@@ -312,49 +308,38 @@ class RayJob:
 
     def collect(self) -> None:
         """Take what the JobControl gathered.  If it is gone, the job is over: it failed, now."""
-        if self.state is not None and self.failure is not None and self.failure[0] == "control":
+        if self.state is not None and self.book.failure is not None and self.book.failure.process == "control":
             return
         try:
             state = ray.get(self.control.collect.remote())
         except ray.exceptions.RayActorError as error:
-            self.failure = ("control", _death_sentence(error))
+            self.book.first_failure("control", _death_sentence(error))
             state = ControlState(Termination.PROCESS_FAILED, time.time(), (), ())
             for member in self.members:
                 member.actor.halt.remote()
         self.state = state
         self.spool.add(state.cards)
         for status in state.statuses:
-            self._on_status(status)
-
-    def _on_status(self, status: Status) -> None:
-        record = next(m.record for m in self.members if m.name == status.name)
-        if isinstance(status, Ready):
-            self.ready.add(status.name)
-            self.notes.extend(note for note in status.notes if note not in self.notes)
-        elif isinstance(status, Failed):
-            record["status"], record["error"] = "failed", status.error
-            self.failure = self.failure or (status.name, status.error)
-        elif isinstance(status, Exited):
-            record.update({k: v for k, v in dataclasses.asdict(status).items() if k != "name"})
+            self.book.on_status(status)
 
     def _ended(self, member: Member, ref: Any) -> None:
         """A run() call returned or its actor died: record it; a death while the job runs fails the job."""
-        record = member.record
         try:
-            record["exitcode"] = ray.get(ref)
-            record["status"] = record["status"] or ("ok" if record["exitcode"] == 0 else "failed")
+            code = ray.get(ref)
+            status = self.book[member.name].status or ("ok" if code == 0 else "failed")
+            self.book.update(member.name, exitcode=code, status=status)
             return
         except ray.exceptions.RayActorError as error:
             death = _death_sentence(error)
         except ray.exceptions.RayError as error:  # run() raised before its loop could report (a RayTaskError)
             death = f"{type(error).__name__}: {_one_line(error)}"
-        if record.get("killed_by_driver"):
-            record["status"] = "killed"
+        if member.killed_by_driver:
+            self.book.update(member.name, status="killed")
             return
-        record["status"], record["error"] = "failed", death
+        self.book.update(member.name, status="failed", error=death)
         self.raise_flag(Termination.PROCESS_FAILED)
-        if self.failure is None and self.state.reason == Termination.PROCESS_FAILED:
-            self.failure = (member.name, death)
+        if self.state is not None and self.state.reason == Termination.PROCESS_FAILED:
+            self.book.first_failure(member.name, death)
 
     def stop(self, reason: Termination) -> None:
         """Raise the flag (a no-op if raised), give the actors GRACE_S to finish, then kill what is left."""
@@ -366,18 +351,18 @@ class RayJob:
         while self._running() and time.time() < deadline:
             self.poll()
         for member in self._running():
-            member.record["killed_by_driver"] = True
+            member.killed_by_driver = True
             ray.kill(member.actor, no_restart=True)
         deadline = time.time() + GRACE_S
         while self._running() and time.time() < deadline:
             self.poll()
         self.collect()
         for member in self.members:
-            killed = member.record.pop("killed_by_driver", None) or member.run is not None
-            member.record["status"] = member.record["status"] or ("killed" if killed else "not started")
+            if self.book[member.name].status is None:
+                self.book.update(member.name, status="killed" if member.run is not None else "not started")
 
     def _running(self) -> list[Member]:
-        return [m for m in self.members if m.run is not None and m.record["status"] is None]
+        return [m for m in self.members if m.run is not None and self.book[m.name].status is None]
 
     def clean_up(self) -> None:
         """Nothing of the job stays on the cluster: every actor killed, the placement group removed."""
@@ -388,7 +373,7 @@ class RayJob:
 
     def engine_record(self) -> dict[str, Any]:
         """meta.json's `engine`: Ray, where, and every node the job used with its clock offset."""
-        used = {m.record.get("node") for m in self.members}
+        used = {record.node for record in self.book.records}
         return {"name": "ray", "address": self.cluster.address,
                 "cluster": "simulated" if self.cluster.simulated else "own" if self.cluster.own else "given",
                 "nodes": {n.node_id: {"ip": n.ip, "labels": dict(n.labels), "cpus": n.cpus, "gpus": n.gpus,
