@@ -307,7 +307,7 @@ def throughput_columns(job: Job) -> dict[str, Any]:
     start, end = job.meta.start_time, job.meta.end_time
     row: dict[str, Any] = dict.fromkeys(("throughput_window_s", "throughput_windows", "steady_start_s",
                                          "steady_end_s", "steady_throughput_items_per_s"))
-    if start is None or end <= start:
+    if start is None or end is None or end <= start:
         return row
     series = windowed_throughput(_column(job.timings, StepEvents(job.num_steps - 1).handed_over).astype(float), start, end)
     steady = steady_state(series)

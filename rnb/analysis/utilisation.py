@@ -49,7 +49,7 @@ def busy_columns(num_steps: int) -> list[str]:
 def busy_fractions(job: Job) -> dict[str, float]:
     """Each runner's time inside its model over the elapsed time, clipped to [start, end]; {} without both."""
     start, end = job.meta.start_time, job.meta.end_time
-    if start is None or end <= start:
+    if start is None or end is None or end <= start:
         return {}
     busy: dict[str, float] = {}
     for k in range(job.num_steps):
@@ -99,6 +99,6 @@ def utilisation_columns(job: Job) -> dict[str, Any]:
         "busy_fraction": json.dumps(busy),
         "bottleneck_step": None if neck is None else neck.step,
         "bottleneck_busy_fraction": None if neck is None else neck.busy,
-        "cpu_percent": json.dumps(cpu_percent(job.samples, start, end) if job.samples is not None and start is not None
-                                  else {}),
+        "cpu_percent": json.dumps(cpu_percent(job.samples, start, end)
+                                  if job.samples is not None and start is not None and end is not None else {}),
     }

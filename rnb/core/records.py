@@ -3,9 +3,10 @@
 `ProcessRecord` is one entry of `processes`: what a driver knows of a
 process at spawn time, completed as it reports and exits.  `JobMeta` is the
 whole document.  Both are frozen; a driver replaces a record as it learns
-more (rnb.engines.job.JobBook).  Reading is lenient where logs of older
-versions lack a field (it reads as its default), strict where a field every
-version wrote is missing or of the wrong type (JobLogError, one sentence).
+more (rnb.engines.job.JobBook).  Reading is lenient where a log (an older
+version's, or one written by hand) lacks a field: it reads as its default;
+only `num_steps`, without which no table can be read, is required.  A field
+of the wrong type is a JobLogError naming the file, in one sentence.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ class JobMeta:
     config_path: str
     args: JsonObject                         # the job's settings (rnb.engines.job.RunArgs) as written
     start_time: float | None                 # epoch s when the start barrier passed; None if it never did
-    end_time: float
+    end_time: float | None                   # epoch s when the flag was raised
     finished_items: int
     termination_reason: str
     num_steps: int
@@ -102,7 +103,7 @@ class JobMeta:
 
     @property
     def elapsed_s(self) -> float | None:
-        return None if self.start_time is None else self.end_time - self.start_time
+        return None if self.start_time is None or self.end_time is None else self.end_time - self.start_time
 
     @property
     def throughput_items_per_s(self) -> float:
@@ -132,15 +133,15 @@ class JobMeta:
         processes = document.get("processes") or []
         if not isinstance(processes, list):
             raise JobLogError(f"{where}: 'processes' should be a list, found {type(processes).__name__}.")
-        start = document.get("start_time")
+        start, end = document.get("start_time"), document.get("end_time")
         return JobMeta(
             job_id=str(document.get("job_id") or ""),
             config_path=str(document.get("config_path") or ""),
             args=_object(document, "args", where),
             start_time=None if start is None else _number(start, "start_time", where),
-            end_time=_number(document.get("end_time"), "end_time", where),
-            finished_items=_required(document, "finished_items", int, where),
-            termination_reason=_required(document, "termination_reason", str, where),
+            end_time=None if end is None else _number(end, "end_time", where),
+            finished_items=_optional(document, "finished_items", int, where) or 0,
+            termination_reason=_optional(document, "termination_reason", str, where) or "",
             num_steps=_required(document, "num_steps", int, where),
             failed_process=_optional(document, "failed_process", str, where),
             error=_optional(document, "error", str, where),
