@@ -8,8 +8,8 @@ keyframe every 2 frames (LeRobot's default). Both are generated once under
 the benchmark cache directory (a few minutes) and reused.
 
 Random frames (P2r, P3r) are drawn as LeRobot's random-frames track draws
-them (episodes.streaming.random_targets). Remote rows go through the test
-server's network profile (episodes.testing_network.WAN: 100 Mbit/s, 20 ms
+them (episodes.tools.streaming.random_targets). Remote rows go through the test
+server's network profile (episodes.testing.network.WAN: 100 Mbit/s, 20 ms
 round trip). Timed rows are medians of paired, alternating repetitions
 (bench.common.paired); before timing, both sides must return identical
 frames (or values).
@@ -28,10 +28,10 @@ from bench.common import Effort, Goal, Row, Side, compare, measure_pair
 from bench.episode_bench import grainy_dataset, remote_rows
 from episodes import EpisodeByteCache, LeRobotDataset, open_dataset
 from episodes._mp4.span import episode_span
-from episodes.streaming import (StreamingOptions, random_targets, remote_decoder_track, windows_track)
-from episodes.synthetic import SyntheticSpec
-from episodes.testing_network import WAN
-from episodes.testing_server import serve_directory
+from episodes.tools.streaming import (StreamingOptions, random_targets, remote_decoder_track, windows_track)
+from episodes.testing.synthetic import SyntheticSpec
+from episodes.testing.network import WAN
+from episodes.testing.server import serve_directory
 from models.episode import EpisodeLoader
 from rnb.harness.timecard import TimeCard
 from rnb.pipeline.dataset_source import EpisodeRequest

@@ -13,7 +13,7 @@ file size.  Every timed figure is the median of paired, alternating
 repetitions (bench.common.paired).
 
 P3 runs on loopback; P3n (bench/access_bench.py) runs the same case
-through the test server's network profile (episodes.testing_network).
+through the test server's network profile (episodes.testing.network).
 """
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ from bench.common import Effort, Goal, Row, Side, compare, measure_pair
 from episodes import EpisodeByteCache, open_dataset
 from episodes._mp4 import episode_span
 from episodes.decode import open_decoder
-from episodes.synthetic import SyntheticSpec, camera_keys, draw_frames, encode_video, make_dataset
-from episodes.testing_server import NginxServer
-from episodes.verify import FullFileReference
+from episodes.testing.synthetic import SyntheticSpec, camera_keys, draw_frames, encode_video, make_dataset
+from episodes.testing.server import NginxServer
+from episodes.tools.verify import FullFileReference
 
 SPEC = SyntheticSpec(codec="h264", gop=30, bframes=2, episodes=32, cameras=1, episodes_per_file=32,
                      min_length=220, max_length=300, width=256, height=256, seed=11)

@@ -131,7 +131,7 @@ def remote_trial(root: Path, reference: dict[int, Any], key: str, probability: f
     import torch
 
     from episodes import EpisodeByteCache, FetchError, open_dataset
-    from episodes.testing_faults import FAULTS, serve_with_faults
+    from episodes.testing.faults import FAULTS, serve_with_faults
 
     rng = random.Random(seed)
     faults = [rng.choice(FAULTS) if rng.random() < probability else None for _ in range(10_000)]

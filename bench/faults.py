@@ -225,7 +225,7 @@ def config_rows(work: Path, mutations: int, runs: int, isolated: bool) -> list[F
 
 
 def ensure_dataset(work: Path) -> Path:
-    from episodes.synthetic import SyntheticSpec, make_dataset
+    from episodes.testing.synthetic import SyntheticSpec, make_dataset
 
     root = work / "dataset"
     if not root.exists():

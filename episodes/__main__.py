@@ -4,23 +4,29 @@ verify: are the byte-range frames identical to a full-file decode? Exit
 status 0 when every episode-camera is identical, 1 when any differs (or
 fails), 2 for bad arguments or a dataset that cannot be opened.
 
-bench: LeRobot's episode-streaming tracks side by side (episodes.streaming),
+bench: LeRobot's episode-streaming tracks side by side (episodes.tools.streaming),
 one table. Exit status 0 when every track ran, 1 when one failed (its row
 says why, the others are still printed), 2 for bad arguments or a dataset
 that cannot be opened.
+
+The package's log records at INFO and above reach stderr as `episodes:
+message` while a command runs, the way RnB's commands show theirs; the
+handler is removed afterwards, so a call in-process leaves nothing behind.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
+from collections.abc import Iterator
 
 import torch
 
 from episodes.errors import EpisodeDataError
 from episodes.source import open_episodes
-from episodes.streaming import TRACKS, StreamingOptions, run_tracks, track_table
-from episodes.verify import EpisodeCheck, verify_dataset
-from rnb.console import terminal_logging
+from episodes.tools.streaming import TRACKS, StreamingOptions, run_tracks, track_table
+from episodes.tools.verify import EpisodeCheck, verify_dataset
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,9 +111,24 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.different == 0 and report.checks else 1
 
 
+@contextlib.contextmanager
+def _log_to_stderr() -> Iterator[None]:
+    """The package's records at INFO and above on the stderr of the moment, as `episodes: message`."""
+    logger, handler = logging.getLogger("episodes"), logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("episodes: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    with terminal_logging("episodes"):
+    with _log_to_stderr():
         return _bench(args) if args.command == "bench" else _verify(args)
 
 

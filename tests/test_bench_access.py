@@ -9,8 +9,8 @@ import pytest
 from bench import access_bench
 from bench.common import Effort
 from episodes import open_dataset
-from episodes.streaming import random_targets, windows_track
-from episodes.synthetic import make_dataset
+from episodes.tools.streaming import random_targets, windows_track
+from episodes.testing.synthetic import make_dataset
 
 EFFORT = Effort.of(quick=True)
 TINY = dict(episodes=6, episodes_per_file=3, min_length=24, max_length=40, width=64, height=64)

@@ -12,8 +12,8 @@ from bench.common import Effort
 from bench.episode_bench import (benchmark_seconds, bytes_rows, cached_dataset_name, ffmpeg_command, grainy_dataset,
                                  remote_rows, sidecar_rows)
 from episodes import EpisodeByteCache, open_dataset
-from episodes.synthetic import SyntheticSpec, make_dataset
-from episodes.testing_server import serve_directory
+from episodes.testing.synthetic import SyntheticSpec, make_dataset
+from episodes.testing.server import serve_directory
 
 TINY = SyntheticSpec(codec="h264", gop=6, bframes=2, episodes=14, cameras=1, episodes_per_file=14,
                      min_length=9, max_length=12, width=64, height=64, seed=5)

@@ -12,8 +12,8 @@ import torch
 
 from episodes import EpisodeByteCache, open_dataset, open_video_files
 from episodes.decode import decode_frames
-from episodes.synthetic import SyntheticSpec, make_dataset
-from episodes.verify import FullFileReference
+from episodes.testing.synthetic import SyntheticSpec, make_dataset
+from episodes.tools.verify import FullFileReference
 from tests.test_make_dataset import read_indices
 
 SMALL = dict(episodes=5, cameras=1, episodes_per_file=2, min_length=8, max_length=20, width=64, height=64, seed=3)

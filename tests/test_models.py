@@ -17,7 +17,7 @@ from episodes._mp4.span import episode_span
 from episodes._mp4.windows import frame_windows
 from episodes.cache import DEFAULT_COALESCE_GAP
 from episodes.storage import coalesce_ranges
-from episodes.synthetic import make_dataset
+from episodes.testing.synthetic import make_dataset
 from models.aggregator import Aggregator
 from models.batcher import Batcher
 from models.episode import (EpisodeDecoder, EpisodeFetcher, EpisodeLoader, ClipCount, sample_clip_frames,

@@ -10,8 +10,8 @@ import torch
 
 from episodes import EpisodeByteCache, open_dataset
 from episodes.sidecar import SIDECAR_NAME, IndexSidecar, default_cache_dir
-from episodes.synthetic import SyntheticSpec, make_dataset
-from episodes.testing_server import serve_directory
+from episodes.testing.synthetic import SyntheticSpec, make_dataset
+from episodes.testing.server import serve_directory
 from tests.test_make_dataset import read_indices
 
 SPEC = SyntheticSpec(codec="h264", gop=6, bframes=2, episodes=4, cameras=1, episodes_per_file=2,

@@ -8,9 +8,9 @@ import pytest
 
 from episodes import open_dataset
 from episodes.__main__ import main
-from episodes.streaming import TRACKS, StreamingOptions, random_targets, run_tracks
-from episodes.synthetic import SyntheticSpec, make_dataset
-from episodes.testing_server import serve_directory
+from episodes.tools.streaming import TRACKS, StreamingOptions, random_targets, run_tracks
+from episodes.testing.synthetic import SyntheticSpec, make_dataset
+from episodes.testing.server import serve_directory
 
 SPEC = SyntheticSpec(episodes=8, cameras=2, episodes_per_file=4, min_length=30, max_length=60, width=64, height=64,
                      gop=10, bframes=2, seed=2)

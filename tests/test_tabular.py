@@ -15,7 +15,7 @@ from episodes import EpisodeDataset, LeRobotDataset, VideoFilesDataset, open_epi
 from episodes.errors import DatasetFormatError
 from episodes.layout import ROW_INDEX
 from episodes.source import guess_kind
-from episodes.synthetic import SyntheticSpec
+from episodes.testing.synthetic import SyntheticSpec
 from episodes.sidecar import local_cache_path
 from episodes.tabular import USAGE_DIR
 

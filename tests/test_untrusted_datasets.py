@@ -16,8 +16,8 @@ from typing import Callable
 import pytest
 
 from episodes import DatasetFormatError, EpisodeByteCache, FetchError, Mp4FormatError, open_dataset
-from episodes.synthetic import SyntheticSpec
-from episodes.testing_faults import serve_with_faults
+from episodes.testing.synthetic import SyntheticSpec
+from episodes.testing.faults import serve_with_faults
 from rnb.harness import cli
 from tests.test_make_dataset import read_indices
 

@@ -15,9 +15,9 @@ from episodes import FrameRequest
 from episodes.decode import decode_frames
 from episodes.errors import FetchError
 from episodes.storage import coalesce_ranges
-from episodes.synthetic import SyntheticSpec, make_dataset
-from episodes.testing_server import serve_directory
-from episodes.verify import FullFileReference
+from episodes.testing.synthetic import SyntheticSpec, make_dataset
+from episodes.testing.server import serve_directory
+from episodes.tools.verify import FullFileReference
 from tests.mp4_fixtures import ALL_KINDS, FPS, FRAMES, clip_dir, make_mp4, read_index
 from tests.test_decode import _full
 
