@@ -35,7 +35,7 @@ from torchcodec.decoders import VideoDecoder
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
 from episodes import EpisodeByteCache, open_dataset
 from episodes._mp4 import episode_span
-from episodes.decode import open_decoder
+from episodes._decode import open_decoder
 from episodes.testing.synthetic import SyntheticSpec, camera_keys, draw_frames, encode_video, make_dataset
 from episodes.testing.server import NginxServer
 from episodes.tools.verify import FullFileReference

@@ -10,13 +10,13 @@
 Implementation modules are private to the package; the names below are its API.
 """
 from episodes._mp4 import MiniMp4
-from episodes.cache import EpisodeByteCache
-from episodes.reads import FETCH_MODES, CacheStats, FrameRead, FrameRequest, MiniRead
-from episodes.dataset import EpisodeRecord, LeRobotDataset, VideoSegment, open_dataset
-from episodes.decode import decode_frames, open_decoder
-from episodes.errors import DatasetFormatError, EpisodeDataError, FetchError, Mp4FormatError
-from episodes.source import EpisodeDataset, open_episodes
-from episodes.video_files import VideoFilesDataset, open_video_files
+from episodes._cache import EpisodeByteCache
+from episodes._reads import FETCH_MODES, CacheStats, FrameRead, FrameRequest, MiniRead
+from episodes._dataset import EpisodeRecord, LeRobotDataset, VideoSegment, open_dataset
+from episodes._decode import decode_frames, open_decoder
+from episodes._errors import DatasetFormatError, EpisodeDataError, FetchError, Mp4FormatError
+from episodes._source import EpisodeDataset, open_episodes
+from episodes._video_files import VideoFilesDataset, open_video_files
 
 __all__ = [
     "CacheStats",

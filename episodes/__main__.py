@@ -23,8 +23,7 @@ from collections.abc import Iterator
 
 import torch
 
-from episodes.errors import EpisodeDataError
-from episodes.source import open_episodes
+from episodes import EpisodeDataError, open_episodes
 from episodes.tools.streaming import TRACKS, StreamingOptions, run_tracks, track_table
 from episodes.tools.verify import EpisodeCheck, verify_dataset
 

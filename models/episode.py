@@ -32,7 +32,7 @@ from torchvision.transforms.v2 import functional as F
 
 from episodes import (EpisodeByteCache, EpisodeDataError, EpisodeDataset, FrameRequest, MiniRead, decode_frames,
                       open_episodes)
-from episodes.cache import DEFAULT_COALESCE_GAP
+from episodes._cache import DEFAULT_COALESCE_GAP
 from rnb.harness.timecard import TimeCard
 from rnb.pipeline.config import KeywordError
 from rnb.pipeline.dataset_source import EpisodeRequest
@@ -219,7 +219,7 @@ class EpisodeLoader:
     names data columns (e.g. ["observation.state", "action"]) to
     pass on as (frames, dim) numpy arrays in non_tensors["tabular"]; with
     `tabular_cache` (the default) they are sliced from usage-format copies
-    of the data files (episodes.tabular) instead of decoded from Parquet.
+    of the data files (the episodes usage-format cache) instead of decoded from Parquet.
     """
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from episodes import EpisodeByteCache, open_dataset, open_video_files
-from episodes.decode import decode_frames
+from episodes._decode import decode_frames
 from episodes.testing.synthetic import SyntheticSpec, make_dataset
 from episodes.tools.verify import FullFileReference
 from tests.test_make_dataset import read_indices

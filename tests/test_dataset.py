@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from episodes.dataset import EpisodeRecord, VideoSegment, open_dataset
-from episodes.tabular import column_array
-from episodes.errors import DatasetFormatError, EpisodeDataError, FetchError
+from episodes._dataset import EpisodeRecord, VideoSegment, open_dataset
+from episodes._tabular import column_array
+from episodes._errors import DatasetFormatError, EpisodeDataError, FetchError
 from episodes.testing.synthetic import SyntheticSpec
 from episodes.testing.server import serve_directory
 

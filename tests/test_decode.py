@@ -12,7 +12,7 @@ from torchcodec.decoders import VideoDecoder
 from episodes._mp4.index import Mp4Index
 from episodes._mp4.span import episode_span
 from episodes._mp4.writer import MiniMp4, synthesize_mini_mp4
-from episodes.decode import decode_frames, open_decoder
+from episodes._decode import decode_frames, open_decoder
 from tests.mp4_fixtures import ALL_KINDS, FPS, FRAMES, clip_dir, make_mp4, read_index
 
 __all__ = ["clip_dir"]

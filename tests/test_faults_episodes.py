@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from episodes import EpisodeByteCache, FetchError, Mp4FormatError, open_dataset
-from episodes.storage import Storage
+from episodes._storage import Storage
 from episodes.testing.synthetic import SyntheticSpec
 from episodes.testing.server import serve_directory
 from tests.test_make_dataset import read_indices

@@ -14,7 +14,7 @@ import torch
 from torchcodec.decoders import VideoDecoder
 
 from episodes._mp4.boxes import top_level_boxes
-from episodes.dataset import open_dataset
+from episodes._dataset import open_dataset
 from episodes.testing.synthetic import BITS, SyntheticSpec, make_dataset
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ from rnb.harness.job import allocate_slots
 from episodes import EpisodeByteCache, open_dataset
 from episodes._mp4.span import episode_span
 from episodes._mp4.windows import frame_windows
-from episodes.cache import DEFAULT_COALESCE_GAP
-from episodes.storage import coalesce_ranges
+from episodes._cache import DEFAULT_COALESCE_GAP
+from episodes._storage import coalesce_ranges
 from episodes.testing.synthetic import make_dataset
 from models.aggregator import Aggregator
 from models.batcher import Batcher

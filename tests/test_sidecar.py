@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from episodes import EpisodeByteCache, open_dataset
-from episodes.sidecar import SIDECAR_NAME, IndexSidecar, default_cache_dir
+from episodes._sidecar import SIDECAR_NAME, IndexSidecar, default_cache_dir
 from episodes.testing.synthetic import SyntheticSpec, make_dataset
 from episodes.testing.server import serve_directory
 from tests.test_make_dataset import read_indices

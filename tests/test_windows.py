@@ -12,9 +12,9 @@ from episodes._mp4.span import episode_span
 from episodes._mp4.windows import frame_windows
 from episodes._mp4.writer import build_mini_mp4, gather_samples
 from episodes import FrameRequest
-from episodes.decode import decode_frames
-from episodes.errors import FetchError
-from episodes.storage import coalesce_ranges
+from episodes._decode import decode_frames
+from episodes._errors import FetchError
+from episodes._storage import coalesce_ranges
 from episodes.testing.synthetic import SyntheticSpec, make_dataset
 from episodes.testing.server import serve_directory
 from episodes.tools.verify import FullFileReference

@@ -11,7 +11,7 @@ reports what it cost:
 - remote-decoder: torchcodec over the source MP4 itself, opened through
   fsspec in approximate mode and kept per file, as LeRobot's loader does;
 - tabular: each pooled episode's data columns from Parquet row groups, then
-  from the usage-format cache (episodes.tabular).
+  from the usage-format cache (episodes._tabular).
 Without `include_decode` the cache tracks only fetch and build mini-MP4s
 (LeRobot's default); with it every track decodes its frames, and the
 decoded frames of windows and remote-decoder are compared with indexed's.
@@ -31,11 +31,7 @@ import numpy as np
 import torch
 from torchcodec.decoders import VideoDecoder
 
-from episodes.cache import EpisodeByteCache
-from episodes.dataset import LeRobotDataset
-from episodes.errors import EpisodeDataError
-from episodes.reads import CacheStats, FrameRequest
-from episodes.source import EpisodeDataset
+from episodes import CacheStats, EpisodeByteCache, EpisodeDataError, EpisodeDataset, FrameRequest, LeRobotDataset
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 import torch
 from torchcodec.decoders import VideoDecoder
 
-from episodes.cache import EpisodeByteCache
-from episodes.errors import EpisodeDataError
-from episodes.source import EpisodeDataset
+from episodes import EpisodeByteCache, EpisodeDataError, EpisodeDataset
 
 
 @dataclass(frozen=True)

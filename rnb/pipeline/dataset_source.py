@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 from rnb.pipeline.config import ConfigError, PipelineConfig, describe
 
 if TYPE_CHECKING:
-    from episodes.source import EpisodeDataset
+    from episodes import EpisodeDataset
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import fsspec
 import numpy as np
 
 from episodes._mp4 import Mp4Index
-from episodes.errors import Mp4FormatError
-from episodes.storage import FileInfo, Storage
+from episodes._errors import Mp4FormatError
+from episodes._storage import FileInfo, Storage
 
 SIDECAR_NAME = "rnb_mp4_index.v1.npz"
 FORMAT_VERSION = 1

@@ -13,9 +13,9 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from fsspec.core import has_magic
 
-from episodes.dataset import EpisodeRecord, open_dataset
-from episodes.storage import Storage
-from episodes.video_files import open_video_files
+from episodes._dataset import EpisodeRecord, open_dataset
+from episodes._storage import Storage
+from episodes._video_files import open_video_files
 
 SourceKind = Literal["dataset", "videos"]
 KINDS: tuple[SourceKind, ...] = ("dataset", "videos")

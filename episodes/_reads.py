@@ -1,6 +1,6 @@
 """What one read of episode frames returns and costs, and how its frames are named: the cache's records.
 
-Kept apart from episodes.cache so that the records read alone: a request
+Kept apart from episodes._cache so that the records read alone: a request
 (FrameRequest), a mini-MP4 with its cost (MiniRead), decoded frames with
 theirs (FrameRead), and the cache's running totals (CacheStats).
 """

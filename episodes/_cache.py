@@ -35,14 +35,14 @@ from torchcodec.decoders import VideoDecoder
 from episodes._mp4 import MiniMp4, Mp4Index, build_index, episode_span, synthesize_mini_mp4
 from episodes._mp4.span import EpisodeSpan
 from episodes._mp4.windows import frame_windows
-from episodes.dataset import EpisodeRecord
-from episodes.decode import open_decoder
-from episodes.errors import EpisodeDataError, Mp4FormatError, reworded
-from episodes.reads import (CacheStats, FrameRead, FrameRequest, MiniRead, fetch_mode, frame_numbers_of, half_frame,
-                            numbers_at)
-from episodes.sidecar import IndexSidecar, sidecar_path
-from episodes.source import EpisodeDataset
-from episodes.windows import RangeBatch, WindowJob, fetch_ranges, window_mini
+from episodes._dataset import EpisodeRecord
+from episodes._decode import open_decoder
+from episodes._errors import EpisodeDataError, Mp4FormatError, reworded
+from episodes._reads import (CacheStats, FrameRead, FrameRequest, MiniRead, fetch_mode, frame_numbers_of, half_frame,
+                             numbers_at)
+from episodes._sidecar import IndexSidecar, sidecar_path
+from episodes._source import EpisodeDataset
+from episodes._windows import RangeBatch, WindowJob, fetch_ranges, window_mini
 
 T = TypeVar("T")
 DEFAULT_COALESCE_GAP = 256 * 1024  # LeRobot's --coalesce-gap-kb default
@@ -72,7 +72,7 @@ class EpisodeByteCache:
     requests for the same (episode, camera) share one fetch. Frame windows
     (fetch="windows") read their coalesced ranges on another pool of
     `workers` threads and are not kept. Indexes persist in a sidecar (see
-    episodes.sidecar) unless `use_sidecar` is False; `sidecar_dir` replaces
+    episodes._sidecar) unless `use_sidecar` is False; `sidecar_dir` replaces
     the cache directory used for roots we cannot write next to.
     """
 

@@ -16,9 +16,9 @@ from fsspec.core import has_magic
 import numpy as np
 
 from episodes._mp4 import Mp4Index, build_index
-from episodes.dataset import EpisodeRecord, VideoSegment, checked_episode
-from episodes.errors import DatasetFormatError
-from episodes.storage import Storage, open_filesystem
+from episodes._dataset import EpisodeRecord, VideoSegment, checked_episode
+from episodes._errors import DatasetFormatError
+from episodes._storage import Storage, open_filesystem
 
 VIDEO_KEY = "video"
 

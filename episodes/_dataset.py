@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from episodes.errors import DatasetFormatError
-from episodes.layout import (CODEBASE_VERSION, EPISODE_COLUMNS, EPISODES_GLOB, EPISODES_PATH, INFO_PATH, ROW_INDEX,
-                             VIDEO_FIELDS, video_column)
-from episodes.storage import Storage, relative_path
-from episodes.tabular import UsageCache, column_array
+from episodes._errors import DatasetFormatError
+from episodes._layout import (CODEBASE_VERSION, EPISODE_COLUMNS, EPISODES_GLOB, EPISODES_PATH, INFO_PATH, ROW_INDEX,
+                              VIDEO_FIELDS, video_column)
+from episodes._storage import Storage, relative_path
+from episodes._tabular import UsageCache, column_array
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ class LeRobotDataset:
         return table.slice(start, stop - start).select(names)
 
     def use_usage_cache(self, cache_dir: str | PathLike | None = None) -> None:
-        """Serve episode_columns from usage-format copies (see episodes.tabular) from now on."""
+        """Serve episode_columns from usage-format copies (see episodes._tabular) from now on."""
         self.usage_cache = UsageCache(self.storage, cache_dir)
 
     def episode_columns(self, ep: int, columns: Sequence[str]) -> dict[str, np.ndarray]:
@@ -316,7 +316,7 @@ def open_dataset(
     """Open a LeRobot v3.0 dataset at a local path or any fsspec URL.
 
     `usage_cache` serves episode_columns from memmapped copies of the data
-    columns (episodes.tabular), kept beside the MP4 sidecar or under `cache_dir`.
+    columns (episodes._tabular), kept beside the MP4 sidecar or under `cache_dir`.
     """
     storage = Storage(str(root), storage_options=storage_options, retries=retries,
                       backoff_s=backoff_s, timeout_s=timeout_s)

@@ -19,9 +19,9 @@ import numpy as np
 from episodes._mp4 import MiniMp4, Mp4Index
 from episodes._mp4.windows import FrameWindows
 from episodes._mp4.writer import build_mini_mp4, gather_samples
-from episodes.errors import EpisodeDataError, Mp4FormatError, reworded
-from episodes.reads import MiniRead
-from episodes.storage import Storage, coalesce_ranges
+from episodes._errors import EpisodeDataError, Mp4FormatError, reworded
+from episodes._reads import MiniRead
+from episodes._storage import Storage, coalesce_ranges
 
 
 @dataclass(frozen=True, eq=False)
