@@ -9,6 +9,11 @@ one table. Exit status 0 when every track ran, 1 when one failed (its row
 says why, the others are still printed), 2 for bad arguments or a dataset
 that cannot be opened.
 
+Both keep MP4 indexes (and bench its usage-format copies) under
+--cache-dir, by default RnB's cache directory ($RNB_CACHE_DIR, else
+~/.cache/rnb): the command ships as RnB's `rnb-episodes`, and so shares
+the indexes RnB's runs made. The library itself has no default directory.
+
 The package's log records at INFO and above reach stderr as `episodes:
 message` while a command runs, the way RnB's commands show theirs; the
 handler is removed afterwards, so a call in-process leaves nothing behind.
@@ -18,8 +23,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -35,7 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("root", help="LeRobot v3.0 dataset root (path or fsspec URL), or a glob of MP4 files")
     verify.add_argument("--device", default="cpu", help="decode device: cpu or cuda:N (default cpu)")
     verify.add_argument("--cameras", nargs="+", metavar="KEY", help="video keys to check (default: all)")
-    _bench_arguments(commands.add_parser("bench", help="time LeRobot's episode-streaming tracks side by side"))
+    bench = commands.add_parser("bench", help="time LeRobot's episode-streaming tracks side by side")
+    _bench_arguments(bench)
+    cache_dir = Path(os.environ.get("RNB_CACHE_DIR") or Path.home() / ".cache" / "rnb")
+    for command in (verify, bench):
+        command.add_argument("--cache-dir", type=Path, default=cache_dir,
+                             help=f"where MP4 indexes persist (default {cache_dir}: $RNB_CACHE_DIR, else ~/.cache/rnb)")
     return parser
 
 
@@ -81,7 +93,7 @@ def _bench(args: argparse.Namespace) -> int:
             pool_size=args.pool_size, frames_per_episode=args.frames_per_episode,
             frame_pool_size=args.frame_pool_size, coalesce_gap_kb=args.coalesce_gap_kb, workers=args.workers,
             prefetch_ahead=args.prefetch_ahead, include_decode=args.include_decode, seed=args.seed,
-            use_sidecar=not args.no_sidecar)
+            use_sidecar=not args.no_sidecar, cache_dir=str(args.cache_dir))
         ds = open_episodes(args.root)
     except (EpisodeDataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -101,7 +113,8 @@ def _verify(args: argparse.Namespace) -> int:
     try:
         device = _device(args.device)
         ds = open_episodes(args.root)
-        report = verify_dataset(ds, device=device, cameras=args.cameras, on_check=_print_check)
+        report = verify_dataset(ds, device=device, cameras=args.cameras, cache_dir=args.cache_dir,
+                                on_check=_print_check)
     except (EpisodeDataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -35,7 +35,7 @@ def test_random_frame_bytes_are_exact_counts(tiny: dict[int, Path], tmp_path: Pa
     assert [row.id for row in rows] == ["P2r", "P2re", "P2r2", "P2r2e"]
     assert [str(row.goal) for row in rows] == ["<= 1.2", "None", "None", "None"]
     ds = open_dataset(str(tiny[30]))
-    options = access_bench._options(60, sidecar_dir=str(tmp_path / "again"))
+    options = access_bench._options(60, cache_dir=str(tmp_path / "again"))
     again, _ = windows_track(ds, random_targets(ds, options), options)
     assert (rows[0].a.median, rows[0].b.median) == (again.bytes_fetched, again.bytes_useful)
     assert rows[0].b.median <= rows[0].a.median <= rows[1].a.median  # useful <= fetched <= whole episodes
