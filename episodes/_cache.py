@@ -29,7 +29,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from os import PathLike
 from typing import TypeVar
 
@@ -117,7 +117,7 @@ class EpisodeByteCache:
         self._sidecar_path = None if cache_dir is None else sidecar_path(self._storage, cache_dir)
         self._sidecar: IndexSidecar | None = None
         self._lock = threading.Lock()
-        self._counts: dict[str, int | float] = {f.name: f.default for f in fields(CacheStats)}
+        self._counts: dict[str, int | float] = asdict(CacheStats())
         self._indexes: dict[str, Future[Mp4Index]] = {}
         self._minis: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
         self._inflight: dict[tuple[int, str], Future[_Entry]] = {}
@@ -251,7 +251,10 @@ class EpisodeByteCache:
         """
         self._check_open()
         keys = self._ds.video_keys if keys is None else keys
-        return [self._pool.submit(lambda k=key: self._entry(ep, k)[0].mini) for key in keys]
+        return [self._pool.submit(self._prefetched, ep, key) for key in keys]
+
+    def _prefetched(self, ep: int, key: str) -> MiniMp4:
+        return self._entry(ep, key)[0].mini
 
     def index_files(self, paths: Iterable[str]) -> None:
         """Have the MP4 index of each video file ready now (paths relative to the root, as VideoSegment.path).

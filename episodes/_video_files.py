@@ -26,7 +26,7 @@ VIDEO_KEY = "video"
 class VideoFilesDataset:
     """Files under one root directory, episode i being the i-th file in sorted order."""
 
-    video_keys = (VIDEO_KEY,)
+    video_keys: tuple[str, ...] = (VIDEO_KEY,)
 
     def __init__(self, storage: Storage, paths: Sequence[str]) -> None:
         self.storage = storage

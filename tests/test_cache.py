@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from episodes import EpisodeByteCache, FrameRequest, decode_mini_mp4, open_dataset, open_video_files
+from episodes import EpisodeByteCache, Fetch, FrameRequest, decode_mini_mp4, open_dataset, open_video_files
 from episodes._sidecar import sidecar_path
 from episodes.testing.synthetic import SyntheticSpec, make_dataset
 from episodes.tools.verify import FullFileReference
@@ -159,6 +159,52 @@ def test_prefetch_fills_the_cache_and_mini_mp4s_travel_between_processes(roots: 
             assert torch.equal(decode_mini_mp4(copy, range(copy.num_frames)), read.frames)
     with pytest.raises(RuntimeError, match="^the EpisodeByteCache is closed$"):
         cache.fetch_frames([FrameRequest(0, ds.video_keys[0])])
+
+
+@pytest.mark.parametrize("fetch", ["episode", "windows"])
+def test_a_read_is_a_fetch_then_a_decode_and_fetched_frames_travel_between_processes(
+        roots: dict[str, Path], tmp_path: Path, fetch: Fetch) -> None:
+    ds = open_dataset(str(roots["hevc_bframes"]))
+    key = ds.video_keys[0]
+    n = ds.episode_length(1)
+    requests = [FrameRequest(1, key), FrameRequest(1, key, frame_numbers=[n - 1, 0, 0]),
+                FrameRequest(2, key, timestamps=[1 / ds.fps])]
+    reference = FullFileReference(ds)
+    every, picked, stamped = (reference.frames(1, key, range(n)), reference.frames(1, key, [n - 1, 0, 0]),
+                              reference.frames(2, key, [1]))
+    reference.close()
+    with EpisodeByteCache(ds, cache_dir=tmp_path) as cache:
+        reads = cache.read_frames(requests, fetch=fetch)
+    assert [read.frames.shape[0] for read in reads] == [n, 3, 1]  # neither timestamps nor numbers: every frame
+    for read, expected in zip(reads, (every, picked, stamped)):
+        assert torch.equal(read.frames, expected)
+    with EpisodeByteCache(ds, cache_dir=tmp_path) as cache:
+        fetched = cache.fetch_frames(requests, fetch=fetch)
+        paid = cache.stats()
+        assert paid.frames_decoded == 0 and paid.bytes_fetched == sum(f.bytes_fetched for f in fetched) > 0
+        assert [f.frame_numbers.tolist() for f in fetched] == [list(range(n)), [n - 1, 0, 0], [1]]
+        decoded = [cache.decode_frames(f) for f in fetched]
+        assert cache.stats().bytes_fetched == paid.bytes_fetched  # decoding looks nothing up and fetches nothing
+    for got, read, later in zip(fetched, reads, decoded):
+        assert torch.equal(later.frames, read.frames) and later.bytes_fetched == got.bytes_fetched
+        copy = pickle.loads(pickle.dumps(got))  # what a fetch process hands a decode process
+        assert torch.equal(decode_mini_mp4(copy.mini, copy.frame_numbers), read.frames)
+    with pytest.raises(TypeError, match="^pass timestamps or frame_numbers, not both$"):
+        FrameRequest(1, key, timestamps=[0.0], frame_numbers=[0])
+
+
+def test_index_files_readies_the_indexes_before_any_read(roots: dict[str, Path], tmp_path: Path) -> None:
+    ds = open_dataset(str(roots["h264_bframes_moov_end"]))
+    paths = sorted({ds.episode(e).videos[k].path for e in range(ds.num_episodes) for k in ds.video_keys})
+    with EpisodeByteCache(ds, cache_dir=tmp_path) as cache:
+        cache.index_files(paths)
+        built = cache.stats()
+        cache.read_frames([FrameRequest(e, k, frame_numbers=[0]) for e in range(ds.num_episodes) for k in ds.video_keys])
+        assert (built.index_builds, built.header_reads > 0, built.bytes_fetched) == (len(paths), True, 0)
+        assert (cache.stats().index_builds, cache.stats().header_reads) == (built.index_builds, built.header_reads)
+    with EpisodeByteCache(ds, cache_dir=tmp_path) as again:
+        again.index_files(paths)
+        assert (again.stats().index_sidecar_loads, again.stats().header_reads) == (len(paths), 0)
 
 
 def test_plain_video_files_work_as_one_episode_datasets(roots: dict[str, Path], tmp_path: Path) -> None:
