@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     cache_dir = Path(os.environ.get("RNB_CACHE_DIR") or Path.home() / ".cache" / "rnb")
     for command in (verify, bench):
         command.add_argument("--cache-dir", type=Path, default=cache_dir,
-                             help=f"where MP4 indexes persist (default {cache_dir}: $RNB_CACHE_DIR, else ~/.cache/rnb)")
+                             help=f"where MP4 indexes and usage-format copies persist (default {cache_dir}: "
+                                  "$RNB_CACHE_DIR, else ~/.cache/rnb)")
     return parser
 
 
