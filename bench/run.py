@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from bench.common import Effort, Goal, Report, Row, table_text, write_json
 
 if TYPE_CHECKING:
-    from episodes.testing_server import NginxServer
+    from episodes.testing.server import NginxServer
 
 DATA_CACHE = Path(__file__).resolve().parents[1] / "data" / "bench"
 
@@ -48,7 +48,7 @@ class Workspace:
 
     @functools.cached_property
     def server(self) -> NginxServer:
-        from episodes.testing_server import serve_directory
+        from episodes.testing.server import serve_directory
         return self.stack.enter_context(serve_directory(self.dataset, self.dir / "nginx"))
 
 

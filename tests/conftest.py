@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from episodes.synthetic import make_dataset
-from episodes.testing_server import NGINX
+from episodes.testing.server import NGINX
+from episodes.testing.synthetic import make_dataset
 from rnb.engines.ray.cluster import use_loopback_if_local
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import fsspec
 import pyarrow.parquet as pq
 
-from episodes.errors import DatasetFormatError, FetchError
+from episodes._errors import DatasetFormatError, FetchError
 
 try:  # aiohttp backs fsspec's HTTP filesystem; without it HTTP roots cannot work anyway.
     import aiohttp

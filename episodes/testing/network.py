@@ -152,7 +152,7 @@ def slow_link(upstream_port: int, profile: NetworkProfile, timeout_s: float = 20
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="testing_network.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="network.py", description=__doc__.splitlines()[0])
     parser.add_argument("listen_port", type=int)
     parser.add_argument("upstream_port", type=int)
     parser.add_argument("mbit_per_s", type=float)

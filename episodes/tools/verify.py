@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from os import PathLike
 
 import torch
 from torchcodec.decoders import VideoDecoder
 
-from episodes.cache import EpisodeByteCache
-from episodes.errors import EpisodeDataError
-from episodes.source import EpisodeDataset
+from episodes import EpisodeByteCache, EpisodeDataError, EpisodeDataset, FrameRequest
 
 
 @dataclass(frozen=True)
@@ -86,36 +85,37 @@ def verify_dataset(
     *,
     device: str = "cpu",
     cameras: Sequence[str] | None = None,
-    cache: EpisodeByteCache | None = None,
+    cache_dir: str | PathLike[str] | None = None,
     on_check: Callable[[EpisodeCheck], None] | None = None,
 ) -> VerifyReport:
-    """Decode every frame of every episode-camera both ways and compare; `on_check` sees each result."""
+    """Decode every frame of every episode-camera both ways and compare; `on_check` sees each result.
+
+    The byte-range side keeps its MP4 indexes under `cache_dir`, as any cache would.
+    """
     keys = tuple(cameras) if cameras is not None else ds.video_keys
     unknown = [k for k in keys if k not in ds.video_keys]
     if unknown:
         raise ValueError(f"camera {unknown[0]!r} is not in the dataset (it has {', '.join(ds.video_keys)})")
-    own = cache is None
-    cache = cache or EpisodeByteCache(ds, byte_budget=256 * 2**20, workers=2)
     reference = FullFileReference(ds, device)
     checks = []
     try:
-        for key in keys:
-            for ep in sorted(range(ds.num_episodes), key=lambda e: ds.episode(e).videos[key].path):
-                check = _check_one(cache, reference, ep, key, device)
-                checks.append(check)
-                if on_check:
-                    on_check(check)
+        with EpisodeByteCache(ds, byte_budget=256 * 2**20, workers=2, cache_dir=cache_dir) as cache:
+            for key in keys:
+                for ep in sorted(range(ds.num_episodes), key=lambda e: ds.episode(e).videos[key].path):
+                    check = _check_one(ds, cache, reference, ep, key, device)
+                    checks.append(check)
+                    if on_check:
+                        on_check(check)
     finally:
         reference.close()
-        if own:
-            cache.close()
     return VerifyReport(tuple(checks))
 
 
-def _check_one(cache: EpisodeByteCache, reference: FullFileReference, ep: int, key: str, device: str) -> EpisodeCheck:
-    numbers = list(range(cache.ds.episode(ep).length))
+def _check_one(ds: EpisodeDataset, cache: EpisodeByteCache, reference: FullFileReference, ep: int, key: str,
+               device: str) -> EpisodeCheck:
+    numbers = list(range(ds.episode_length(ep)))
     try:
-        ours = cache.get_episode_frames(ep, key, numbers, device)
+        ours = cache.read_frames([FrameRequest(ep, key)], device=device)[0].frames
     except EpisodeDataError as exc:
         return EpisodeCheck(ep, key, len(numbers), False, f"byte-range path failed: {exc}")
     try:

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from episodes._errors import EpisodeDataError, Mp4FormatError, reworded
 from episodes._mp4 import MiniMp4, Mp4Index
 from episodes._mp4.windows import FrameWindows
 from episodes._mp4.writer import build_mini_mp4, gather_samples
-from episodes.errors import EpisodeDataError, Mp4FormatError, reworded
-from episodes.reads import MiniRead
-from episodes.storage import Storage, coalesce_ranges
+from episodes._reads import FetchedFrames
+from episodes._storage import Storage, coalesce_ranges
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,7 +97,7 @@ def _distinct_bytes(jobs: Sequence[WindowJob]) -> int:
     return int(jobs[0].index.size[samples].sum())
 
 
-def window_mini(job: WindowJob, blobs: list[tuple[int, bytes]], paid: int, fetch_s: float) -> MiniRead:
+def window_mini(job: WindowJob, blobs: list[tuple[int, bytes]], paid: int, fetch_s: float) -> FetchedFrames:
     """The job's mini-MP4 cut out of its fetched blobs, and what it cost (`paid` bytes, `fetch_s` waited)."""
     started = time.perf_counter()
     blob_starts = [start for start, _ in blobs]
@@ -110,5 +110,6 @@ def window_mini(job: WindowJob, blobs: list[tuple[int, bytes]], paid: int, fetch
                                        job.windows.frame_numbers, job.length)
     except Mp4FormatError as exc:
         raise reworded(exc, job.url, f"episode {job.ep}, camera {job.key}") from exc
-    return MiniRead(mini, False, paid, 0, job.lookup_s, fetch_s, time.perf_counter() - started)
+    return FetchedFrames(job.ep, job.key, job.numbers, mini, False, paid, 0, job.lookup_s, fetch_s,
+                         time.perf_counter() - started)
 

@@ -11,17 +11,19 @@ reports what it cost:
 - remote-decoder: torchcodec over the source MP4 itself, opened through
   fsspec in approximate mode and kept per file, as LeRobot's loader does;
 - tabular: each pooled episode's data columns from Parquet row groups, then
-  from the usage-format cache (episodes.tabular).
+  from the usage-format cache (under `cache_dir`, else a temporary directory).
 Without `include_decode` the cache tracks only fetch and build mini-MP4s
 (LeRobot's default); with it every track decodes its frames, and the
 decoded frames of windows and remote-decoder are compared with indexed's.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
 import resource
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -31,11 +33,7 @@ import numpy as np
 import torch
 from torchcodec.decoders import VideoDecoder
 
-from episodes.cache import EpisodeByteCache
-from episodes.dataset import LeRobotDataset
-from episodes.errors import EpisodeDataError
-from episodes.reads import CacheStats, FrameRequest
-from episodes.source import EpisodeDataset
+from episodes import CacheStats, EpisodeByteCache, EpisodeDataError, EpisodeDataset, FrameRequest, LeRobotDataset
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +46,12 @@ _LEAST = {"pool_size": 1, "frames_per_episode": 1, "frame_pool_size": 1, "worker
 
 @dataclass(frozen=True)
 class StreamingOptions:
-    """The knobs, named as LeRobot's benchmark names them (--pool-size, ...)."""
+    """The knobs, named as LeRobot's benchmark names them (--pool-size, ...).
+
+    `cache_dir` is where the caches keep MP4 indexes (unless `use_sidecar`
+    is False) and usage-format copies; with None nothing persists (the
+    tabular track then copies into a temporary directory).
+    """
 
     pool_size: int = 16
     frames_per_episode: int = 16
@@ -59,7 +62,7 @@ class StreamingOptions:
     include_decode: bool = False
     seed: int = 0
     use_sidecar: bool = True
-    sidecar_dir: str | None = None
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -165,15 +168,15 @@ def _digest(arrays: Iterable[torch.Tensor | np.ndarray]) -> str:
 
 
 def _cache(ds: EpisodeDataset, options: StreamingOptions) -> EpisodeByteCache:
-    return EpisodeByteCache(ds, byte_budget=2**40, workers=options.workers, sidecar_dir=options.sidecar_dir,
-                            use_sidecar=options.use_sidecar, coalesce_gap=options.coalesce_gap_kb * 1024)
+    return EpisodeByteCache(ds, byte_budget=2**40, workers=options.workers,
+                            cache_dir=options.cache_dir if options.use_sidecar else None,
+                            coalesce_gap=options.coalesce_gap_kb * 1024)
 
 
 def _index_files(cache: EpisodeByteCache, ds: EpisodeDataset, slots: Iterable[tuple[int, str]]) -> tuple[float, str]:
     """Seconds to have the MP4 index of every file the targets touch, and where the indexes came from."""
     started = time.perf_counter()
-    for rel in sorted({ds.episode(ep).videos[key].path for ep, key in slots}):
-        cache.mp4_index(rel)
+    cache.index_files(sorted({ds.episode(ep).videos[key].path for ep, key in slots}))
     stats = cache.stats()
     source = "sidecar" if stats.index_builds == 0 else "headers" if stats.index_sidecar_loads == 0 else "both"
     return time.perf_counter() - started, source
@@ -212,7 +215,7 @@ def indexed_track(ds: EpisodeDataset, targets: Targets, options: StreamingOption
                 if options.include_decode:
                     frames.append(cache.get_frames(ep, key, targets[(ep, key)]))
                 else:
-                    cache.fetch_mini_mp4(ep, key)
+                    cache.fetch_frames([FrameRequest(ep, key, timestamps=targets[(ep, key)])])
         wall_s, after = time.perf_counter() - started, cache.stats()
     row = _cache_row("indexed", before, after, len(targets), index_s=index_s, index_source=source,
                      samples=sum(len(t) for t in targets.values()), wall_s=wall_s, peak_rss_bytes=rss.bytes,
@@ -229,9 +232,9 @@ def windows_track(ds: EpisodeDataset, targets: Targets, options: StreamingOption
         index_s, source = _index_files(cache, ds, targets)
         before, started = cache.stats(), time.perf_counter()
         if options.include_decode:
-            frames = [read.frames for read in cache.read_many(requests)]
+            frames = [read.frames for read in cache.read_frames(requests, fetch="windows")]
         else:
-            cache.fetch_windows(requests)
+            cache.fetch_frames(requests, fetch="windows")
             frames = []
         wall_s, after = time.perf_counter() - started, cache.stats()
     row = _cache_row(name, before, after, len(requests), index_s=index_s, index_source=source,
@@ -294,28 +297,36 @@ def tabular_rows(ds: EpisodeDataset, pool: Sequence[int], options: StreamingOpti
     if not isinstance(ds, LeRobotDataset):
         return [TrackResult("tabular", error="plain video files have no data table")]
     rows, values = [], []
-    for usage in (False, True):
-        reader = LeRobotDataset(ds.storage)
-        if usage:
-            reader.use_usage_cache(options.sidecar_dir)
-        firsts = {reader.episode(ep).data_path: ep for ep in reversed(pool)}.values()
-        with PeakRss() as rss:
-            opened = time.perf_counter()
-            for ep in firsts:  # the first read of a data file opens it (or makes its usage-format copy)
-                reader.episode_columns(ep, TABULAR_COLUMNS)
-            index_s = time.perf_counter() - opened
-            started = time.perf_counter()
-            got = [reader.episode_columns(ep, TABULAR_COLUMNS) for ep in pool]
-            wall_s = time.perf_counter() - started
-        values.append(_digest(g[c] for g in got for c in TABULAR_COLUMNS))
-        rows.append(TrackResult(
-            "tabular-usage" if usage else "tabular", index_s=index_s, index_source="copy" if usage else "footer",
-            jobs=len(pool), samples=sum(ds.episode_length(ep) for ep in pool), wall_s=wall_s,
-            stage_ms={"fetch": 1000 * wall_s / len(pool)}, peak_rss_bytes=rss.bytes,
-            frames_match=None if not usage else values[0] == values[1],
-            note="Parquet row groups; index s: each data file's first read" if not usage else
-                 "memmapped usage-format copy; index s: each data file's first read (copies it once)"))
+    with _usage_dir(options) as usage_dir:
+        for usage in (False, True):
+            reader = LeRobotDataset(ds.storage)
+            if usage:
+                reader.use_usage_cache(usage_dir)
+            firsts = {reader.episode(ep).data_path: ep for ep in reversed(pool)}.values()
+            with PeakRss() as rss:
+                opened = time.perf_counter()
+                for ep in firsts:  # the first read of a data file opens it (or makes its usage-format copy)
+                    reader.episode_columns(ep, TABULAR_COLUMNS)
+                index_s = time.perf_counter() - opened
+                started = time.perf_counter()
+                got = [reader.episode_columns(ep, TABULAR_COLUMNS) for ep in pool]
+                wall_s = time.perf_counter() - started
+            values.append(_digest(g[c] for g in got for c in TABULAR_COLUMNS))
+            rows.append(TrackResult(
+                "tabular-usage" if usage else "tabular", index_s=index_s, index_source="copy" if usage else "footer",
+                jobs=len(pool), samples=sum(ds.episode_length(ep) for ep in pool), wall_s=wall_s,
+                stage_ms={"fetch": 1000 * wall_s / len(pool)}, peak_rss_bytes=rss.bytes,
+                frames_match=None if not usage else values[0] == values[1],
+                note="Parquet row groups; index s: each data file's first read" if not usage else
+                     "memmapped usage-format copy; index s: each data file's first read (copies it once)"))
     return rows
+
+
+def _usage_dir(options: StreamingOptions) -> contextlib.AbstractContextManager[str]:
+    """The options' cache directory, or a temporary one for the run: the usage-format copies need a place."""
+    if options.cache_dir is not None:
+        return contextlib.nullcontext(options.cache_dir)
+    return tempfile.TemporaryDirectory(prefix="episodes-usage-")
 
 
 def run_tracks(ds: EpisodeDataset, names: Sequence[str], options: StreamingOptions) -> Iterator[TrackResult]:

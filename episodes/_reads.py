@@ -1,20 +1,24 @@
-"""What one read of episode frames returns and costs, and how its frames are named: the cache's records.
+"""What one read of episode frames asks, returns and costs, and how its frames are named: the cache's records.
 
-Kept apart from episodes.cache so that the records read alone: a request
-(FrameRequest), a mini-MP4 with its cost (MiniRead), decoded frames with
-theirs (FrameRead), and the cache's running totals (CacheStats).
+Kept apart from episodes._cache so that the records read alone, in the
+order a read goes: a request (FrameRequest), its frames fetched but not
+decoded with what that cost (FetchedFrames), its frames decoded with what
+the whole read cost (FrameRead), and the cache's running totals (CacheStats).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 
 from episodes._mp4 import MiniMp4
 
-FETCH_MODES = ("episode", "windows")
+Fetch = Literal["episode", "windows"]
+"""What a read fetches: "episode", the episode's whole byte range (kept in the LRU for later reads); "windows",
+only the samples the asked-for frames need, ranges coalesced across the requests of a batch (not kept)."""
 
 
 @dataclass(frozen=True)
@@ -56,24 +60,43 @@ class CacheStats:
 
 @dataclass(frozen=True)
 class FrameRequest:
-    """One read of a batch: frames of one episode-camera by `timestamps` (s from its start) or `frame_numbers`."""
+    """Frames of one episode-camera: by `timestamps` or by `frame_numbers`, or, with neither, every frame.
+
+    Timestamps are seconds from the episode's first frame, each mapped to
+    the frame shown then (within half a frame); frame numbers count from 0
+    within the episode. Frames come back in the order asked, repeats
+    included.
+    """
 
     episode: int
     key: str
-    timestamps: Sequence[float] | np.ndarray | None = None
+    timestamps: Sequence[float] | np.ndarray | torch.Tensor | None = None
     frame_numbers: Sequence[int] | np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.timestamps is not None and self.frame_numbers is not None:
+            raise TypeError("pass timestamps or frame_numbers, not both")
 
 
 @dataclass(frozen=True)
-class MiniRead:
-    """A mini-MP4 and what getting it cost this caller.
+class FetchedFrames:
+    """A request's frames fetched but not yet decoded: the mini-MP4 they decode from, and what fetching cost.
 
-    `bytes_fetched` is what this call caused to be read from storage (its
-    own fetch, or a prefetch made before anyone used it); `bytes_reused`
-    what it used that an earlier call had paid for. Times are those of the
-    fetch that produced the bytes it paid for, 0 when it reused them.
+    `frame_numbers` are the request's episode frames in the order asked;
+    the mini-MP4 holds the whole episode (fetch="episode") or just the
+    samples those frames need (fetch="windows"). Picklable, so a fetch
+    process can hand it (or its `mini`) to a decode process.
+
+    `bytes_fetched` is what this request caused to be read from storage
+    (its own fetch, or a prefetch made before anyone used it);
+    `bytes_reused` what it used that an earlier read had paid for. Times
+    are those of the fetch that produced the bytes it paid for, 0 when it
+    reused them.
     """
 
+    episode: int
+    key: str
+    frame_numbers: np.ndarray
     mini: MiniMp4
     cache_hit: bool
     bytes_fetched: int = 0
@@ -85,7 +108,7 @@ class MiniRead:
 
 @dataclass(frozen=True)
 class FrameRead:
-    """The frames of one call and what that call cost (see MiniRead for the byte counts), for a model's time card."""
+    """A request's frames, uint8 (N, C, H, W), and what reading them cost (see FetchedFrames for the byte counts)."""
 
     frames: torch.Tensor
     cache_hit: bool
@@ -98,9 +121,10 @@ class FrameRead:
     decode_s: float
 
 
-def fetch_mode(fetch: str) -> str:
-    if fetch not in FETCH_MODES:
-        raise ValueError(f"fetch must be one of {', '.join(FETCH_MODES)}, not {fetch!r}")
+def checked_fetch(fetch: Fetch) -> Fetch:
+    """`fetch` itself; a caller that bypassed the type checker with another string gets the error, not a default."""
+    if fetch not in get_args(Fetch):
+        raise ValueError(f"fetch must be one of {', '.join(get_args(Fetch))}, not {fetch!r}")
     return fetch
 
 
@@ -114,9 +138,12 @@ def frame_numbers_of(mini: MiniMp4, request: FrameRequest, length: int, where: s
 
 
 def numbers_at(frame_seconds: np.ndarray, half: float, request: FrameRequest, length: int, where: str) -> np.ndarray:
-    """Frame numbers of the request: its frame_numbers checked against `length`, or its timestamps mapped (frames_at)."""
+    """Frame numbers of the request: its frame_numbers checked against `length`, its timestamps mapped (frames_at),
+    or, when it names neither, all `length` of them."""
     if request.timestamps is not None:
         return frames_at(frame_seconds, half, np.asarray(request.timestamps, dtype=np.float64), where=where)
+    if request.frame_numbers is None:
+        return np.arange(length, dtype=np.int64)
     numbers = np.asarray(request.frame_numbers, dtype=np.int64).reshape(-1)
     bad = numbers[(numbers < 0) | (numbers >= length)]
     if len(bad):

@@ -1,15 +1,16 @@
 """A real HTTP server for a dataset directory: Debian's nginx on a free loopback port.
 
-It lives in `episodes/`, next to the storage layer it exercises, because both
-the tests and the benchmarks (bench/) serve datasets with it: benchmark code
-must not import the test tree, and tests must not import bench/.
+It lives in `episodes/testing/`, beside the storage layer it exercises but
+outside the library, because both the tests and the benchmarks (bench/)
+serve datasets with it: benchmark code must not import the test tree, and
+tests must not import bench/.
 
 Byte ranges are nginx's default for static files. Extra locations inject
 faults: `/fault503/...` always answers 503, and `/slow/...` serves the same
 files at one byte per second, so a client timeout fires. `/nolist/...`
 serves the files without directory listings, like most CDNs.
 
-With a NetworkProfile (episodes.testing_network) the server is reached
+With a NetworkProfile (episodes.testing.network) the server is reached
 through a relay that gives it that bandwidth and round-trip time.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from episodes.testing_network import NetworkProfile, free_port, slow_link, stop_process
+from episodes.testing.network import NetworkProfile, free_port, slow_link, stop_process
 
 NGINX = "/usr/sbin/nginx"
 

@@ -1,4 +1,4 @@
-"""Decoding a mini-MP4 with torchcodec.
+"""Decoding a mini-MP4 with torchcodec: the cache's decode phase, and the whole of it in a process without a cache.
 
 The decoder is handed the frame table our index already knows
 (`custom_frame_mappings`), so it seeks exactly without scanning the bytes;
@@ -38,9 +38,9 @@ def open_decoder(mini: MiniMp4, device: str | torch.device = "cpu", *, num_threa
     )
 
 
-def decode_frames(
+def decode_mini_mp4(
     mini: MiniMp4,
-    frame_numbers: Sequence[int],
+    frame_numbers: Sequence[int] | np.ndarray,
     device: str | torch.device = "cpu",
     *,
     decoder: VideoDecoder | None = None,

@@ -12,13 +12,13 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from fsspec.core import has_magic
 import numpy as np
+from fsspec.core import has_magic
 
+from episodes._dataset import EpisodeRecord, VideoSegment, checked_episode
+from episodes._errors import DatasetFormatError
 from episodes._mp4 import Mp4Index, build_index
-from episodes.dataset import EpisodeRecord, VideoSegment, checked_episode
-from episodes.errors import DatasetFormatError
-from episodes.storage import Storage, open_filesystem
+from episodes._storage import Storage, open_filesystem
 
 VIDEO_KEY = "video"
 
@@ -26,7 +26,7 @@ VIDEO_KEY = "video"
 class VideoFilesDataset:
     """Files under one root directory, episode i being the i-th file in sorted order."""
 
-    video_keys = (VIDEO_KEY,)
+    video_keys: tuple[str, ...] = (VIDEO_KEY,)
 
     def __init__(self, storage: Storage, paths: Sequence[str]) -> None:
         self.storage = storage

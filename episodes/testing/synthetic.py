@@ -21,8 +21,18 @@ import pyarrow.parquet as pq
 import torch
 from torchcodec.encoders import VideoEncoder
 
-from episodes.layout import (CODEBASE_VERSION, DATA_PATH, EPISODE_COLUMNS, EPISODES_PATH, INFO_PATH, ROW_INDEX,
-                             TASKS_PATH, VIDEO_FIELDS, VIDEO_PATH, video_column)
+from episodes._layout import (
+    CODEBASE_VERSION,
+    DATA_PATH,
+    EPISODE_COLUMNS,
+    EPISODES_PATH,
+    INFO_PATH,
+    ROW_INDEX,
+    TASKS_PATH,
+    VIDEO_FIELDS,
+    VIDEO_PATH,
+    video_column,
+)
 
 CODECS = ("h264", "hevc", "av1")
 BITS = 16  # a 4x4 grid of blocks: up to 65536 distinct frames per dataset

@@ -13,9 +13,9 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from fsspec.core import has_magic
 
-from episodes.dataset import EpisodeRecord, open_dataset
-from episodes.storage import Storage
-from episodes.video_files import open_video_files
+from episodes._dataset import EpisodeRecord, open_dataset
+from episodes._storage import Storage
+from episodes._video_files import open_video_files
 
 SourceKind = Literal["dataset", "videos"]
 KINDS: tuple[SourceKind, ...] = ("dataset", "videos")
@@ -60,16 +60,16 @@ def guess_kind(location: str | os.PathLike) -> SourceKind:
 
 
 def open_episodes(location: str | os.PathLike, kind: SourceKind | None = None, *,
-                  usage_cache: bool = False, **storage: Any) -> EpisodeDataset:
+                  usage_cache_dir: str | os.PathLike[str] | None = None, **storage: Any) -> EpisodeDataset:
     """A LeRobot dataset root or a glob of video files (local or any fsspec URL) as an EpisodeDataset.
 
-    `kind` None guesses from the location (guess_kind). `usage_cache`
+    `kind` None guesses from the location (guess_kind). `usage_cache_dir`
     applies to LeRobot datasets (see open_dataset); `storage` holds
     storage_options, retries, backoff_s and timeout_s.
     """
     kind = guess_kind(location) if kind is None else kind
     if kind == "dataset":
-        return open_dataset(os.fspath(location), usage_cache=usage_cache, **storage)
+        return open_dataset(os.fspath(location), usage_cache_dir=usage_cache_dir, **storage)
     if kind == "videos":
         return open_video_files(location, **storage)
     raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")

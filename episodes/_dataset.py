@@ -16,11 +16,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from episodes.errors import DatasetFormatError
-from episodes.layout import (CODEBASE_VERSION, EPISODE_COLUMNS, EPISODES_GLOB, EPISODES_PATH, INFO_PATH, ROW_INDEX,
-                             VIDEO_FIELDS, video_column)
-from episodes.storage import Storage, relative_path
-from episodes.tabular import UsageCache, column_array
+from episodes._errors import DatasetFormatError
+from episodes._layout import (
+    CODEBASE_VERSION,
+    EPISODE_COLUMNS,
+    EPISODES_GLOB,
+    EPISODES_PATH,
+    INFO_PATH,
+    ROW_INDEX,
+    VIDEO_FIELDS,
+    video_column,
+)
+from episodes._storage import Storage, relative_path
+from episodes._tabular import UsageCache, column_array
 
 
 @dataclass(frozen=True)
@@ -230,8 +238,8 @@ class LeRobotDataset:
         start, stop = _episode_rows(table.column(ROW_INDEX).to_numpy(), record, where)
         return table.slice(start, stop - start).select(names)
 
-    def use_usage_cache(self, cache_dir: str | PathLike | None = None) -> None:
-        """Serve episode_columns from usage-format copies (see episodes.tabular) from now on."""
+    def use_usage_cache(self, cache_dir: str | PathLike[str]) -> None:
+        """Serve episode_columns from usage-format copies kept under `cache_dir` (episodes._tabular) from now on."""
         self.usage_cache = UsageCache(self.storage, cache_dir)
 
     def episode_columns(self, ep: int, columns: Sequence[str]) -> dict[str, np.ndarray]:
@@ -310,17 +318,17 @@ def open_dataset(
     retries: int = 3,
     backoff_s: float = 0.2,
     timeout_s: float = 30.0,
-    usage_cache: bool = False,
-    cache_dir: str | PathLike | None = None,
+    usage_cache_dir: str | PathLike[str] | None = None,
 ) -> LeRobotDataset:
     """Open a LeRobot v3.0 dataset at a local path or any fsspec URL.
 
-    `usage_cache` serves episode_columns from memmapped copies of the data
-    columns (episodes.tabular), kept beside the MP4 sidecar or under `cache_dir`.
+    With `usage_cache_dir`, episode_columns serves memmapped copies of the
+    data columns kept in that directory (the usage-format cache); without,
+    it reads the Parquet row groups every time and writes nothing.
     """
     storage = Storage(str(root), storage_options=storage_options, retries=retries,
                       backoff_s=backoff_s, timeout_s=timeout_s)
     ds = LeRobotDataset(storage)
-    if usage_cache:
-        ds.use_usage_cache(cache_dir)
+    if usage_cache_dir is not None:
+        ds.use_usage_cache(usage_cache_dir)
     return ds

@@ -2,8 +2,9 @@
 
 One versioned npz file holds the index of every video file seen so far,
 each entry stamped with the file's size and change marker (mtime or ETag).
-It lives in a per-root cache directory, never inside the dataset, so a
-read-only dataset works and a user's dataset holds only what they put there. A stale entry (size or marker
+It lives in a per-root directory under the cache directory the caller
+names, never inside the dataset, so a read-only dataset works and a user's
+dataset holds only what they put there. A stale entry (size or marker
 changed) is ignored and rebuilt; an unreadable sidecar is treated as empty,
 because it is only ever a shortcut.
 """
@@ -21,35 +22,29 @@ from pathlib import Path
 import fsspec
 import numpy as np
 
+from episodes._errors import Mp4FormatError
 from episodes._mp4 import Mp4Index
-from episodes.errors import Mp4FormatError
-from episodes.storage import FileInfo, Storage
+from episodes._storage import FileInfo, Storage
 
 SIDECAR_NAME = "rnb_mp4_index.v1.npz"
 FORMAT_VERSION = 1
-CACHE_ENV = "RNB_CACHE_DIR"
 
 
-def default_cache_dir() -> Path:
-    """`$RNB_CACHE_DIR`, else `~/.cache/rnb`."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rnb")
-
-
-def local_cache_path(storage: Storage, name: str, cache_dir: str | os.PathLike | None = None) -> Path:
+def local_cache_path(storage: Storage, name: str, cache_dir: str | os.PathLike[str]) -> Path:
     """Where a derived file `name` of `storage`'s root lives (the MP4 sidecar, the usage-format arrays).
 
-    Under `cache_dir` (default `default_cache_dir()`), in a directory named
-    after a hash of the root: its URL, or for a local root its real path, so
-    that every spelling of one directory shares one cache.
+    Under `cache_dir`, in a directory named after a hash of the root: its
+    URL, or for a local root its real path, so that every spelling of one
+    directory shares one cache.
     """
     root = storage.root
     if fsspec.utils.get_protocol(root) in ("file", "local"):
         root = os.path.realpath(fsspec.core.strip_protocol(root))
     digest = hashlib.sha256(root.encode()).hexdigest()[:16]
-    return Path(cache_dir or default_cache_dir()) / digest / name
+    return Path(cache_dir) / digest / name
 
 
-def sidecar_path(storage: Storage, cache_dir: str | os.PathLike | None = None) -> Path:
+def sidecar_path(storage: Storage, cache_dir: str | os.PathLike[str]) -> Path:
     """Where the MP4-index sidecar of `storage`'s root lives (see local_cache_path)."""
     return local_cache_path(storage, SIDECAR_NAME, cache_dir)
 

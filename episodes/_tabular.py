@@ -4,7 +4,8 @@ Parquet is the storage format: reading one episode's `observation.state`
 means fetching and decoding the row groups that hold it, about half a
 millisecond even from local disk. A loader reads the same columns for every
 item, so the first read of a data file's columns copies each into a .npy
-file beside the MP4 sidecar (see episodes.sidecar.local_cache_path), and
+file under the cache directory the caller names, beside the MP4 sidecar
+(see episodes._sidecar.local_cache_path), and
 every later read slices a memmap of it. Each copy is stamped with the
 source's size and change marker (mtime or ETag): a changed source is read
 again, never served stale. Files are written whole and renamed into place,
@@ -23,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from episodes.errors import DatasetFormatError
-from episodes.layout import ROW_INDEX
-from episodes.sidecar import local_cache_path
-from episodes.storage import FileInfo, Storage
+from episodes._errors import DatasetFormatError
+from episodes._layout import ROW_INDEX
+from episodes._sidecar import local_cache_path
+from episodes._storage import FileInfo, Storage
 
 USAGE_DIR = "rnb_usage.v1"
 _MANIFEST = "manifest.json"
@@ -66,7 +67,7 @@ class UsageCache:
     from Parquet when no valid copy exists.
     """
 
-    def __init__(self, storage: Storage, cache_dir: str | os.PathLike | None = None) -> None:
+    def __init__(self, storage: Storage, cache_dir: str | os.PathLike[str]) -> None:
         self.storage = storage
         self.dir = local_cache_path(storage, USAGE_DIR, cache_dir)
         self._lock = threading.Lock()
