@@ -8,7 +8,9 @@ arguments or GPU request, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 
 CUDA_DEVICE_ORDER is set to PCI_BUS_ID (unless the environment already sets
 it) before anything touches CUDA, so CUDA numbers GPUs as NVML does and the
-GPU checked free by rnb.pipeline.gpus is the GPU the runner then uses.
+GPU checked free by rnb.pipeline.gpus is the GPU the runner then uses; torch's
+UUID of every GPU asked for is then checked against NVML's (exit 2 if they
+differ), and each runner checks its own again at start.
 """
 from __future__ import annotations
 
@@ -29,7 +31,14 @@ from rnb.engines.ray import cluster as ray_cluster
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.pipeline.config import RUN_CHOICES, RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
-from rnb.pipeline.gpus import apply_cpu_override, busy_notes, validate_gpus, visible_gpu_count
+from rnb.pipeline.gpus import (
+    DEVICE_ORDER,
+    apply_cpu_override,
+    busy_notes,
+    check_cuda_numbering,
+    validate_gpus,
+    visible_gpu_count,
+)
 from rnb.pipeline.plan import Placement, check_against_dataset, check_slot_memory, limit_replicas, plan_runners
 from rnb.pipeline.sources import check_source
 
@@ -111,7 +120,8 @@ def prepare_log_dir(log_dir: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The whole command: its exit code (0 done, 1 failed job, 2 invalid request, 130 interrupted)."""
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    for key, value in DEVICE_ORDER.items():
+        os.environ.setdefault(key, value)
     try:
         ns = parse_args(argv)
     except SystemExit as exit_:
@@ -133,6 +143,7 @@ def _run(ns: argparse.Namespace) -> int:
         config = dataclasses.replace(config, notes=(*config.notes, *filter(None, [request_queue_note(args)])))
         # On Ray the GPUs are the cluster's: rnb.engines.ray.driver checks each on its node.
         gpus = validate_gpus(config, cpu_only=args.cpu or args.engine == "ray", allow_busy=ns.allow_busy_gpus)
+        check_cuda_numbering(config, gpus)
         config = dataclasses.replace(config, notes=(*config.notes, *busy_notes(gpus)))
         dataset = check_source(config.source, config.path, may_write=not ns.check)
         placements = plan_runners(apply_cpu_override(config) if args.cpu else config, args.batch_size)
@@ -151,7 +162,7 @@ def _run(ns: argparse.Namespace) -> int:
         return 0
     if args.engine == "ray":
         return _run_on_ray(config, args, placements, ns.allow_busy_gpus)
-    return _reported(run_job(config, args, placements, [dataclasses.asdict(gpu) for gpu in gpus]))
+    return _reported(run_job(config, args, placements, gpus))
 
 
 def _run_on_ray(config: PipelineConfig, args: RunArgs, placements: list[Placement], allow_busy_gpus: bool) -> int:

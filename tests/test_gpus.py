@@ -1,25 +1,33 @@
 """GPU validation: NVML replaced by a fake at the rnb.pipeline.gpus.Nvml seam, plus the real no-driver path."""
 from __future__ import annotations
 
-import dataclasses
+import os
 import sys
 from types import TracebackType
 
 import pytest
 import torch
 
-from rnb.engines.local.driver import with_main_memory
+from rnb.core.records import GpuRecord, MainGpuMemory
+from rnb.engines.local.driver import with_main_memory, with_release
+from rnb.engines.job import JobBook
 from rnb.pipeline.config import ConfigError, PipelineConfig, parse_config
 from rnb.pipeline.gpus import (
+    ANCESTOR_CONTEXTS_ENV,
+    DeviceMemory,
     DeviceState,
-    GpuInfo,
+    Family,
+    GpuMismatchError,
     GpuRequestError,
     apply_cpu_override,
     busy_notes,
+    check_cuda_numbering,
+    check_device_uuid,
+    child_environment,
     device_memory_record,
     validate_gpus,
 )
-from rnb.pipeline.plan import plan_runners
+from rnb.pipeline.plan import plan_runners, with_device_uuids
 
 GIB = 2**30
 
@@ -85,8 +93,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
 def test_identity_mapping_without_cuda_visible_devices(fake: FakeNvml) -> None:
     infos = validate_gpus(_config([[2, 0, 2]], [[-1, 0]]), cpu_only=False)
     assert infos == [
-        GpuInfo(2, 2, "Fake GPU 2", "GPU-222-uuid", 80 * GIB),
-        GpuInfo(0, 0, "Fake GPU 0", "GPU-000-uuid", 80 * GIB),
+        GpuRecord(2, 2, "Fake GPU 2", "GPU-222-uuid", 80 * GIB),
+        GpuRecord(0, 0, "Fake GPU 0", "GPU-000-uuid", 80 * GIB),
     ]
     assert (fake.entered, fake.exited) == (1, 1)
 
@@ -163,31 +171,46 @@ def test_memory_threshold_default_and_override(fake: FakeNvml) -> None:
 def test_allow_busy_runs_on_a_busy_gpu_and_says_so(fake: FakeNvml) -> None:
     fake.devices[1] = _device(1, used=8 * GIB, pids=(4242,))
     infos = validate_gpus(_config([[1, 0]]), cpu_only=False, allow_busy=True)
-    assert infos == [GpuInfo(1, 1, "Fake GPU 1", "GPU-111-uuid", 80 * GIB, 8 * GIB, (4242,)),
-                     GpuInfo(0, 0, "Fake GPU 0", "GPU-000-uuid", 80 * GIB, 0, ())]
+    assert infos == [GpuRecord(1, 1, "Fake GPU 1", "GPU-111-uuid", 80 * GIB, 8 * GIB, (4242,)),
+                     GpuRecord(0, 0, "Fake GPU 0", "GPU-000-uuid", 80 * GIB, 0, ())]
     assert busy_notes(infos) == [
         "--allow-busy-gpus: GPU 1 (physical 1, Fake GPU 1) was busy at the start (other compute processes: 4242; "
         "8.0 GiB of 80.0 GiB in use), so its figures share the GPU with them"]
 
 
 def test_device_memory_record_splits_off_what_the_allocator_does_not_hold(fake: FakeNvml) -> None:
-    assert device_memory_record("111-uuid", 4242, 600 * 2**20) == {
-        "device_process_bytes": 900 * 2**20, "device_outside_allocator_bytes": 300 * 2**20}
-    assert device_memory_record("111-uuid", 99, 0) == {"device_process_bytes": None,
-                                                       "device_outside_allocator_bytes": None}
+    assert device_memory_record("111-uuid", 4242, 600 * 2**20) == DeviceMemory(900 * 2**20, 300 * 2**20)
+    assert device_memory_record("111-uuid", 99, 0) == DeviceMemory(None, None)
     fake.fail = RuntimeError("NVML Shared Library Not Found")
-    assert device_memory_record("111-uuid", 4242, 0)["device_process_bytes"] is None
+    assert device_memory_record("111-uuid", 4242, 0).device_process_bytes is None
 
 
 def test_the_job_log_says_what_the_main_process_holds_on_each_gpu_with_slots(
         fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
     """Step 0 writes its slots on GPU 1, the final step (no slots) runs on GPU 0: main has a context on GPU 1 only."""
     config = _config([[1]], [[0]])
-    gpus = [dataclasses.asdict(info) for info in validate_gpus(config, cpu_only=False)]
+    gpus = validate_gpus(config, cpu_only=False)
     monkeypatch.setattr("os.getpid", lambda: 4242)
     monkeypatch.setattr("torch.cuda.memory_reserved", lambda device: {1: 600 * 2**20}[device])
-    assert [(gpu["logical_index"], gpu["main_process"]) for gpu in with_main_memory(gpus, plan_runners(config, 1))] == [
-        (1, {"device_process_bytes": 900 * 2**20, "device_outside_allocator_bytes": 300 * 2**20}), (0, None)]
+    placements = plan_runners(config, 1)
+    slots = 10 * 4 * 4  # tests.fixture_models.Frames: 10 slots of one float32 (1, 4) tensor
+    held = with_main_memory(gpus, placements)
+    assert [(gpu.logical_index, gpu.main_process) for gpu in held] == [
+        (1, MainGpuMemory(900 * 2**20, 300 * 2**20, slots)), (0, None)]
+    book = JobBook()
+    released = with_release(held, {1: 0, 0: 0}, book)
+    assert released[0].main_process == MainGpuMemory(900 * 2**20, 300 * 2**20, slots, 0) and book.notes == []
+    kept = with_release(held, {1: 2**21}, book)
+    assert kept[0].main_process is not None and kept[0].main_process.left_after_release_bytes == 2**21
+    assert book.notes == ["GPU 1: 2 MiB of CUDA slots stayed with the main process after the job: a runner that held "
+                          "them was killed before it could release them, so torch's CUDA IPC keeps them until this "
+                          "process exits"]
+
+
+def test_a_gpu_record_reads_back_as_written() -> None:
+    record = GpuRecord(1, 3, "Fake GPU 3", "GPU-333-uuid", 80 * GIB, GIB, (7, 8), MainGpuMemory(5, 4, 3, 0))
+    assert GpuRecord.from_json(record.to_json(), "meta.json") == record
+    assert GpuRecord.from_json({"logical_index": 0}, "meta.json") == GpuRecord(0, 0, "", "", 0)
 
 
 def test_nvml_query_failure_is_one_sentence(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,3 +273,94 @@ def test_real_gpu_0_is_described(monkeypatch: pytest.MonkeyPatch) -> None:
     assert info.name == torch.cuda.get_device_name(0)
     assert info.uuid.startswith("GPU-")
     assert info.memory_total_bytes >= torch.cuda.get_device_properties(0).total_memory
+
+
+def _family(pids: set[int], **contexts: int) -> Family:
+    return Family(frozenset(pids), {f"GPU-{key}-uuid": count for key, count in contexts.items()})
+
+
+def test_the_job_s_own_processes_are_not_strangers_where_nvml_shares_the_pid_namespace() -> None:
+    family = _family({100, 10})  # this process (100) and the one that started it (10, a bench or pytest)
+    assert not family.strangers("GPU-000-uuid", (100, 10))
+    others = family.strangers("GPU-000-uuid", (100, 4242))
+    assert (others.count, others.pids, others.describe()) == (1, (4242,), "compute processes on it (pids 4242)")
+
+
+def test_where_nvml_reports_host_pids_the_job_s_own_contexts_are_counted() -> None:
+    family = _family({100, 10}, **{"000": 2})  # its own context and its parent's, declared
+    assert not family.strangers("GPU-000-uuid", (90100, 90010))  # both listed under host pids
+    others = family.strangers("GPU-000-uuid", (90100, 90010, 95555))
+    assert others.count == 1 and others.describe() == (
+        "1 compute process(es) on it besides this job's own 2 (NVML reports pids of another pid namespace: "
+        "90100, 90010, 95555)")
+    assert family.strangers("GPU-111-uuid", (90100,)).count == 1  # its contexts are on GPU 0, not 1
+
+
+def test_the_family_is_this_process_its_ancestors_and_what_they_declared() -> None:
+    family = Family.here({ANCESTOR_CONTEXTS_ENV: "GPU-000-uuid,GPU-000-uuid,GPU-111-uuid"}, held=lambda: ["GPU-111-uuid"])
+    assert os.getpid() in family.pids and os.getppid() in family.pids
+    assert family.contexts == {"GPU-000-uuid": 2, "GPU-111-uuid": 2}
+
+
+def test_a_job_started_from_a_process_holding_a_context_sees_it_declared(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("rnb.pipeline.gpus.contexts_here", lambda: ["GPU-000-uuid"])
+    env = child_environment({ANCESTOR_CONTEXTS_ENV: "GPU-111-uuid"})
+    assert env == {ANCESTOR_CONTEXTS_ENV: "GPU-111-uuid,GPU-000-uuid", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert child_environment({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
+
+
+def test_a_busy_check_in_another_namespace_refuses_only_strangers(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("rnb.pipeline.gpus.contexts_here", lambda: ["GPU-111-uuid"])  # this process holds one
+    fake.devices[1] = _device(1, pids=(987654,))  # NVML lists it under its host pid
+    assert [gpu.compute_pids for gpu in validate_gpus(_config([[1]]), cpu_only=False)] == [()]
+    fake.devices[1] = _device(1, pids=(987654, 987655))
+    with pytest.raises(GpuRequestError) as caught:
+        validate_gpus(_config([[1]]), cpu_only=False)
+    assert caught.value.expected == (
+        "expected GPU 1 (physical 1, Fake GPU 1) to be free, found 1 compute process(es) on it besides this job's own "
+        "1 (NVML reports pids of another pid namespace: 987654, 987655); --allow-busy-gpus runs on it anyway")
+
+
+def test_torch_and_nvml_must_number_the_gpus_alike(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _config([[0, 1]])
+    gpus = validate_gpus(config, cpu_only=False)
+    check_cuda_numbering(config, gpus, torch_uuid=lambda index: f"{index}{index}{index}-uuid")  # torch's lacks "GPU-"
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    with pytest.raises(GpuRequestError) as caught:
+        check_cuda_numbering(config, gpus, torch_uuid=lambda index: f"{1 - index}{1 - index}{1 - index}-uuid")
+    assert str(caught.value) == (
+        "gpu.json: pipeline[0].queue_groups[0].gpus[0]: expected torch's cuda:0 to be NVML's GPU 0 (GPU-000-uuid), "
+        "found GPU-111-uuid (CUDA_DEVICE_ORDER=FASTEST_FIRST); CUDA and NVML number the GPUs differently: "
+        "set CUDA_DEVICE_ORDER=PCI_BUS_ID")
+
+    def no_cuda(index: int) -> str:
+        raise RuntimeError("Found no NVIDIA driver on your system")
+    with pytest.raises(GpuRequestError, match=r"gpus\[0\]: expected torch to see GPU 0 \(physical 0, Fake GPU 0\) as "
+                                              r"cuda:0, found that it cannot \(RuntimeError: Found no NVIDIA driver"):
+        check_cuda_numbering(config, gpus, torch_uuid=no_cuda)
+
+
+def test_a_runner_on_another_gpu_than_the_one_checked_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    check_device_uuid(0, "GPU-000-uuid", "step1-g0-r0", torch_uuid=lambda index: "000-uuid")
+    with pytest.raises(GpuMismatchError) as caught:
+        check_device_uuid(0, "GPU-000-uuid", "step1-g0-r0", torch_uuid=lambda index: "111-uuid")
+    assert str(caught.value) == (
+        "step1-g0-r0: expected torch's cuda:0 to be NVML's GPU 0 (GPU-000-uuid), found GPU-111-uuid "
+        "(CUDA_DEVICE_ORDER=unset); CUDA and NVML number the GPUs differently: set CUDA_DEVICE_ORDER=PCI_BUS_ID")
+
+
+def test_a_gpu_producer_read_only_by_cpu_runners_keeps_its_slots_in_host_memory() -> None:
+    """No CPU runner opens a CUDA context to read a slot: a GPU step whose readers are all on the CPU writes host slots."""
+    to_cpu = plan_runners(_config([[0, 1]], [[-1]]), 1)
+    assert [(p.device, p.output_device) for p in to_cpu] == [("cuda:0", "cpu"), ("cuda:1", "cpu"), ("cpu", "cpu")]
+    mixed = plan_runners(_config([[0]], [[-1, 0]]), 1)  # one reader on the GPU: the slots stay there
+    assert [(p.device, p.output_device) for p in mixed] == [("cuda:0", "cuda:0"), ("cpu", "cpu"), ("cuda:0", "cuda:0")]
+    chain = plan_runners(_config([[0]], [[0]], [[-1]]), 1)
+    assert [p.output_device for p in chain] == ["cuda:0", "cpu", "cpu"]
+
+
+def test_each_gpu_runner_learns_the_uuid_of_its_gpu() -> None:
+    placements = with_device_uuids(plan_runners(_config([[1, -1]], [[0]]), 1), {0: "GPU-000-uuid", 1: "GPU-111-uuid"})
+    assert [(p.device, p.device_uuid) for p in placements] == [("cuda:1", "GPU-111-uuid"), ("cpu", ""),
+                                                               ("cuda:0", "GPU-000-uuid")]

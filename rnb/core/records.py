@@ -1,7 +1,9 @@
 """The job log's meta.json as typed records: written by the engines, read back by the analysis, one schema.
 
 `ProcessRecord` is one entry of `processes`: what a driver knows of a
-process at spawn time, completed as it reports and exits.  `JobMeta` is the
+process at spawn time, completed as it reports and exits.  `GpuRecord` is
+one entry of `gpus`: a GPU as NVML described it when the job was checked,
+and what the main process held on it (`MainGpuMemory`).  `JobMeta` is the
 whole document.  Both are frozen; a driver replaces a record as it learns
 more (rnb.engines.job.JobBook).  Reading is lenient where a log (an older
 version's, or one written by hand) lacks a field: it reads as its default;
@@ -50,6 +52,7 @@ class ProcessRecord:
     # library handles); None without a CUDA device or where NVML cannot tell (rnb.pipeline.gpus)
     device_process_bytes: int | None = None
     device_outside_allocator_bytes: int | None = None
+    output_device: str | None = None       # where its output slots live ("cuda:N" or "cpu"); None without slots
     threads: int | None = None             # the torch threads the plan gave it; None = torch's default
     intra_op_threads: int | None = None    # what torch ran with, as the process reported at exit
     interop_threads: int | None = None
@@ -80,6 +83,64 @@ class ProcessRecord:
 
 
 @dataclass(frozen=True)
+class MainGpuMemory:
+    """What the main process held on one GPU: it allocates every CUDA slot, so it has a context there.
+
+    NVML's two figures are taken while the slots are still allocated (the
+    job's own footprint); `slot_bytes` is what the slots themselves take;
+    `left_after_release_bytes` is what torch's allocator still reserved there
+    once every slot was released, CUDA IPC collected and the cache emptied:
+    0 unless a process that received slots died before releasing them.
+    """
+
+    device_process_bytes: int | None = None
+    device_outside_allocator_bytes: int | None = None
+    slot_bytes: int = 0
+    left_after_release_bytes: int | None = None
+
+    def to_json(self) -> JsonObject:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @staticmethod
+    def from_json(document: Mapping[str, Json], where: str) -> MainGpuMemory:
+        return MainGpuMemory(**{f.name: _optional(document, f.name, int, where)  # type: ignore[arg-type]
+                                for f in dataclasses.fields(MainGpuMemory) if f.name in document})
+
+
+@dataclass(frozen=True)
+class GpuRecord:
+    """One GPU a job asked for, as NVML described it when the job was checked (rnb.pipeline.gpus)."""
+
+    logical_index: int              # as written in the config
+    physical_index: int             # NVML's index, after CUDA_VISIBLE_DEVICES
+    name: str
+    uuid: str                       # NVML's, "GPU-..."; torch's for the same logical index was checked equal
+    memory_total_bytes: int
+    memory_used_bytes: int = 0      # when the job was checked: not 0 only where --allow-busy-gpus let it run
+    compute_pids: tuple[int, ...] = ()  # other processes computing on it then, likewise
+    main_process: MainGpuMemory | None = None  # None where the main process held no slots on it
+
+    def to_json(self) -> JsonObject:
+        document: JsonObject = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        document["compute_pids"] = list(self.compute_pids)
+        document["main_process"] = None if self.main_process is None else self.main_process.to_json()
+        return document
+
+    @staticmethod
+    def from_json(document: Mapping[str, Json], where: str) -> GpuRecord:
+        pids = document.get("compute_pids") or []
+        main = document.get("main_process")
+        return GpuRecord(
+            logical_index=_required(document, "logical_index", int, where),
+            physical_index=_optional(document, "physical_index", int, where) or 0,
+            name=str(document.get("name") or ""), uuid=str(document.get("uuid") or ""),
+            memory_total_bytes=_optional(document, "memory_total_bytes", int, where) or 0,
+            memory_used_bytes=_optional(document, "memory_used_bytes", int, where) or 0,
+            compute_pids=tuple(int(pid) for pid in pids if isinstance(pid, int)) if isinstance(pids, list) else (),
+            main_process=MainGpuMemory.from_json(main, f"{where}: main_process") if isinstance(main, dict) else None)
+
+
+@dataclass(frozen=True)
 class JobMeta:
     """meta.json: how a job ran and ended, whatever the engine."""
 
@@ -97,9 +158,10 @@ class JobMeta:
     main_peak_rss_bytes: int | None = None   # the main process's own peak, the end-of-run summary included
     versions: Mapping[str, str | None] = field(default_factory=dict)
     host: str = ""
-    gpus: tuple[JsonObject, ...] = ()        # rnb.pipeline.gpus.GpuInfo of each GPU used, with `main_process`
+    gpus: tuple[GpuRecord, ...] = ()         # each GPU the job asked for, with what the main process held on it
     notes: tuple[str, ...] = ()
     engine: JsonObject = field(default_factory=lambda: {"name": "local"})
+    cuda_device_order: str | None = None     # CUDA_DEVICE_ORDER the job ran with (PCI_BUS_ID: NVML's numbering)
 
     @property
     def elapsed_s(self) -> float | None:
@@ -123,8 +185,9 @@ class JobMeta:
             "finished_items": self.finished_items, "throughput_items_per_s": self.throughput_items_per_s,
             "termination_reason": self.termination_reason, "failed_process": self.failed_process, "error": self.error,
             "processes": [p.to_json() for p in self.processes], "main_peak_rss_bytes": self.main_peak_rss_bytes,
-            "versions": dict(self.versions), "host": self.host, "gpus": list(self.gpus), "num_steps": self.num_steps,
-            "notes": list(self.notes), "engine": self.engine,
+            "versions": dict(self.versions), "host": self.host, "gpus": [gpu.to_json() for gpu in self.gpus],
+            "num_steps": self.num_steps, "notes": list(self.notes), "engine": self.engine,
+            "cuda_device_order": self.cuda_device_order,
         }
 
     @staticmethod
@@ -150,9 +213,11 @@ class JobMeta:
             main_peak_rss_bytes=_optional(document, "main_peak_rss_bytes", int, where),
             versions={str(k): None if v is None else str(v) for k, v in _object(document, "versions", where).items()},
             host=str(document.get("host") or ""),
-            gpus=tuple(g for g in _list(document, "gpus", where) if isinstance(g, dict)),
+            gpus=tuple(GpuRecord.from_json(g, f"{where}: gpus[{i}]") for i, g in enumerate(_list(document, "gpus", where))
+                       if isinstance(g, dict)),
             notes=tuple(str(n) for n in _list(document, "notes", where)),
             engine=_object(document, "engine", where) or {"name": "local"},
+            cuda_device_order=_optional(document, "cuda_device_order", str, where),
         )
 
 

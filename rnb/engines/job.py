@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rnb.core import joblog
 from rnb.core.messages import Failed, Ready, Status
-from rnb.core.records import JobMeta, JsonObject, ProcessRecord
+from rnb.core.records import GpuRecord, JobMeta, JsonObject, ProcessRecord
 from rnb.core.termination import Termination
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.engines.spool import TimingsSpool
@@ -145,7 +147,7 @@ def open_job_dir(config: PipelineConfig, args: RunArgs) -> Path:
     return job_dir
 
 
-def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: list[JsonObject],
+def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequence[GpuRecord],
               ending: JobEnding) -> JobResult:
     """Write timings.parquet and meta.json, and report the error if any: what was measured is on disk."""
     ending.spool.close()
@@ -155,7 +157,8 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: list[J
         end_time=ending.end, finished_items=ending.spool.rows, termination_reason=ending.reason.reason,
         num_steps=len(config.steps), failed_process=failure.process if failure else None, error=ending.error,
         processes=ending.book.records, main_peak_rss_bytes=joblog.main_peak_rss_bytes(), versions=joblog.versions(),
-        host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine)
+        host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine,
+        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"))
     joblog.write_meta(job_dir, meta)
     if ending.error:
         log.error("%s", ending.error)

@@ -17,7 +17,7 @@ import torch
 from rnb.core.messages import Exited, Failed
 from rnb.core.termination import Termination
 from rnb.engines.transport import Participant
-from rnb.pipeline.gpus import device_memory_record
+from rnb.pipeline.gpus import DeviceMemory, device_memory_record
 
 
 def run_and_report(name: str, transport: Participant, work: Callable[[], None],
@@ -30,7 +30,7 @@ def run_and_report(name: str, transport: Participant, work: Callable[[], None],
         code = 1
         transport.report(Failed(name, f"{type(error).__name__}: {error}"))
         transport.stop(Termination.PROCESS_FAILED)
-    peak_device, held = None, {}
+    peak_device, held = None, DeviceMemory(None, None)
     if device is not None and device.type == "cuda":
         peak_device = torch.cuda.max_memory_allocated(device)
         held = device_memory_record(str(torch.cuda.get_device_properties(device).uuid), os.getpid(),
@@ -38,5 +38,7 @@ def run_and_report(name: str, transport: Participant, work: Callable[[], None],
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     transport.report(Exited(name, peak_rss_bytes=peak_rss, peak_device_bytes=peak_device,
                             intra_op_threads=torch.get_num_threads(),
-                            interop_threads=torch.get_num_interop_threads(), **held))
+                            interop_threads=torch.get_num_interop_threads(),
+                            device_process_bytes=held.device_process_bytes,
+                            device_outside_allocator_bytes=held.device_outside_allocator_bytes))
     return code

@@ -27,6 +27,7 @@ from rnb.core.termination import POLL_S, Termination
 from rnb.core.timecard import TimeCard, as_cards, now
 from rnb.engines.transport import Input, Transport
 from rnb.pipeline.dotted import load_object
+from rnb.pipeline.gpus import check_device_uuid
 from rnb.pipeline.plan import Placement
 from selector import RoundRobinSelector
 
@@ -47,6 +48,8 @@ class Runner:
         self.stream: torch.cuda.Stream | None = None
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            if spec.device_uuid:  # the GPU checked free is the one this runner computes on
+                check_device_uuid(self.device.index or 0, spec.device_uuid, spec.name)
             self.stream = torch.cuda.Stream(self.device)
         with self.on_stream():
             model_class: StepModelClass = load_object(spec.model)

@@ -43,6 +43,7 @@ class Placement:
     threads: int | None = None  # torch intra-op and inter-op threads; None = torch's default
     input_device: str = ""      # where the runner receives its inputs; "" = its device (rnb.core.model.input_side)
     output_device: str = ""     # where its output slots live; "" = its device
+    device_uuid: str = ""       # NVML's UUID of its GPU, which the runner checks torch's against; "" = not checked
 
     def __post_init__(self) -> None:
         if not self.input_device:
@@ -125,7 +126,43 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
                 threads=threads if threads is not None else (share if gpu < 0 else None),
             ) for i, gpu in enumerate(group.gpus))
         produced = outputs
-    return placements
+    return host_slots_for_host_readers(placements)
+
+
+def consumers(placements: list[Placement], producer: Placement) -> list[Placement]:
+    """The runners that read `producer`'s output slots: the next step's groups whose in_queue it writes."""
+    return [p for p in placements if p.step == producer.step + 1 and p.in_queue in producer.out_queues]
+
+
+def host_slots_for_host_readers(placements: list[Placement]) -> list[Placement]:
+    """A GPU runner whose every consumer reads into host memory keeps its output slots there too.
+
+    A CPU runner that read a CUDA slot would open a CUDA context on the
+    producer's GPU for it (hundreds of MB, and a process on a GPU it never
+    computes on; a CPU aggregator behind seven GPU replicas opened seven),
+    and its copy would go through the GPU anyway.  Written to host memory
+    by the producer (one device-to-host copy into a pinned slot), the data
+    reach CPU consumers without any CUDA.
+    """
+    return [dataclasses.replace(p, output_device="cpu") if p.output_shapes and p.output_device.startswith("cuda")
+            and all(q.input_device == "cpu" for q in consumers(placements, p)) else p for p in placements]
+
+
+def with_device_uuids(placements: list[Placement], uuids: Mapping[int, str]) -> list[Placement]:
+    """Each GPU runner told NVML's UUID of its GPU (logical index -> UUID), for its check at start."""
+    return [dataclasses.replace(p, device_uuid=uuids[_gpu_index(p.device)]) if _gpu_index(p.device) in uuids else p
+            for p in placements]
+
+
+def _gpu_index(device: str) -> int:
+    """N of "cuda:N"; -1 for the CPU."""
+    return int(device.split(":")[1]) if device.startswith("cuda:") else -1
+
+
+def slot_bytes(p: Placement) -> int:
+    """The bytes of one of the runner's output slots."""
+    dtypes = p.output_dtypes or (torch.float32,) * len(p.output_shapes)
+    return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in zip(p.output_shapes, dtypes))
 
 
 def _model_kwargs(model: Any, group: QueueGroup, batch_size: int, inputs: Shapes | None) -> dict[str, Any]:
@@ -201,8 +238,7 @@ def check_slot_memory(config: PipelineConfig, placements: list[Placement],
     need: dict[str, int] = {}
     largest: dict[str, tuple[int, Placement]] = {}
     for p in placements:
-        slot = sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-                   for shape, dtype in zip(p.output_shapes, p.output_dtypes or (torch.float32,) * len(p.output_shapes)))
+        slot = slot_bytes(p)
         need[p.output_device] = need.get(p.output_device, 0) + slot * p.num_slots
         if slot * p.num_slots > largest.get(p.output_device, (-1, p))[0]:
             largest[p.output_device] = (slot * p.num_slots, p)

@@ -22,13 +22,20 @@ FLUSH_S = 1.0
 
 
 def child_main(name: str, plumbing: Plumbing, transport: Participant, work: Callable[[], None],
-               device: torch.device | None = None) -> None:
-    """A spawned process's whole life: run and report, flush what main needs, exit 0 (ok) or 1 (failed).
+               device: torch.device | None = None, release: Callable[[], None] | None = None) -> None:
+    """A spawned process's whole life: run and report, release, flush what main needs, exit 0 (ok) or 1 (failed).
 
-    The child was spawned ignoring Ctrl-C and SIGTERM, and dies with the main
+    `release` gives back what the process holds of others' memory (a
+    runner's shared slots) before it leaves, which os._exit would not.  The
+    child was spawned ignoring Ctrl-C and SIGTERM, and dies with the main
     process (rnb.engines.local.lifeline): stopping children is the main process's business.
     """
     code = run_and_report(name, transport, work, device)
+    if release is not None:
+        try:
+            release()
+        except Exception as error:  # a CUDA error left by a failed run: the exit must still happen
+            print(f"{name}: could not release its shared slots ({type(error).__name__}: {error})", file=sys.stderr)
     pipeline_queues = [plumbing.requests, *(q for step in plumbing.step_queues for q in step.values())]
     for queue in [plumbing.status, plumbing.results, *pipeline_queues]:
         if plumbing.flag.is_set and queue in pipeline_queues:

@@ -15,19 +15,21 @@ the engine-neutral ends in rnb.engines.job.
 """
 from __future__ import annotations
 
+import dataclasses
+import gc
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
-from rnb.core.records import ProcessRecord
+from rnb.core.records import GpuRecord, MainGpuMemory, ProcessRecord
 from rnb.core.termination import Termination
 from rnb.engines.client import ClientSpec
 from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
@@ -37,24 +39,28 @@ from rnb.engines.local.transport import DeviceFirst, LocalWiring, client_main, r
 from rnb.engines.sampler import SampledGpu, Sampler
 from rnb.engines.spool import TimingsSpool
 from rnb.pipeline.config import PipelineConfig
-from rnb.pipeline.gpus import device_memory_record
-from rnb.pipeline.plan import Placement
+from rnb.pipeline.gpus import DEVICE_ORDER, device_memory_record
+from rnb.pipeline.plan import Placement, slot_bytes, with_device_uuids
 
 log = logging.getLogger(__name__)
 
 
-def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], gpus: list[dict]) -> JobResult:
-    """Spawn, start everyone together, wait for the flag, stop everyone, write the log."""
+def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], gpus: Sequence[GpuRecord]) -> JobResult:
+    """Spawn, start everyone together, wait for the flag, stop everyone, release the slots, write the log."""
     ctx = mp.get_context("spawn")
+    for key, value in DEVICE_ORDER.items():  # the children inherit it: CUDA numbers the GPUs as NVML does
+        os.environ.setdefault(key, value)
+    placements = with_device_uuids(placements, {gpu.logical_index: gpu.uuid for gpu in gpus})
     job_dir = open_job_dir(config, args)
     spool = TimingsSpool(job_dir, len(config.steps), args.warmup)
     try:
         plumbing, wirings = build_plumbing(ctx, placements, args)
     except Exception as failure:  # out of CUDA or shared memory, a size torch refuses (TypeError), ...: all end logged
+        release_main_slots(())
         return close_job(job_dir, config, args, gpus, _setup_failed(failure, spool))
     supervisor = Supervisor(plumbing, spool)
     sampler = Sampler(args.sample_interval_ms / 1000.0,
-                      tuple(SampledGpu(gpu["logical_index"], gpu["physical_index"]) for gpu in gpus))
+                      tuple(SampledGpu(gpu.logical_index, gpu.physical_index) for gpu in gpus))
     sampler.watch("main", os.getpid())
     previous = {number: signal.signal(number, lambda number, _: plumbing.flag.take_over(STOP_SIGNALS[number]))
                 for number in STOP_SIGNALS}
@@ -73,25 +79,72 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
         sampler.write(job_dir)
         for number, handler in previous.items():
             signal.signal(number, handler)
+        held = with_main_memory(gpus, placements)
+        left = release_main_slots(wirings.values())
         reason = plumbing.flag.reason
-        result = close_job(job_dir, config, args, with_main_memory(gpus, placements), JobEnding(
+        result = close_job(job_dir, config, args, with_release(held, left, supervisor.book), JobEnding(
             start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.book.failure, args),
             spool=spool, book=supervisor.book))
     return result
 
 
-def with_main_memory(gpus: list[dict], placements: list[Placement]) -> list[dict]:
+def with_main_memory(gpus: Sequence[GpuRecord], placements: list[Placement]) -> list[GpuRecord]:
     """Each GPU's record with what the main process holds on it (`main_process`), None where it holds no slots.
 
     The main process allocates every CUDA slot, so it has a context on each
     GPU that holds one: beside the slots (its allocator's share), that context
-    is memory the runners cannot use.
+    is memory the runners cannot use.  Taken while the slots still exist.
     """
-    held = {torch.device(p.output_device).index for p in placements
-            if p.output_shapes and torch.device(p.output_device).type == "cuda"}
-    return [{**gpu, "main_process": device_memory_record(gpu["uuid"], os.getpid(),
-                                                         torch.cuda.memory_reserved(gpu["logical_index"]))
-             if gpu["logical_index"] in held else None} for gpu in gpus]
+    slots: dict[int, int] = {}
+    for p in placements:
+        device = torch.device(p.output_device)
+        if p.output_shapes and device.type == "cuda":
+            slots[device.index or 0] = slots.get(device.index or 0, 0) + slot_bytes(p) * p.num_slots
+    records = []
+    for gpu in gpus:
+        if gpu.logical_index in slots:
+            held = device_memory_record(gpu.uuid, os.getpid(), torch.cuda.memory_reserved(gpu.logical_index))
+            gpu = dataclasses.replace(gpu, main_process=MainGpuMemory(
+                held.device_process_bytes, held.device_outside_allocator_bytes, slots[gpu.logical_index]))
+        records.append(gpu)
+    return records
+
+
+def release_main_slots(wirings: Iterable[LocalWiring]) -> dict[int, int]:
+    """Once every child is gone: free the main process's slots, collect CUDA IPC, empty torch's cache.
+
+    Every child released its hold on the CUDA slots it received
+    (rnb.engines.local.transport.release_slots), so they can go now; a slot a
+    killed child still held stays with torch's CUDA IPC until this process
+    exits.  A process that runs several jobs (a bench, a test session) thus
+    keeps no GPU memory from one job to the next.  Returns, per GPU index,
+    what torch's allocator still reserves there afterwards (bytes).
+    """
+    for wiring in wirings:
+        for slot in wiring.slots:
+            slot.release()
+    gc.collect()  # tensors of a job's slots that only reference cycles still hold (a failed setup's partial slots)
+    if not torch.cuda.is_initialized():
+        return {}
+    torch.cuda.ipc_collect()
+    torch.cuda.empty_cache()
+    return {index: torch.cuda.memory_reserved(index) for index in range(torch.cuda.device_count())}
+
+
+def with_release(gpus: list[GpuRecord], left: Mapping[int, int], book: JobBook) -> list[GpuRecord]:
+    """Each GPU's record with what stayed reserved after the release, and a note where slots could not be freed."""
+    records = []
+    for gpu in gpus:
+        if gpu.main_process is not None:
+            held = left.get(gpu.logical_index)
+            gpu = dataclasses.replace(gpu, main_process=dataclasses.replace(gpu.main_process,
+                                                                             left_after_release_bytes=held))
+            if held:
+                book.notes.append(f"GPU {gpu.logical_index}: {held / 2**20:.0f} MiB of CUDA slots stayed with the main "
+                                  "process after the job: a runner that held them was killed before it could release "
+                                  "them, so torch's CUDA IPC keeps them until this process exits")
+        records.append(gpu)
+    return records
 
 
 def allocate_slots(ctx: Any, placement: Placement) -> tuple[SharedSlot, ...]:
@@ -125,7 +178,8 @@ def spawn_all(ctx: Any, supervisor: Supervisor, config: PipelineConfig, args: Ru
     for p in placements:
         arguments = (DeviceFirst(p.device), p, args.videos, wirings[p.name], plumbing)
         supervisor.spawn(ctx, runner_main, arguments, ProcessRecord(
-            p.name, "runner", p.step, p.group, p.instance, p.device, threads=p.threads))
+            p.name, "runner", p.step, p.group, p.instance, p.device, threads=p.threads,
+            output_device=p.output_device if p.output_shapes else None))
 
 
 def _run_between_barriers(supervisor: Supervisor, job: str, videos: int, runners: int) -> float | None:

@@ -15,10 +15,10 @@ import pickle
 import queue
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -162,6 +162,24 @@ class SharedSlot:
             (slot if shape[0] == form[0] else slot[: shape[0]]).copy_(output, non_blocking=True)
             self.sizes[index] = shape[0]
 
+    @property
+    def nbytes(self) -> int:
+        return sum(tensor.untyped_storage().nbytes() for tensor in self.tensors)
+
+    def release(self) -> None:
+        """Let go of this process's hold on the slot's memory, however many references to the slot remain.
+
+        Each tensor is pointed at an empty storage, so the shared one is given
+        up here and now even while queues, wirings or frames still reference
+        the slot.  For a CUDA slot received from the main process that
+        decrements the CUDA IPC reference torch counts for it in shared
+        memory (a process that exits without doing so leaves the main
+        process unable to free the slot, and torch warns at its exit); for
+        the main process's own slot it frees the allocation.
+        """
+        for tensor in self.tensors:
+            tensor.set_(torch.empty(0, dtype=tensor.dtype, device=tensor.device).untyped_storage())
+
     def read(self, device: torch.device, buffers: LocalBuffers | None = None) -> tuple[torch.Tensor, ...]:
         """Copies of the valid rows on `device`; the caller syncs, then releases the slot.
 
@@ -182,6 +200,60 @@ class SharedSlot:
                 buffer = buffers.like(index, slot)
                 copies.append((buffer if full else buffer[:size]).copy_(valid, non_blocking=non_blocking))
         return tuple(copies)
+
+
+class CudaRuntime(Protocol):
+    """The two calls of the CUDA runtime that page-lock host memory (torch.cuda.cudart() offers them)."""
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int: ...
+
+    def cudaHostUnregister(self, ptr: int) -> int: ...
+
+
+CUDA_HOST_REGISTER_PORTABLE = 1  # pinned for every CUDA context of the process, not only the current one
+
+
+class PinnedHostSlots:
+    """Host slots page-locked in this process (cudaHostRegister), so copies between them and a GPU are asynchronous.
+
+    A copy between a GPU and pageable memory is staged by the driver through
+    a pinned buffer of its own, and the CPU waits for it; from page-locked
+    memory it is one DMA that the stream runs while the CPU goes on.  A slot
+    must also be shared with the other processes, and the two do not combine
+    in one allocation: `pin_memory()` allocates with cudaHostAlloc, which no
+    other process can map (torch's `share_memory_` on such a tensor moves it
+    into fresh, unpinned shared memory).  So slots stay shared memory, made
+    by the main process, and each GPU runner page-locks its own mapping of
+    them when it starts, as torch.distributed does for shared state dicts.
+    Registration is per process and per mapping; it is undone before release.
+    """
+
+    def __init__(self, cudart: CudaRuntime | None = None) -> None:
+        self._cudart = cudart
+        self.pointers: list[int] = []
+
+    def pin(self, slots: Iterable[SharedSlot]) -> int:
+        """Page-lock every CPU tensor of `slots` (CUDA ones are skipped); the bytes pinned."""
+        cudart = self._cudart or torch.cuda.cudart()
+        pinned = 0
+        for slot in slots:
+            for tensor in slot.tensors:
+                storage = tensor.untyped_storage()
+                if tensor.device.type != "cpu" or storage.data_ptr() in self.pointers or not storage.nbytes():
+                    continue
+                code = int(cudart.cudaHostRegister(storage.data_ptr(), storage.nbytes(), CUDA_HOST_REGISTER_PORTABLE))
+                if code != 0:
+                    raise RuntimeError(f"could not page-lock a {storage.nbytes()}-byte host slot for copies to and "
+                                       f"from the GPU (cudaHostRegister returned CUDA error {code})")
+                self.pointers.append(storage.data_ptr())
+                pinned += storage.nbytes()
+        return pinned
+
+    def unpin(self) -> None:
+        cudart = self._cudart or torch.cuda.cudart()
+        for pointer in self.pointers:
+            cudart.cudaHostUnregister(pointer)
+        self.pointers.clear()
 
 
 class HopQueue(multiprocessing.queues.Queue):

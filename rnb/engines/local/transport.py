@@ -27,7 +27,7 @@ from rnb.core.timecard import TimeCard, as_cards
 from rnb.engines import client
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.child import child_main
-from rnb.engines.local.plumbing import Plumbing, SharedSlot
+from rnb.engines.local.plumbing import PinnedHostSlots, Plumbing, SharedSlot
 from rnb.engines.runner import Runner
 from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
 from rnb.pipeline.plan import Placement
@@ -43,6 +43,10 @@ class LocalWiring:
 
     slots: tuple[SharedSlot, ...]
     sources: Mapping[tuple[int, int], tuple[SharedSlot, ...]]
+
+    @property
+    def every_slot(self) -> tuple[SharedSlot, ...]:
+        return (*self.slots, *(slot for slots in self.sources.values() for slot in slots))
 
 
 class _LocalParticipant:
@@ -209,9 +213,39 @@ def select_device(device: str) -> str:
 
 
 def runner_main(device: str, spec: Placement, target: int, wiring: LocalWiring, plumbing: Plumbing) -> None:
-    """Entry point of a spawned runner process; `device` comes first (DeviceFirst) and is already current."""
+    """Entry point of a spawned runner process; `device` comes first (DeviceFirst) and is already current.
+
+    A GPU runner page-locks the host slots it writes or reads before its model
+    loads; whatever way the runner ends, its hold on every slot is released
+    before the process leaves (release_slots).
+    """
     transport = LocalTransport(spec, target, wiring, plumbing)
-    child_main(spec.name, plumbing, transport, lambda: Runner(spec, transport).run(), torch.device(spec.device))
+    pinned = PinnedHostSlots()
+    on_cuda = torch.device(spec.device).type == "cuda"
+
+    def work() -> None:
+        if on_cuda:
+            pinned.pin(wiring.every_slot)
+        Runner(spec, transport).run()
+    child_main(spec.name, plumbing, transport, work, torch.device(spec.device),
+               release=lambda: release_slots(wiring, pinned, torch.device(spec.device)))
+
+
+def release_slots(wiring: LocalWiring, pinned: PinnedHostSlots, device: torch.device) -> None:
+    """A runner's last act: once none of its work still touches a slot, let go of every slot it holds.
+
+    The CUDA slots it received from the main process are counted by torch's
+    CUDA IPC until released; released here, the main process can free them
+    when the job ends (rnb.engines.local.driver), and no "Producer process
+    has been terminated before all shared CUDA tensors released" warning
+    follows at its exit.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if pinned.pointers:
+        pinned.unpin()
+    for slot in wiring.every_slot:
+        slot.release()
 
 
 def client_main(spec: client.ClientSpec, plumbing: Plumbing) -> None:

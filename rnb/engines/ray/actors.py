@@ -40,10 +40,12 @@ from rnb.engines.buffers import LocalBuffers
 from rnb.engines.participant import run_and_report
 from rnb.engines.runner import Runner
 from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
+from rnb.pipeline.gpus import DEVICE_ORDER
 from rnb.pipeline.plan import Placement
 
-# Ray's own zero-copy path for CPU tensors: the consumer reads them straight out of the object store.
-ACTOR_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
+# Ray's own zero-copy path for CPU tensors: the consumer reads them straight out of the object store; and
+# CUDA numbering GPUs as NVML does, so that the index Ray puts in CUDA_VISIBLE_DEVICES is the GPU it checked.
+ACTOR_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1", **DEVICE_ORDER}
 
 
 @dataclass(frozen=True)

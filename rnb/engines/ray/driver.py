@@ -33,7 +33,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
-from rnb.core.records import ProcessRecord
+from rnb.core.records import GpuRecord, ProcessRecord
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
 from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
@@ -44,7 +44,7 @@ from rnb.engines.sampler import Sampler
 from rnb.engines.spool import TimingsSpool
 from rnb.pipeline.config import ConfigError, PipelineConfig
 from rnb.pipeline.dataset_source import KINDS
-from rnb.pipeline.gpus import GpuInfo, GpuRequestError, busy_notes, check_assigned_gpu
+from rnb.pipeline.gpus import GpuRequestError, busy_notes, check_assigned_gpu
 from rnb.pipeline.plan import Placement
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def run_ray_job(config: PipelineConfig, args: RunArgs, placements: list[Placemen
             ending = job.run(job_dir)
         finally:
             job.clean_up()
-    return close_job(job_dir, config, args, [dataclasses.asdict(gpu) for gpu in gpus], ending)
+    return close_job(job_dir, config, args, gpus, ending)
 
 
 @dataclass
@@ -116,6 +116,7 @@ class RayJob:
     nodes: list[NodeInfo]
     cluster: JobRay
     group: Any = None                                   # the placement group of the GPU bundles
+    gpu_uuids: list[str] = field(default_factory=list)  # NVML's UUID of each bundle's GPU, as its check found it
     control: Any = None
     members: list[Member] = field(default_factory=list)
     spool: TimingsSpool | None = None                   # finished items, streamed to disk as they come
@@ -125,7 +126,7 @@ class RayJob:
     interrupted: threading.Event = field(default_factory=threading.Event)   # Ctrl-C or SIGTERM came
     outside: Termination = Termination.INTERRUPTED      # which of them, once `interrupted` is set
 
-    def reserve_gpus(self, bundles: Sequence[NodeChoice], allow_busy: bool) -> list[GpuInfo]:
+    def reserve_gpus(self, bundles: Sequence[NodeChoice], allow_busy: bool) -> list[GpuRecord]:
         """The placement group of the GPU bundles, each GPU checked free by NVML on its node (GpuRequestError)."""
         if not bundles:
             return []
@@ -137,14 +138,16 @@ class RayJob:
             raise ConfigError(self.config.path, first.gpus_path, f"expected the Ray cluster to give the job "
                               f"{len(bundles)} GPUs, found them not free within {PLACE_TIMEOUT_S:.0f} s")
         firsts = [next(seat for seat in self.seats if seat.bundle == index) for index in range(len(bundles))]
-        checks = [ray.remote(_check_gpu_here).options(num_cpus=0, num_gpus=1, scheduling_strategy=(
-            PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)))
+        checks = [ray.remote(_check_gpu_here).options(num_cpus=0, num_gpus=1, runtime_env={"env_vars": ACTOR_ENV},
+                                                      scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                                          self.group, placement_group_bundle_index=index))
             .remote(self.config.path, seat.gpus_path, allow_busy) for index, seat in enumerate(firsts)]
         infos = []
         for seat, found in zip(firsts, ray.get(checks)):
             if isinstance(found, str):
                 raise ConfigError(self.config.path, seat.gpus_path, found)
             infos.append(found)
+        self.gpu_uuids = [info.uuid for info in infos]
         return infos
 
     def run(self, job_dir: Path) -> JobEnding:
@@ -248,7 +251,8 @@ class RayJob:
         threads = self._threads(member, seat)
         self.book.update(member.name, threads=threads)
         spec = dataclasses.replace(p, device=_own_gpu(p.device), output_device=_own_gpu(p.output_device),
-                                   input_device=_own_gpu(p.input_device), threads=threads)
+                                   input_device=_own_gpu(p.input_device), threads=threads,
+                                   device_uuid=self.gpu_uuids[seat.bundle] if seat.bundle is not None else "")
         consumers = tuple(tuple(by_name[s.placement.name] for s in self.seats
                                 if s.placement.step == p.step + 1 and s.placement.in_queue == q) for q in p.out_queues)
         wiring = RayWiring(self.control, consumers, max(1, p.num_slots))
@@ -395,7 +399,7 @@ def paths_every_node_sees(config: PipelineConfig) -> PipelineConfig:
     return dataclasses.replace(config, source={**config.source, kind: os.path.abspath(where)})
 
 
-def _check_gpu_here(file: str, json_path: str, allow_busy: bool) -> GpuInfo | str:
+def _check_gpu_here(file: str, json_path: str, allow_busy: bool) -> GpuRecord | str:
     """A Ray task on a GPU bundle's node: the GPU Ray gave it, checked; or what is wrong with it.
 
     What is wrong comes back as a value: Ray cannot carry a ConfigError back raised.
