@@ -3,20 +3,24 @@ P9/P9h (the same on the Ray engine).
 
 Each compares the harness with what a user would write instead, on the same
 work, so the ratio says what RnB's machinery costs or buys.  Harness runs go
-through `rnb.cli.main` in this process (its children are real spawned
-processes) and use the throughput the job log reports: items finished
-between the start gate and the termination flag, start-up excluded.
+through `benchmark.py` in a process of their own, as a user's would (and as
+scripts/sweep.py runs them), and use the throughput the job log reports:
+items finished between the start gate and the termination flag, start-up
+excluded.  Own processes keep one job's CUDA context, slots and allocator
+cache from the next job's GPU check and memory, and a loop on a GPU runs
+in one too (`loop_throughput`).
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import queue
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +31,11 @@ import torch
 import torch.multiprocessing as mp
 
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair, paired
-from rnb import cli
 from rnb.core.timecard import TimeCard
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.plumbing import SharedSlot
 from rnb.pipeline.dotted import load_object
+from rnb.pipeline.gpus import child_environment
 
 REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO / "data" / "synthetic"
@@ -43,20 +47,26 @@ FRAMES_KW = {"clips": 2, "frames": 8, "height": 112, "width": 112}
 NET_KW = {"clips": 2, "classes": 10}
 
 
-def run_job(config: dict[str, Any], items: int, workdir: Path) -> Path:
-    """Run one bulk job of `config` through the CLI in this process; its job directory. Raises unless it reached its target."""
+def run_job(config: dict[str, Any], items: int, workdir: Path, extra: tuple[str, ...] = ()) -> Path:
+    """Run one bulk job of `config` through benchmark.py in a process of its own; its job directory.
+
+    Raises unless it reached its target.
+    """
     config_path = workdir / "config.json"
     config_path.write_text(json.dumps(config), encoding="utf-8")
     log_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="logs-"))
-    output = io.StringIO()
-    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
-        code = cli.main(["-c", str(config_path), "-mi", "0", "-v", str(items), "--log-dir", str(log_dir)])
-    (job_dir,) = log_dir.iterdir()
-    meta = json.loads((job_dir / "meta.json").read_text(encoding="utf-8"))
-    if code != 0 or meta["termination_reason"] != "target reached":
-        raise RuntimeError(f"the harness job in {job_dir} ended with exit code {code} "
-                           f"({meta['termination_reason']}): {meta['error'] or output.getvalue().strip()[-300:]}")
-    return job_dir
+    done = subprocess.run([sys.executable, str(REPO / "benchmark.py"), "-c", str(config_path), "-mi", "0",
+                           "-v", str(items), "--log-dir", str(log_dir), *extra], cwd=REPO, capture_output=True,
+                          text=True, env=child_environment())
+    jobs = list(log_dir.iterdir())
+    if len(jobs) != 1:
+        raise RuntimeError(f"the harness job in {log_dir} left no log (exit code {done.returncode}): "
+                           f"{(done.stderr or done.stdout).strip()[-300:]}")
+    meta = json.loads((jobs[0] / "meta.json").read_text(encoding="utf-8"))
+    if done.returncode != 0 or meta["termination_reason"] != "target reached":
+        raise RuntimeError(f"the harness job in {jobs[0]} ended with exit code {done.returncode} "
+                           f"({meta['termination_reason']}): {meta['error'] or done.stderr.strip()[-300:]}")
+    return jobs[0]
 
 
 def run_harness(config: dict[str, Any], items: int, workdir: Path, windows: int = 1) -> list[float]:
@@ -161,7 +171,18 @@ def chain_pipeline(steps: tuple[tuple[str, dict[str, Any]], ...], gpu: int) -> d
 
 
 def loop_throughput(steps: tuple[tuple[str, dict[str, Any]], ...], device: str, items: int) -> float:
-    """items/s of the same model calls on the same numbered requests, one after the other in this process."""
+    """items/s of the same model calls on the same numbered requests, one after the other in one process.
+
+    On a GPU the loop runs in a spawned process of its own, so that no CUDA
+    context stays in this one to be taken for a stranger's by the next job.
+    """
+    if device.startswith("cuda"):
+        with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+            return pool.submit(_loop_here, steps, device, items).result()
+    return _loop_here(steps, device, items)
+
+
+def _loop_here(steps: tuple[tuple[str, dict[str, Any]], ...], device: str, items: int) -> float:
     models = [load_object(model)(torch.device(device), **kwargs) for model, kwargs in steps]
     started = time.perf_counter()
     for item in range(items):

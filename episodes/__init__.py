@@ -30,8 +30,12 @@ and a caller that times or places them apart calls them itself:
 the frame numbers), `decode_frames(fetched, device=...)` the `FrameRead`;
 in a process without the cache, `decode_mini_mp4(mini, frame_numbers)`
 decodes a mini-MP4 handed over (`open_decoder` gives a torchcodec decoder
-over one). `get_frames(ep, key, timestamps)` is read_frames of one request,
-frames only. `index_files(paths)` readies MP4 indexes ahead of reads and
+over one). On a CUDA device torchcodec may silently decode on the CPU
+instead of NVDEC: `FrameRead.backend` (a `DecodeBackend`, where its
+`DecodeDevice` is "cpu", "nvdec" or "cpu-fallback") says which happened,
+and `decode_backend(decoder, device)` asks a decoder of one's own.
+`get_frames(ep, key, timestamps)` is read_frames of one request, frames
+only. `index_files(paths)` readies MP4 indexes ahead of reads and
 `stats()` returns the running `CacheStats`. Frames are bit-identical to
 torchcodec's exact decode of the whole source file.
 
@@ -60,7 +64,13 @@ network link, for tests and benchmarks).
 """
 from episodes._cache import DEFAULT_COALESCE_GAP, EpisodeByteCache
 from episodes._dataset import EpisodeRecord, LeRobotDataset, VideoSegment, open_dataset
-from episodes._decode import decode_mini_mp4, open_decoder
+from episodes._decode import (
+    DecodeBackend,
+    DecodeDevice,
+    decode_backend,
+    decode_mini_mp4,
+    open_decoder,
+)
 from episodes._errors import DatasetFormatError, EpisodeDataError, FetchError, Mp4FormatError
 from episodes._mp4 import MiniMp4
 from episodes._reads import CacheStats, Fetch, FetchedFrames, FrameRead, FrameRequest
@@ -72,6 +82,8 @@ __all__ = [
     "DEFAULT_COALESCE_GAP",
     "CacheStats",
     "DatasetFormatError",
+    "DecodeBackend",
+    "DecodeDevice",
     "EpisodeByteCache",
     "EpisodeDataError",
     "EpisodeDataset",
@@ -88,6 +100,7 @@ __all__ = [
     "Storage",
     "VideoFilesDataset",
     "VideoSegment",
+    "decode_backend",
     "decode_mini_mp4",
     "open_dataset",
     "open_decoder",

@@ -38,7 +38,7 @@ import torch
 from torchcodec.decoders import VideoDecoder
 
 from episodes._dataset import EpisodeRecord
-from episodes._decode import decode_mini_mp4, open_decoder
+from episodes._decode import decode_backend, decode_mini_mp4, open_decoder
 from episodes._errors import EpisodeDataError, Mp4FormatError, reworded
 from episodes._mp4 import MiniMp4, Mp4Index, build_index, episode_span, synthesize_mini_mp4
 from episodes._mp4.span import EpisodeSpan
@@ -224,9 +224,11 @@ class EpisodeByteCache:
                 entry = self._kept_decoder((ep, key, device), mini)
                 with entry.lock:
                     frames = decode_mini_mp4(mini, fetched.frame_numbers, decoder=entry.decoder)
+                    backend = decode_backend(entry.decoder, device)
             else:
                 decoder = open_decoder(mini, device, num_threads=self._decode_threads)
                 frames = decode_mini_mp4(mini, fetched.frame_numbers, decoder=decoder)
+                backend = decode_backend(decoder, device)
         except (RuntimeError, ValueError) as exc:
             where = self._where(self._ds.episode(ep), key)
             raise Mp4FormatError(f"{where}: decoding failed ({type(exc).__name__}: {exc})") from exc
@@ -234,7 +236,7 @@ class EpisodeByteCache:
         count = len(fetched.frame_numbers)
         self._add(frames_decoded=count, decode_s=decode_s)
         return FrameRead(frames, fetched.cache_hit, fetched.bytes_fetched, fetched.bytes_reused, count,
-                         fetched.lookup_s, fetched.fetch_s, fetched.synthesize_s, decode_s)
+                         fetched.lookup_s, fetched.fetch_s, fetched.synthesize_s, decode_s, backend)
 
     def _kept_decoder(self, dkey: tuple[int, str, str], mini: MiniMp4) -> _Decoder:
         """The decoder kept for this episode's mini-MP4 on this device, opened if missing or stale."""

@@ -3,17 +3,67 @@
 The decoder is handed the frame table our index already knows
 (`custom_frame_mappings`), so it seeks exactly without scanning the bytes;
 frames come out bit-identical to torchcodec's decode of the source file.
+
+On a CUDA device torchcodec decodes on NVDEC, unless it cannot: then it
+decodes on the CPU and uploads the frames, without a word (no libnvcuvid
+in the container, a codec or profile NVDEC lacks, frames under NVDEC's
+minimum size, such as HEVC under 144x144).  `decode_backend` says which
+happened, from what torchcodec reports of each decoder (`cpu_fallback`).
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
 from torchcodec.decoders import VideoDecoder
 
 from episodes._mp4.writer import MiniMp4
+
+DecodeDevice = Literal["cpu", "nvdec", "cpu-fallback"]
+"""Where frames were decoded: "cpu" (FFmpeg on the CPU, as asked), "nvdec" (the GPU's video decoder), or
+"cpu-fallback" (a CUDA device was asked for and torchcodec decoded on the CPU instead, then uploaded the frames)."""
+
+
+@dataclass(frozen=True)
+class DecodeBackend:
+    """Where a decoder decodes, and torchcodec's own account of it."""
+
+    device: DecodeDevice
+    detail: str = ""
+    """torchcodec's status line on a CUDA device (e.g. "[CUDA] Fallback status: Falling back due to: NVcuvid
+    unavailable"); empty on the CPU."""
+
+
+class _FallbackStatus(Protocol):
+    """What torchcodec's CpuFallbackStatus offers: true when the decoder fell back, and a sentence."""
+
+    status_known: bool
+
+    def __bool__(self) -> bool: ...
+
+
+class _ReportsFallback(Protocol):
+    @property
+    def cpu_fallback(self) -> _FallbackStatus: ...
+
+
+def decode_backend(decoder: _ReportsFallback, device: str | torch.device) -> DecodeBackend:
+    """Where `decoder`, opened on `device`, decodes: ask it once it has decoded (torchcodec 0.15's `cpu_fallback`).
+
+    torchcodec's NVDEC backend knows at once, its FFmpeg CUDA backend after
+    the first frame; a status still unknown counts as a fallback, so that
+    nothing is called NVDEC that was not seen to be.
+    """
+    if torch.device(device).type != "cuda":
+        return DecodeBackend("cpu")
+    status = decoder.cpu_fallback
+    if status.status_known and not status:
+        return DecodeBackend("nvdec", str(status))
+    return DecodeBackend("cpu-fallback", str(status))
 
 
 def frame_mappings(mini: MiniMp4) -> str:

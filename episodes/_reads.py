@@ -14,6 +14,7 @@ from typing import Literal, get_args
 import numpy as np
 import torch
 
+from episodes._decode import DecodeBackend
 from episodes._mp4 import MiniMp4
 
 Fetch = Literal["episode", "windows"]
@@ -108,7 +109,10 @@ class FetchedFrames:
 
 @dataclass(frozen=True)
 class FrameRead:
-    """A request's frames, uint8 (N, C, H, W), and what reading them cost (see FetchedFrames for the byte counts)."""
+    """A request's frames, uint8 (N, C, H, W), and what reading them cost (see FetchedFrames for the byte counts).
+
+    `backend` says where they were decoded: on a CUDA device, NVDEC or torchcodec's silent CPU fallback.
+    """
 
     frames: torch.Tensor
     cache_hit: bool
@@ -119,6 +123,7 @@ class FrameRead:
     fetch_s: float
     synthesize_s: float
     decode_s: float
+    backend: DecodeBackend = DecodeBackend("cpu")
 
 
 def checked_fetch(fetch: Fetch) -> Fetch:

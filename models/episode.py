@@ -16,8 +16,20 @@ frames an item needs depends on its item id, unknown before it arrives.
 The time card gets events fetch_start/fetch_finish (getting the mini-MP4,
 waiting for a prefetch included) and decode_start/decode_finish, and fields
 episode, num_clips, frames_decoded, bytes_fetched (source bytes this item
-caused to be read: its own fetch, or a prefetch made for it) and
-bytes_reused (source bytes it used that an earlier item had paid for).
+caused to be read: its own fetch, or a prefetch made for it),
+bytes_reused (source bytes it used that an earlier item had paid for) and
+decode_device (where its frames were decoded: "cpu", "nvdec", or
+"cpu-fallback" when torchcodec fell back to the CPU on a GPU runner).  On a
+GPU, decode_finish is stamped once the decoded frames are on the device
+(the runner's stream synchronised), not when the decoder's call returned.
+
+Before the start barrier a loader opens its first decoder on its device
+and decodes one frame of the source's first episode (`warmup_request`, which
+the harness supplies): NVDEC's first open (the decoder library, its
+session) stays out of the measured window, and where the frames decode is
+known then: a line of the job log's notes says it.  With `require_nvdec`,
+a GPU loader whose frames would decode on the CPU stops with one sentence
+(at the warm-up, or at the first item that does), and the job fails.
 
 MP4 indexes and usage-format columns persist under RnB's cache directory
 (cache_dir(): $RNB_CACHE_DIR, else ~/.cache/rnb), which the steps pass to
@@ -27,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,13 +51,16 @@ from torchvision.transforms.v2 import functional as F
 
 from episodes import (
     DEFAULT_COALESCE_GAP,
+    DecodeBackend,
     EpisodeByteCache,
     EpisodeDataError,
     EpisodeDataset,
     Fetch,
     FetchedFrames,
     FrameRequest,
+    decode_backend,
     decode_mini_mp4,
+    open_decoder,
     open_episodes,
 )
 from rnb.core.timecard import TimeCard
@@ -157,19 +173,23 @@ class EpisodeReader:
                                                             coalesce_gap=self.coalesce_gap)
         return self._open[(kind, root)]
 
-    def plan(self, request: Any, item_id: int) -> ClipPlan:
-        """Resolve a request (an EpisodeRequest, or an int when `dataset` is set) and sample its clips."""
+    def locate(self, request: Any, item_id: int) -> tuple[EpisodeDataset, EpisodeByteCache, int, str]:
+        """A request's dataset, its cache, the episode and the camera (an EpisodeRequest, or an int with `dataset`)."""
         if self.dataset is not None:
             ds, cache = self._dataset("dataset", self.dataset)
             episode = (request.episode if isinstance(request, EpisodeRequest) else int(request)) % ds.num_episodes
-            upcoming: Sequence[int] = request.upcoming if isinstance(request, EpisodeRequest) else ()
         elif isinstance(request, EpisodeRequest):
             ds, cache = self._dataset(request.kind, request.root)
-            episode, upcoming = request.episode, request.upcoming
+            episode = request.episode
         else:
             raise ValueError(f"item {item_id}: the request {request!r} names no dataset; use a dataset or videos "
                              "source, or give the step a `dataset` keyword")
-        camera = self.camera or ds.video_keys[0]
+        return ds, cache, episode, self.camera or ds.video_keys[0]
+
+    def plan(self, request: Any, item_id: int) -> ClipPlan:
+        """Resolve a request (an EpisodeRequest, or an int when `dataset` is set) and sample its clips."""
+        ds, cache, episode, camera = self.locate(request, item_id)
+        upcoming: Sequence[int] = request.upcoming if isinstance(request, EpisodeRequest) else ()
         for ahead in upcoming[: self.prefetch] if self.fetch_mode == "episode" else ():
             cache.prefetch(ahead, [camera])
         rng = np.random.default_rng([self.seed, item_id])
@@ -189,15 +209,89 @@ class EpisodeReader:
         return got
 
 
+class NvdecUnavailable(RuntimeError):
+    """A loader with `require_nvdec` whose frames would decode on the CPU."""
+
+
+class DecodeWatch:
+    """Where a loader's frames decode: said once per backend in its notes, per item on its card, refused if asked.
+
+    torchcodec falls back to CPU decoding on a CUDA device without a word
+    (episodes.decode_backend); benchmark figures taken that way are the
+    CPU's, so the job log says so, and `require_nvdec` turns it into an error.
+    """
+
+    def __init__(self, model: str, device: torch.device, require_nvdec: bool) -> None:
+        self.where = f"{model} on {device}"
+        self.on_cuda = device.type == "cuda"
+        self.require_nvdec = require_nvdec and self.on_cuda  # a CPU runner decodes on the CPU by design
+        self.notes: list[str] = []
+        self._seen: set[DecodeBackend] = set()
+
+    def saw(self, backend: DecodeBackend, what: str, card: TimeCard | None = None) -> None:
+        """The backend that decoded `what` (for sentences); on `card`, the item's decode_device."""
+        if card is not None:
+            card.set_field("decode_device", backend.device)
+        if backend.device == "cpu-fallback" and self.require_nvdec:
+            raise NvdecUnavailable(f"{self.where}: require_nvdec is set, but torchcodec decodes {what} on the CPU "
+                                   f"instead of NVDEC ({backend.detail})")
+        if backend in self._seen or not self.on_cuda:
+            return
+        self._seen.add(backend)
+        if backend.device == "nvdec":
+            self.notes.append(f"{self.where}: frames decode on NVDEC ({backend.detail})")
+        else:
+            self.notes.append(f"{self.where}: torchcodec decodes {what} on the CPU instead of NVDEC "
+                              f"({backend.detail}), then copies the frames to the GPU: decode times are the CPU's; "
+                              "\"require_nvdec\": true refuses this")
+
+
+def synchronized(frames: torch.Tensor) -> torch.Tensor:
+    """`frames`, once the work that produced them on a GPU (NVDEC, the colour conversion) has completed.
+
+    torchcodec queues both on the current stream, the runner's own; the
+    decode stage is stamped when they are done, so that it does not leak
+    into the next stage's time.
+    """
+    if frames.device.type == "cuda":
+        torch.cuda.current_stream(frames.device).synchronize()
+    return frames
+
+
 def decode_clips(frames: np.ndarray, decode: Callable[[], torch.Tensor], size: int, card: TimeCard) -> torch.Tensor:
     """The clips from `decode()`, the distinct frames of `frames` in ascending order (clips may overlap in a
     short episode, and each frame is decoded once)."""
     _, inverse = np.unique(frames, return_inverse=True)
     card.record("decode_start")
-    decoded = decode()
+    decoded = synchronized(decode())
     card.record("decode_finish")
     card.set_field("frames_decoded", len(decoded))
     return to_clips(decoded[torch.from_numpy(inverse.reshape(-1))], len(frames), size)
+
+
+def warm_up(reader: EpisodeReader, request: Any, device: torch.device, size: int, watch: DecodeWatch) -> str:
+    """Decode one frame of `request`'s episode on `device` before the start barrier; the job-log note.
+
+    Only that frame's window is fetched (fetch="windows"), which the cache
+    does not keep: the measured items fetch and decode what they would have
+    without it.  The decoder library, NVDEC's session and the resize
+    kernels are loaded now instead of in the first measured item.
+    """
+    started = time.perf_counter()
+    ds, cache, episode, camera = reader.locate(request, 0)
+    got = cache.fetch_frames([FrameRequest(episode, camera, frame_numbers=[0])], fetch="windows")[0]
+    read = cache.decode_frames(got, device=device)
+    watch.saw(read.backend, f"episode {episode} of {ds.root} ({camera})")
+    to_clips(synchronized(read.frames), 1, size)
+    return (f"{watch.where}: warm-up decoded one frame of episode {episode} before the start "
+            f"({(time.perf_counter() - started) * 1000:.0f} ms)")
+
+
+def warmup_from(request: Any, dataset: str | None) -> Any:
+    """What a loader warms up on: the harness's `warmup_request`, else episode 0 of its own `dataset`, else None."""
+    if request is not None:
+        return request
+    return 0 if dataset is not None else None
 
 
 def clip_shape(num_clips: int | Mapping[str, Any], clip_length: int, size: int) -> tuple[int, ...]:
@@ -238,19 +332,27 @@ class EpisodeLoader:
     pass on as (frames, dim) numpy arrays in non_tensors["tabular"]; with
     `tabular_cache` (the default) they are sliced from usage-format copies
     of the data files (the episodes usage-format cache) instead of decoded from Parquet.
+    `require_nvdec` refuses CPU decoding on a GPU runner; `warmup_request` is
+    supplied by the harness (the module docstring says both).
     """
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
                  num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
                  tabular: list[str] | None = None, prefetch: int = 2, byte_budget: int = 2**30,
                  workers: int | None = None, seed: int = 0, decode_threads: int | None = None,
-                 tabular_cache: bool = True, fetch: str = "episode", coalesce_gap: int = DEFAULT_COALESCE_GAP) -> None:
+                 tabular_cache: bool = True, fetch: str = "episode", coalesce_gap: int = DEFAULT_COALESCE_GAP,
+                 require_nvdec: bool = False, warmup_request: Any = None) -> None:
         self.device = device
         self.size = size
         self.tabular = list(tabular or [])
         self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed,
                                     decode_threads, usage_cache=bool(self.tabular) and tabular_cache, fetch=fetch,
                                     coalesce_gap=coalesce_gap)
+        self.watch = DecodeWatch(type(self).__name__, device, require_nvdec)
+        self.notes = self.watch.notes
+        request = warmup_from(warmup_request, dataset)
+        if request is not None:
+            self.notes.append(warm_up(self.reader, request, device, size, self.watch))
 
     @staticmethod
     def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
@@ -266,8 +368,12 @@ class EpisodeLoader:
                  time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
         plan = self.reader.plan(non_tensors["request"], time_card.item_id)
         got = self.reader.fetch(plan, time_card)
-        clips = decode_clips(plan.frames, lambda: plan.cache.decode_frames(got, device=self.device).frames, self.size,
-                             time_card)
+
+        def decode() -> torch.Tensor:
+            read = plan.cache.decode_frames(got, device=self.device)
+            self.watch.saw(read.backend, f"episode {plan.episode} of {plan.ds.root} ({plan.camera})", time_card)
+            return read.frames
+        clips = decode_clips(plan.frames, decode, self.size, time_card)
         out = {"request": non_tensors["request"], "episode": plan.episode, "num_clips": len(plan.frames)}
         if self.tabular:
             out["tabular"] = plan.ds.episode_columns(plan.episode, self.tabular)
@@ -332,9 +438,15 @@ class EpisodeDecoder:
     input_device = "cpu"  # rnb.core.model.PlacesInputs
 
     def __init__(self, device: torch.device, num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8,
-                 size: int = 112) -> None:
+                 size: int = 112, require_nvdec: bool = False, warmup_request: Any = None,
+                 camera: str | None = None) -> None:
         self.device = device
         self.size = size
+        self.watch = DecodeWatch(type(self).__name__, device, require_nvdec)
+        self.notes = self.watch.notes
+        if warmup_request is not None:  # the fetcher's source: a reader of its own, for the warm-up only
+            reader = EpisodeReader(None, camera, 1, 1, 0, 2**26, 1, 0)
+            self.notes.append(warm_up(reader, warmup_request, device, size, self.watch))
 
     @staticmethod
     def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
@@ -345,6 +457,12 @@ class EpisodeDecoder:
                  time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
         mini = dataclasses.replace(non_tensors["mini"], data=tensors[0].cpu().numpy().tobytes())
         frames = non_tensors["frames"]
-        clips = decode_clips(frames, lambda: decode_mini_mp4(mini, np.unique(frames), self.device), self.size, time_card)
+
+        def decode() -> torch.Tensor:
+            decoder = open_decoder(mini, self.device)
+            decoded = decode_mini_mp4(mini, np.unique(frames), decoder=decoder)
+            self.watch.saw(decode_backend(decoder, self.device), f"episode {non_tensors['episode']}", time_card)
+            return decoded
+        clips = decode_clips(frames, decode, self.size, time_card)
         out = {key: value for key, value in non_tensors.items() if key not in ("mini", "frames")}
         return (clips,), out, time_card

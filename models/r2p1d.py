@@ -6,6 +6,16 @@ be downloaded, so weights come from `checkpoint` (a local state_dict of the
 whole r2plus1d_18) or are random from `seed`: every step built with one seed
 holds the same weights, so cut steps compute exactly what the whole network
 does.  The job log's notes say which weights ran.
+
+`dtype` ("float32", "float16" or "bfloat16") casts the weights and each
+input to that type, so the network runs in it as a deployed half-precision
+model does; it is not autocast, which keeps float32 weights and casts them
+again at every call (inference caches no casts), paying a weight copy per
+layer per item and measuring a mixed network.  A step's outputs travel in
+its dtype (`output_dtypes`), so cut steps hand half as many bytes on.
+`channels_last` keeps weights and activations in torch's channels-last 3D
+layout (NDHWC), which cuDNN's tensor-core convolutions prefer.  The notes
+say both.
 """
 from __future__ import annotations
 
@@ -26,6 +36,14 @@ DEFAULT_CLIPS = 10  # clips per item a network assumes when neither its input no
 MAX_WARM_SIZES = 16
 # output channels of stages 1..4; stage 5 gives num_classes logits
 _CHANNELS = (64, 64, 128, 256)
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def compute_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype a network runs in, by its keyword's name."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
 
 
 def _half(size: int) -> int:
@@ -121,15 +139,20 @@ class R2P1DRunner:
     def __init__(self, device: torch.device, start_index: int = 1, end_index: int = 5,
                  num_clips: int | Mapping[str, Any] | None = None, clip_length: int = 8, size: int = 112,
                  num_classes: int = 400, batch: int = 1, checkpoint: str | None = None, seed: int = 0,
-                 warmup: int = 1, input_shapes: tuple[tuple[int, ...], ...] | None = None) -> None:
+                 warmup: int = 1, input_shapes: tuple[tuple[int, ...], ...] | None = None,
+                 dtype: str = "float32", channels_last: bool = False) -> None:
         check_cut(start_index, end_index)
+        self.dtype = compute_dtype(dtype)
+        self.layout = torch.channels_last_3d if channels_last else torch.contiguous_format
         stages = build_stages(num_classes, checkpoint, seed)[start_index - 1: end_index]
-        self.net = nn.Sequential(*stages).to(device).eval()
+        self.net = nn.Sequential(*stages).to(device=device, dtype=self.dtype).to(memory_format=self.layout).eval()
         clip = (input_clip(start_index, input_shapes) if input_shapes is not None
                 else stage_shape(start_index - 1, clip_length, size, num_classes))
         self.output = run_stages(clip, start_index, end_index, num_classes)
         weights = f"checkpoint {checkpoint}" if checkpoint else f"random weights (seed {seed}; no checkpoint given)"
-        self.notes = [f"R2P1DRunner stages {start_index}-{end_index}: {weights}"]
+        layout = ", channels_last (NDHWC)" if channels_last else ""
+        self.notes = [f"R2P1DRunner stages {start_index}-{end_index}: {weights}; {dtype} (weights and inputs cast, "
+                      f"not autocast){layout}"]
         if warmup > 0:
             rows = warm_up_rows(num_clips, batch, input_shapes)
             self.notes.append(self._warm_up(torch.device(device), rows, clip, warmup))
@@ -151,7 +174,7 @@ class R2P1DRunner:
         with torch.inference_mode():
             for n in sizes:
                 for _ in range(passes):
-                    self.net(torch.zeros((n, *clip), device=device))
+                    self.net(self._shaped(torch.zeros((n, *clip), device=device)))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return f"R2P1DRunner warm-up ({how}): {passes} pass(es) at {', '.join(map(str, sizes))} rows"
@@ -160,8 +183,9 @@ class R2P1DRunner:
     def output_shape(start_index: int = 1, end_index: int = 5, num_clips: int | Mapping[str, Any] | None = None,
                      clip_length: int = 8, size: int = 112, num_classes: int = 400, batch: int = 1,
                      checkpoint: str | None = None, input_shapes: tuple[tuple[int, ...], ...] | None = None,
-                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+                     dtype: str = "float32", **kwargs: Any) -> tuple[tuple[int, ...], ...]:
         check_cut(start_index, end_index)
+        compute_dtype(dtype)
         if checkpoint is not None and not os.path.isfile(checkpoint):
             raise ValueError(f"checkpoint {checkpoint} is not a file")
         if input_shapes is not None:
@@ -175,9 +199,18 @@ class R2P1DRunner:
                  time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
         x = tensors[0]
         if x.shape[0] == 0:  # an empty segment (fewer clips than segments) has nothing to compute
-            return (x.new_zeros((0, *self.output)),), non_tensors, time_card
+            return (x.new_zeros((0, *self.output), dtype=self.dtype),), non_tensors, time_card
         with torch.inference_mode():
-            return (self.net(x),), non_tensors, time_card
+            return (self.net(self._shaped(x)),), non_tensors, time_card
+
+    def _shaped(self, x: torch.Tensor) -> torch.Tensor:
+        """An input in the network's dtype and layout (itself when it already is)."""
+        return x.to(dtype=self.dtype, memory_format=self.layout) if x.dim() == 5 else x.to(self.dtype)
+
+    @staticmethod
+    def output_dtypes(dtype: str = "float32", **kwargs: Any) -> tuple[torch.dtype, ...]:
+        """Outputs travel in the network's dtype."""
+        return (compute_dtype(dtype),)
 
 
 class R2P1DSingleStep:
@@ -186,17 +219,26 @@ class R2P1DSingleStep:
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
                  num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
                  prefetch: int = 2, byte_budget: int = 2**30, workers: int = 4, seed: int = 0,
-                 num_classes: int = 400, checkpoint: str | None = None, warmup: int = 1) -> None:
+                 num_classes: int = 400, checkpoint: str | None = None, warmup: int = 1,
+                 dtype: str = "float32", channels_last: bool = False, require_nvdec: bool = False,
+                 warmup_request: Any = None) -> None:
         self.loader = EpisodeLoader(device, dataset, camera, num_clips, clip_length, size, None, prefetch,
-                                    byte_budget, workers, seed)
+                                    byte_budget, workers, seed, require_nvdec=require_nvdec,
+                                    warmup_request=warmup_request)
         self.net = R2P1DRunner(device, 1, NUM_STAGES, num_clips, clip_length, size, num_classes, 1, checkpoint,
-                               seed, warmup)
-        self.notes = self.net.notes
+                               seed, warmup, dtype=dtype, channels_last=channels_last)
+        self.notes = [*self.loader.notes, *self.net.notes]
 
     @staticmethod
     def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
-                     num_classes: int = 400, checkpoint: str | None = None, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
-        return R2P1DRunner.output_shape(1, NUM_STAGES, num_clips, clip_length, size, num_classes, 1, checkpoint)
+                     num_classes: int = 400, checkpoint: str | None = None, dtype: str = "float32",
+                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        return R2P1DRunner.output_shape(1, NUM_STAGES, num_clips, clip_length, size, num_classes, 1, checkpoint,
+                                        dtype=dtype)
+
+    @staticmethod
+    def output_dtypes(dtype: str = "float32", **kwargs: Any) -> tuple[torch.dtype, ...]:
+        return R2P1DRunner.output_dtypes(dtype)
 
     def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
                  time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:

@@ -234,3 +234,46 @@ class AsyncSleep:
         self.device_queue.submit(self.seconds + self.seconds_per_item * len(cards), lambda: output.copy_(result))
         passed = non_tensors if tensors else {"request": non_tensors["request"]}
         return StepOutput((output,), passed, time_card)
+
+
+class GpuSpin:
+    """A step whose work is one CUDA kernel spinning `ms` milliseconds (torch.cuda._sleep); the call returns at once.
+
+    The GPU counterpart of AsyncSleep, for checking on a real GPU that each
+    step's stage times are the device's (bench/gpu_check.py): the kernel's
+    length is known, its call returns when it is queued, and the runner must
+    wait for it before it stamps the finish.  The spin's clock cycles per
+    millisecond are measured once, with CUDA events, when the model loads.
+    It hands its input on (a copy queued behind the kernel); as step 0 it
+    makes SyntheticFrames' frames.
+    """
+
+    def __init__(self, device: torch.device, ms: float = 10.0, clips: int = 2, frames: int = 4, height: int = 16,
+                 width: int = 16) -> None:
+        if device.type != "cuda":
+            raise ValueError(f"GpuSpin spins a CUDA kernel and needs a GPU, not {device}")
+        self.device = device
+        self.shape = (clips, 3, frames, height, width)
+        self.cycles = int(ms * self._cycles_per_ms())
+
+    def _cycles_per_ms(self, cycles: int = 10_000_000) -> float:
+        torch.cuda._sleep(cycles)  # the first launch loads the kernel
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return cycles / start.elapsed_time(end)
+
+    @staticmethod
+    def output_shape(clips: int = 2, frames: int = 4, height: int = 16, width: int = 16,
+                     input_shapes: tuple[tuple[int, ...], ...] | None = None,
+                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        return input_shapes if input_shapes is not None else ((clips, 3, frames, height, width),)
+
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        torch.cuda._sleep(self.cycles)
+        if tensors:
+            return StepOutput((tensors[0].clone(),), non_tensors, time_card)
+        frames = torch.cat([SyntheticFrames.frames_for(card.item_id, self.shape) for card in as_cards(time_card)])
+        return StepOutput((frames.to(self.device, non_blocking=True),), {"request": non_tensors["request"]}, time_card)

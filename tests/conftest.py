@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ import torch
 from episodes.testing.server import NGINX
 from episodes.testing.synthetic import make_dataset
 from rnb.engines.ray.cluster import use_loopback_if_local
+from rnb.pipeline.gpus import child_environment
 
 REPO = Path(__file__).resolve().parents[1]
 # Scripts the tests start (scripts/*.py, bench/run.py) import the project through the venv's
@@ -74,6 +77,24 @@ def _read_job_log(path: Path) -> JobLog:
     (job_dir,) = [path] if (path / "meta.json").is_file() else [child for child in path.iterdir() if child.is_dir()]
     meta = json.loads((job_dir / "meta.json").read_text())
     return JobLog(job_dir, meta, pq.read_table(job_dir / "timings.parquet").to_pylist())
+
+
+def run_benchmark(argv: list[str], timeout_s: float = 600.0) -> subprocess.CompletedProcess[str]:
+    """benchmark.py `argv` in a process of its own, as every GPU test job runs: its exit code, stdout and stderr.
+
+    A job in the test process would leave its CUDA context and allocator
+    cache there, and the next job's busy check would count them; this one's
+    environment declares whatever contexts the test process holds as the
+    job's own (rnb.pipeline.gpus.child_environment).
+    """
+    return subprocess.run([sys.executable, str(REPO / "benchmark.py"), *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout_s, env=child_environment())
+
+
+@pytest.fixture
+def benchmark() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`benchmark(argv)`: run_benchmark, for tests."""
+    return run_benchmark
 
 
 @pytest.fixture

@@ -95,11 +95,13 @@ def test_no_arguments_runs_the_default_config_generating_its_missing_dataset(tmp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["r2p1d-whole.json", "split-fetch-decode.json", "r2p1d-nopipeline.json"])
-def test_single_gpu_configs_run_on_gpu_0(name, dataset, tmp_path, job_log):
+def test_single_gpu_configs_run_on_gpu_0(name, dataset, tmp_path, job_log, benchmark):
     """Decoding on NVDEC and CUDA slots, uint8 ones included, on one GPU as shipped (clips shrunk)."""
-    code = cli.main(["-c", shrunk(Path("config") / name, tmp_path), "-v", "4", "-mi", "0", "--dataset", dataset,
-                           "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
+    done = benchmark(["-c", shrunk(Path("config") / name, tmp_path), "-v", "4", "-mi", "0", "--dataset", dataset,
+                      "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
     log = job_log(tmp_path / "logs")
     meta, rows = log.meta, log.rows
-    assert code == 0, meta["error"]
+    assert done.returncode == 0, meta["error"]
     assert len(rows) == 4 and all(row[f"device{meta['num_steps'] - 1}"] == "cuda:0" for row in rows)
+    assert {row["decode_device"] for row in rows} == {"nvdec"}  # 128x128 H.264: NVDEC, no CPU fallback
+    assert "Producer process has been terminated" not in done.stderr

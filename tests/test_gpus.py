@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rnb.core.records import GpuRecord, MainGpuMemory
-from rnb.engines.local.driver import with_main_memory, with_release
 from rnb.engines.job import JobBook
+from rnb.engines.local.driver import with_main_memory, with_release
 from rnb.pipeline.config import ConfigError, PipelineConfig, parse_config
 from rnb.pipeline.gpus import (
     ANCESTOR_CONTEXTS_ENV,

@@ -294,7 +294,8 @@ def test_every_stage_shape_matches_the_network_and_cut_logits_equal_whole_logits
         assert R2P1DRunner.output_shape(stage, stage, 2, 5, 37) == (tuple(y.shape),)
         assert tuple(y.shape[1:]) == stage_shape(stage, 5, 37)
     assert R2P1DRunner.output_shape(1, 3, {"choices": [1, 15], "weights": [1, 1]}, 8, 112, batch=4) == ((60, 128, 4, 28, 28),)
-    assert whole.notes == ["R2P1DRunner stages 1-5: random weights (seed 0; no checkpoint given)"]
+    assert whole.notes == ["R2P1DRunner stages 1-5: random weights (seed 0; no checkpoint given); float32 "
+                           "(weights and inputs cast, not autocast)"]
     with pytest.raises(ValueError, match="1 <= start_index <= end_index <= 5, got 4 and 2"):
         R2P1DRunner.output_shape(4, 2)
 
@@ -311,7 +312,7 @@ def test_checkpoint_weights_are_loaded_and_named(tmp_path):
     x = torch.randn(1, 3, 4, 32, 32)
     with torch.inference_mode():
         assert torch.allclose(loaded((x,), {}, None)[0][0], net.eval()(x), atol=1e-5)
-    assert loaded.notes == [f"R2P1DRunner stages 1-5: checkpoint {path}"]
+    assert loaded.notes == [f"R2P1DRunner stages 1-5: checkpoint {path}; float32 (weights and inputs cast, not autocast)"]
     with pytest.raises(ValueError, match="checkpoint /no/such.pt is not a file"):
         R2P1DRunner.output_shape(checkpoint="/no/such.pt")
 
@@ -379,3 +380,35 @@ def test_sources_cycle_in_order_with_lookahead_and_reject_bad_keys(dataset):
         parse_options({"dataset": dataset, "order": "backwards"}, "c.json")
     with pytest.raises(ConfigError, match="c.json: source.generate_if_missing: expected one of the videos source keys"):
         parse_options({"videos": "*.mp4", "generate_if_missing": True}, "c.json")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_r2p1d_runs_in_the_dtype_and_layout_asked_and_says_so(dtype):
+    x = torch.rand((2, 3, 2, 16, 16))
+    reference = R2P1DRunner(CPU, 1, 2, clip_length=2, size=16, warmup=0)
+    runner = R2P1DRunner(CPU, 1, 2, clip_length=2, size=16, warmup=0, dtype=dtype, channels_last=True)
+    assert all(p.dtype == getattr(torch, dtype) for p in runner.net.parameters())
+    (out,), _, _ = runner((x,), {}, TimeCard(0))
+    (expected,), _, _ = reference((x,), {}, TimeCard(0))
+    assert out.dtype == getattr(torch, dtype) and out.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.allclose(out.float(), expected, atol=0.1, rtol=0.05)
+    assert runner.notes[0] == (f"R2P1DRunner stages 1-2: random weights (seed 0; no checkpoint given); {dtype} "
+                               "(weights and inputs cast, not autocast), channels_last (NDHWC)")
+    assert R2P1DRunner.output_dtypes(dtype=dtype) == (getattr(torch, dtype),)
+    assert reference.notes[0].endswith("; float32 (weights and inputs cast, not autocast)")
+
+
+def test_r2p1d_slots_carry_its_dtype_and_a_wrong_dtype_is_a_config_error():
+    def config(dtype: str) -> dict:
+        return {"source": {}, "pipeline": [
+            {"model": "models.episode.EpisodeLoader", "queue_groups": [{"gpus": [-1], "out_queues": [0]}]},
+            {"model": "models.r2p1d.R2P1DRunner", "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0]}],
+             "start_index": 1, "end_index": 3, "dtype": dtype},
+            {"model": "models.r2p1d.R2P1DRunner", "queue_groups": [{"gpus": [-1], "in_queue": 0}],
+             "start_index": 4, "end_index": 5, "dtype": dtype}]}
+    _, first, _ = plan_runners(parse_config(config("bfloat16"), "half.json"), 1)
+    assert first.output_dtypes == (torch.bfloat16,)
+    with pytest.raises(ConfigError, match=r"pipeline\[1\]\.model: expected output_shape\(\) to accept the step's "
+                                          r"keywords, found ValueError: dtype must be one of float32, float16, "
+                                          r"bfloat16, got 'half'"):
+        plan_runners(parse_config(config("half"), "half.json"), 1)

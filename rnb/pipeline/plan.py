@@ -17,6 +17,7 @@ import torch
 
 from rnb.core.model import ChecksDataset, DeclaresDtypes, input_side, output_side
 from rnb.pipeline.config import ConfigError, KeywordError, PipelineConfig, QueueGroup
+from rnb.pipeline.dataset_source import KINDS, EpisodeRequest
 from rnb.pipeline.dotted import load_object
 
 
@@ -101,6 +102,7 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
     """
     placements: list[Placement] = []
     share = cpu_threads(config)
+    warmup = warmup_request(config.source)
     produced: dict[int, list[Shapes]] = {}   # out_queue of the previous step -> shapes of what lands in it
     for k, step in enumerate(config.steps):
         model = load_object(step.model)
@@ -108,7 +110,7 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
         final = k == len(config.steps) - 1
         for g, group in enumerate(step.queue_groups):
             inputs = None if k == 0 else _input_shapes(config, k, g, group.in_queue, produced[group.in_queue])
-            kwargs = _model_kwargs(model, group, batch_size, inputs)
+            kwargs = _model_kwargs(model, group, batch_size, inputs, warmup)
             threads = kwargs.pop("threads", None)
             if group.queue_selector is not None and len(group.out_queues) > 0:
                 _check_selector(config, k, g, group.queue_selector, len(group.out_queues), group.queue_selector_kwargs)
@@ -165,10 +167,12 @@ def slot_bytes(p: Placement) -> int:
     return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in zip(p.output_shapes, dtypes))
 
 
-def _model_kwargs(model: Any, group: QueueGroup, batch_size: int, inputs: Shapes | None) -> dict[str, Any]:
+def _model_kwargs(model: Any, group: QueueGroup, batch_size: int, inputs: Shapes | None,
+                  warmup: EpisodeRequest | None) -> dict[str, Any]:
     """The group's model keywords, plus what the harness supplies to constructors that take it.
 
-    -b is the default `batch` of batching steps; `input_shapes` is the previous step's output shapes.
+    -b is the default `batch` of batching steps; `input_shapes` is the previous step's output shapes;
+    `warmup_request` the source's first request, which a loader decodes before the start barrier.
     """
     kwargs = dict(group.model_kwargs)
     accepted = inspect.signature(model.__init__).parameters
@@ -176,7 +180,24 @@ def _model_kwargs(model: Any, group: QueueGroup, batch_size: int, inputs: Shapes
         kwargs["batch"] = batch_size
     if "input_shapes" in accepted and inputs is not None:
         kwargs["input_shapes"] = inputs
+    if "warmup_request" in accepted and warmup is not None and "warmup_request" not in kwargs:
+        kwargs["warmup_request"] = warmup
     return kwargs
+
+
+def warmup_request(source: Mapping[str, Any]) -> EpisodeRequest | None:
+    """The first episode a dataset or videos source can send, as a request; None for other sources.
+
+    A local relative root is made absolute, as every node of a Ray cluster must see it.
+    """
+    kind = next(iter(source), None)
+    if kind not in KINDS or not isinstance(source[kind], str):
+        return None
+    root = source[kind]
+    if "://" not in root and not os.path.isabs(root):
+        root = os.path.abspath(root)
+    episodes = source.get("episodes") or [0]
+    return EpisodeRequest(kind, root, int(episodes[0]))
 
 
 def _per_segment(shapes: Shapes, num_segments: int) -> Shapes:
