@@ -324,7 +324,7 @@ def throughput_columns(job: Job) -> JobRow:
     """Finished items per second over windows of the job's elapsed time, and the steady stretch among them."""
     start, end = job.meta.start_time, job.meta.end_time
     row: JobRow = dict.fromkeys(("throughput_window_s", "throughput_windows", "steady_start_s",
-                                         "steady_end_s", "steady_throughput_items_per_s"))
+                                 "steady_end_s", "steady_throughput_items_per_s"))
     if start is None or end is None or end <= start:
         return row
     series = windowed_throughput(_column(job.timings, StepEvents(job.num_steps - 1).handed_over).astype(float), start, end)

@@ -159,8 +159,7 @@ class JobMeta:
 
 
 def json_at(document: Json, *path: str | int) -> Json:
-    """The value at a path of object keys and list indices, e.g. json_at(config, "pipeline", 0, "model"); None where
-    the document has nothing there."""
+    """The value at a path of object keys and list indices, such as ("pipeline", 0, "model"); None where there is none."""
     for key in path:
         if isinstance(key, str) and isinstance(document, dict):
             document = document.get(key)

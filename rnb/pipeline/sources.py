@@ -45,7 +45,7 @@ def source_factory_path(source: Mapping[str, Json], config_path: str) -> str:
 def check_source(source: Mapping[str, Json], config_path: str, may_write: bool = True) -> object:
     """Raise ConfigError if the source cannot work; kinds without a check only need a known kind.
 
-    Returns the dataset the check opened (for models to vet their keywords against, rnb.pipeline.plan), or None.
+    Returns the dataset the check opened (for models to vet their keywords against), or None.
     """
     source_factory_path(source, config_path)
     check = SOURCE_CHECKS.get(next(iter(source), "synthetic"))
