@@ -20,17 +20,16 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from rnb.core.records import Json
 from rnb.pipeline.config import ConfigError, PipelineConfig, describe
 
 if TYPE_CHECKING:
-    from episodes import EpisodeDataset
+    from episodes import EpisodeDataset, SourceKind
 
 log = logging.getLogger(__name__)
 
-SourceKind = Literal["dataset", "videos"]
 KINDS: tuple[SourceKind, ...] = ("dataset", "videos")
 _KEYS: dict[SourceKind, tuple[str, ...]] = {
     "dataset": ("dataset", "order", "seed", "episodes", "lookahead", "generate_if_missing"),
