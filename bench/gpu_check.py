@@ -10,8 +10,8 @@
                   for its CUDA 13 build), PSNR shown
     fallback      32x32 H.264, under NVDEC's minimum width: without require_nvdec the items say "cpu-fallback" and
                   the notes say why; with it the job exits 1 with one sentence
-    ipc           two GPU jobs in one process: no "Producer process has been terminated" warning, nothing
-                  reserved after either, NVML's used memory back where it was once the process is gone
+    ipc           three GPU jobs in one process: no "Producer process has been terminated" warning, nothing
+                  reserved after any, the GPU's used memory not growing from one to the next
     contexts      NVML's compute processes during two jobs: one per GPU runner, the main process only where it
                   holds CUDA slots, none for the client or for a CPU runner that reads a GPU step
     busy          a job started by a process that holds a CUDA context runs; next to a stranger's it exits 2
@@ -346,10 +346,13 @@ TWO_JOBS = textwrap.dedent("""
     import json, sys
     import torch
     from rnb import cli
+    from rnb.pipeline.gpus import Nvml
     runs = []
-    for n in range(2):
+    for n in range(3):
         code = cli.main(["-c", sys.argv[1], "-v", "20", "-mi", "0", "--log-dir", sys.argv[2]])
-        runs.append([code, [torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count())]])
+        with Nvml() as nvml:
+            used = nvml.device(0).memory_used_bytes
+        runs.append([code, [torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count())], used])
     print(json.dumps(runs))
 """)
 
@@ -368,11 +371,15 @@ def check_ipc(datasets: Datasets, work: Path) -> Check:
         after = nvml.device(0).memory_used_bytes
     runs = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else []
     warned = IPC_WARNING in done.stderr
-    codes = [code for code, _ in runs]
-    reserved = [held for _, held in runs]
-    ok = codes == [0, 0] and all(not any(held) for held in reserved) and not warned and abs(after - before) < 64 * 2**20
-    return verdict("ipc", ok, f"two jobs in one process: exits {codes}, reserved after each {reserved} B, IPC warning: "
-                              f"{warned}; NVML used {before / 2**20:.0f} MiB before, {after / 2**20:.0f} MiB after",
+    codes = [run[0] for run in runs]
+    reserved = [run[1] for run in runs]
+    used = [run[2] / 2**20 for run in runs]  # MiB on the GPU after each job, the process's own context included
+    grew = used[-1] - used[0] if used else math.inf
+    ok = (codes == [0, 0, 0] and all(not any(held) for held in reserved) and not warned and grew < 16
+          and abs(after - before) < 64 * 2**20)
+    return verdict("ipc", ok, f"three jobs in one process: exits {codes}, reserved after each {reserved} B, GPU used "
+                              f"after each {[round(mib) for mib in used]} MiB (grew {grew:.0f} MiB); IPC warning: "
+                              f"{warned}; {before / 2**20:.0f} MiB used before, {after / 2**20:.0f} MiB once it left",
                    stderr=done.stderr[-500:])
 
 

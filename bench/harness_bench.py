@@ -105,7 +105,7 @@ def window_edges(start: float, finishes: list[float], windows: int) -> tuple[lis
     return edges, [bounds[w + 1] - bounds[w] for w in range(windows)]
 
 
-def harness_pair(effort: Effort, id: str, what: str, goal: Goal, a: tuple[str, dict[str, Any]],
+def harness_pair(effort: Effort, id: str, what: str, goal: Goal | None, a: tuple[str, dict[str, Any]],
                  b: tuple[str, dict[str, Any] | Callable[[int], float]], items: int, note: str) -> Row:
     """A harness config against another config (or against an in-process loop taking an item count).
 
