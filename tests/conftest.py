@@ -92,8 +92,8 @@ def run_benchmark(argv: list[str], timeout_s: float = 600.0) -> subprocess.Compl
 
 
 @pytest.fixture
-def benchmark() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`benchmark(argv)`: run_benchmark, for tests."""
+def benchmark_process() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`benchmark_process(argv)`: run_benchmark, for tests (pytest-benchmark owns the name `benchmark`)."""
     return run_benchmark
 
 

@@ -95,10 +95,10 @@ def test_no_arguments_runs_the_default_config_generating_its_missing_dataset(tmp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["r2p1d-whole.json", "split-fetch-decode.json", "r2p1d-nopipeline.json"])
-def test_single_gpu_configs_run_on_gpu_0(name, dataset, tmp_path, job_log, benchmark):
+def test_single_gpu_configs_run_on_gpu_0(name, dataset, tmp_path, job_log, benchmark_process):
     """Decoding on NVDEC and CUDA slots, uint8 ones included, on one GPU as shipped (clips shrunk)."""
-    done = benchmark(["-c", shrunk(Path("config") / name, tmp_path), "-v", "4", "-mi", "0", "--dataset", dataset,
-                      "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
+    done = benchmark_process(["-c", shrunk(Path("config") / name, tmp_path), "-v", "4", "-mi", "0", "--dataset", dataset,
+                              "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
     log = job_log(tmp_path / "logs")
     meta, rows = log.meta, log.rows
     assert done.returncode == 0, meta["error"]

@@ -1,7 +1,7 @@
 """The CUDA paths: shared CUDA slots, per-runner streams, device columns, device memory, IPC release, UUIDs.
 
 Skipped without CUDA (tests/conftest.py); they run where a GPU is present.
-Every job runs in a process of its own (the `benchmark` fixture), so that
+Every job runs in a process of its own (the `benchmark_process` fixture), so that
 none leaves a CUDA context or cached GPU memory in the test process.
 """
 from __future__ import annotations
@@ -69,8 +69,9 @@ def test_a_page_locked_host_slot_copies_to_and_from_the_gpu_asynchronously():
 
 
 @pytest.mark.gpu
-def test_toy_pipeline_on_gpu_0_uses_cuda_slots_and_reports_device_memory(tmp_path, job_log, benchmark):
-    done = benchmark(["-c", _on_gpu(tmp_path, [[0], [0]]), "-v", "40", "-mi", "0", "--log-dir", str(tmp_path / "logs")])
+def test_toy_pipeline_on_gpu_0_uses_cuda_slots_and_reports_device_memory(tmp_path, job_log, benchmark_process):
+    done = benchmark_process(["-c", _on_gpu(tmp_path, [[0], [0]]), "-v", "40", "-mi", "0",
+                              "--log-dir", str(tmp_path / "logs")])
     log = job_log(tmp_path / "logs")
     meta, rows = log.meta, log.rows
     assert done.returncode == 0, done.stderr
@@ -93,8 +94,10 @@ def test_toy_pipeline_on_gpu_0_uses_cuda_slots_and_reports_device_memory(tmp_pat
 
 
 @pytest.mark.gpu
-def test_a_gpu_step_read_only_by_the_cpu_writes_host_slots_and_main_holds_no_cuda_slot(tmp_path, job_log, benchmark):
-    done = benchmark(["-c", _on_gpu(tmp_path, [[0], [-1]]), "-v", "20", "-mi", "0", "--log-dir", str(tmp_path / "logs")])
+def test_a_gpu_step_read_only_by_the_cpu_writes_host_slots_and_main_holds_no_cuda_slot(
+        tmp_path, job_log, benchmark_process):
+    done = benchmark_process(["-c", _on_gpu(tmp_path, [[0], [-1]]), "-v", "20", "-mi", "0",
+                              "--log-dir", str(tmp_path / "logs")])
     meta = job_log(tmp_path / "logs").meta
     assert done.returncode == 0, done.stderr
     step0 = next(p for p in meta["processes"] if p["name"] == "step0-g0-r0")

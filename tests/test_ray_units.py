@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rnb import cli
-from rnb.engines.ray.actors import Outstanding
+from rnb.engines.ray.actors import ACTOR_ENV, Outstanding
 from rnb.engines.ray.cluster import NodeInfo, is_loopback_address, resolve_address, split_label, use_loopback_if_local
 from rnb.engines.ray.driver import measure_offset, paths_every_node_sees
 from rnb.engines.ray.placement import RESOURCE_SLIVER, seat_runners
@@ -141,3 +141,7 @@ def test_a_ray_address_without_the_ray_engine_is_exit_2_in_one_sentence(capsys):
     assert capsys.readouterr().err.strip() == (
         'command line: --ray-address: expected the Ray engine (--engine ray or the config\'s "run": {"engine": "ray"}), '
         "found the local engine")
+
+
+def test_every_ray_actor_and_gpu_check_numbers_the_gpus_as_nvml_does():
+    assert ACTOR_ENV["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # the runtime_env of every actor and GPU check task

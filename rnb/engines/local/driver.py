@@ -53,10 +53,11 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     placements = with_device_uuids(placements, {gpu.logical_index: gpu.uuid for gpu in gpus})
     job_dir = open_job_dir(config, args)
     spool = TimingsSpool(job_dir, len(config.steps), args.warmup)
+    on_cuda = any(p.output_shapes and torch.device(p.output_device).type == "cuda" for p in placements)
     try:
         plumbing, wirings = build_plumbing(ctx, placements, args)
     except Exception as failure:  # out of CUDA or shared memory, a size torch refuses (TypeError), ...: all end logged
-        release_main_slots(())
+        release_main_slots((), on_cuda)
         return close_job(job_dir, config, args, gpus, _setup_failed(failure, spool))
     supervisor = Supervisor(plumbing, spool)
     sampler = Sampler(args.sample_interval_ms / 1000.0,
@@ -80,7 +81,7 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
         for number, handler in previous.items():
             signal.signal(number, handler)
         held = with_main_memory(gpus, placements)
-        left = release_main_slots(wirings.values())
+        left = release_main_slots(wirings.values(), on_cuda)
         reason = plumbing.flag.reason
         result = close_job(job_dir, config, args, with_release(held, left, supervisor.book), JobEnding(
             start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.book.failure, args),
@@ -110,7 +111,7 @@ def with_main_memory(gpus: Sequence[GpuRecord], placements: list[Placement]) -> 
     return records
 
 
-def release_main_slots(wirings: Iterable[LocalWiring]) -> dict[int, int]:
+def release_main_slots(wirings: Iterable[LocalWiring], on_cuda: bool) -> dict[int, int]:
     """Once every child is gone: free the main process's slots, collect CUDA IPC, empty torch's cache.
 
     Every child released its hold on the CUDA slots it received
@@ -118,13 +119,14 @@ def release_main_slots(wirings: Iterable[LocalWiring]) -> dict[int, int]:
     killed child still held stays with torch's CUDA IPC until this process
     exits.  A process that runs several jobs (a bench, a test session) thus
     keeps no GPU memory from one job to the next.  Returns, per GPU index,
-    what torch's allocator still reserves there afterwards (bytes).
+    what torch's allocator still reserves there afterwards (bytes); without
+    CUDA slots (`on_cuda` false) CUDA is not touched at all.
     """
     for wiring in wirings:
         for slot in wiring.slots:
             slot.release()
     gc.collect()  # tensors of a job's slots that only reference cycles still hold (a failed setup's partial slots)
-    if not torch.cuda.is_initialized():
+    if not on_cuda or not torch.cuda.is_initialized():
         return {}
     torch.cuda.ipc_collect()
     torch.cuda.empty_cache()
