@@ -223,13 +223,16 @@ def test_plain_video_files_work_as_one_episode_datasets(roots: dict[str, Path], 
 
 
 @pytest.mark.gpu
-def test_cuda_decode_equals_cpu_for_h264(roots: dict[str, Path], tmp_path: Path) -> None:
+def test_nvdec_decode_is_cpu_decoding_within_torchcodec_s_tolerance_for_h264(roots: dict[str, Path], tmp_path: Path) -> None:
+    """NVDEC's colour conversion is not FFmpeg's: every value within 3 of 255, torchcodec's own CUDA 13 tolerance."""
     ds = open_dataset(str(roots["h264_bframes_moov_end"]))
     key = ds.video_keys[0]
     with EpisodeByteCache(ds, cache_dir=tmp_path) as cache:
         for ep in range(ds.num_episodes):
             n = ds.episode_length(ep)
             picks = [0, n // 2, n - 1]
-            gpu = cache.read_frames([FrameRequest(ep, key, frame_numbers=picks)], device="cuda:0")[0].frames
-            assert gpu.device.type == "cuda"
-            assert torch.equal(gpu.cpu(), cache.read_frames([FrameRequest(ep, key, frame_numbers=picks)])[0].frames)
+            gpu = cache.read_frames([FrameRequest(ep, key, frame_numbers=picks)], device="cuda:0")[0]
+            assert gpu.frames.device.type == "cuda" and gpu.backend.device == "nvdec", gpu.backend
+            cpu = cache.read_frames([FrameRequest(ep, key, frame_numbers=picks)])[0]
+            assert cpu.backend.device == "cpu"
+            assert (gpu.frames.cpu().int() - cpu.frames.int()).abs().max() <= 3

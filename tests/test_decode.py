@@ -9,7 +9,7 @@ import pytest
 import torch
 from torchcodec.decoders import VideoDecoder
 
-from episodes._decode import decode_mini_mp4, open_decoder
+from episodes._decode import decode_backend, decode_mini_mp4, open_decoder
 from episodes._mp4.index import Mp4Index
 from episodes._mp4.span import episode_span
 from episodes._mp4.writer import MiniMp4, synthesize_mini_mp4
@@ -81,8 +81,13 @@ def test_out_of_range_frame_number(clip_dir: Path, bad: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["h264_bframes", "hevc_bframes", "av1_gop2"])
 def test_nvdec_frames_equal_nvdec_full_file(clip_dir: Path, kind: str) -> None:
+    """On the GPU too a mini-MP4's frames are the full file's; 128x96 HEVC is under NVDEC's 144x144 minimum."""
     path = make_mp4(clip_dir, kind)
     index = read_index(path)
+    decoder = open_decoder(_mini(path, index, *SPANS[0]), "cuda:0")
+    decoder.get_frames_at([0])
+    expected = {"h264_bframes": "nvdec", "hevc_bframes": "cpu-fallback"}.get(kind)
+    assert expected is None or decode_backend(decoder, "cuda:0").device == expected
     for first, end in SPANS:
         mini = _mini(path, index, first, end)
         frames = decode_mini_mp4(mini, range(end - first), device="cuda:0")
