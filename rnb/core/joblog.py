@@ -30,6 +30,7 @@ META_FILE = "meta.json"              # the job's record (rnb.core.records), writ
 TIMINGS_FILE = "timings.parquet"     # one row per finished item
 SAMPLES_FILE = "samples.parquet"     # CPU, memory and GPU use over time (rnb.engines.sampler)
 SPOOL_DIR = "timings.spool"          # finished items' rows in parts while the job runs (rnb.engines.spool)
+STACKS_DIR = "stacks"                # <process>.txt: each process's Python stacks when the job stalled
 
 
 def job_id(start: float, mean_interval_ms: float, batch_size: int, videos: int, queue_size: int,

@@ -1,0 +1,61 @@
+"""How far each runner has got, in memory its driver reads: what stall detection watches, at no message per item.
+
+A runner writes three numbers as items pass it: how many items have left it,
+and the item it holds now (the oldest it took and has not passed on) with the
+time it took it.  The local engine keeps them in shared memory (a RawArray
+per runner), which the main process reads whenever it looks; a Ray actor
+keeps them in its own memory and answers the driver's periodic asks.  Writing
+them costs a few stores per item and hop; nothing is sent.
+
+The numbers are written without a lock, one at a time: a reader may see a
+hold's item before its time or a count one behind, never a value that was
+not written; a stall lasts seconds, and the next look is consistent.
+"""
+from __future__ import annotations
+
+from collections.abc import MutableSequence
+from dataclasses import dataclass
+
+# The cells of a runner's progress, in order.
+LEFT, HELD_ITEM, HELD_SINCE = range(3)
+CELLS = 3
+_NONE = -1.0  # HELD_ITEM when nothing is held
+
+
+def empty_cells() -> list[float]:
+    """The cells of a runner that has taken nothing yet, for an engine that keeps them in a plain list."""
+    return [0.0, _NONE, 0.0]
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """One look at one runner's progress."""
+
+    left: int                   # items (cards) that have left the runner, passed on or counted
+    held_item: int | None       # the item it holds, if any: the oldest it took and has not passed on
+    held_since: float | None    # when it took that item (epoch seconds, the job's clock)
+
+
+class Progress:
+    """A runner's progress cells (a RawArray('d', CELLS) in shared memory, or a list), written by the runner."""
+
+    def __init__(self, cells: MutableSequence[float]) -> None:
+        self.cells = cells
+
+    def took(self, item_id: int, at: float) -> None:
+        """The runner took item `item_id` at `at`; a hold already running (a batch filling) keeps its older item."""
+        cells = self.cells
+        if cells[HELD_ITEM] < 0:
+            cells[HELD_SINCE] = at   # before the item: a reader who sees the item sees its time
+            cells[HELD_ITEM] = item_id
+
+    def passed(self, count: int) -> None:
+        """`count` items left the runner (handed on, or counted at the final step); it holds nothing now."""
+        cells = self.cells
+        cells[HELD_ITEM] = _NONE
+        cells[LEFT] += count
+
+    def read(self) -> ProgressSnapshot:
+        left, item, since = self.cells[:CELLS]
+        held = item >= 0
+        return ProgressSnapshot(int(left), int(item) if held else None, since if held else None)
