@@ -96,11 +96,13 @@ class Runner:
             card.set_device(self.spec.step, self.spec.device)
             card.set_replica(self.spec.step, self.spec.group, self.spec.instance)
         began = self.work.mark() if self.work is not None else None
+        self.progress.calling(started)
         self.emit(StepOutput(*self.model(item.tensors, item.non_tensors, item.time_card)), began)
 
     def flush(self) -> None:
         """While the input is idle, let a holding model (a batcher) hand over what it holds."""
         if isinstance(self.model, Flushes):
+            self.progress.calling(now())
             self.emit(StepOutput(*self.model.flush()), None)
 
     def emit(self, output: StepOutput, began: DeviceMark | None) -> None:
@@ -112,12 +114,14 @@ class Runner:
         call, the device's own measure of it is kept as `device_ms{k}`.
         """
         if output.time_card is None:
+            self.progress.called()
             return
         device_ms = None
         if self.work is not None:
             done = self.work.mark()
             done.wait()
             device_ms = done.ms_since(began) if began is not None else None
+        self.progress.called()
         finished = now()
         batch = as_cards(output.time_card)
         for card in batch:

@@ -82,12 +82,11 @@ class JobWatch:
         if not held:
             self._since = now   # nothing waits: a quiet pipeline has not stalled
             return None
-        name, oldest = min(held, key=lambda entry: entry[1].held_since or 0.0)
+        _, oldest = min(held, key=lambda entry: entry[1].held_since or 0.0)
         assert oldest.held_since is not None
         if self.stall_s is None or now - max(self._since, oldest.held_since) < self.stall_s:
             return None
-        return Stall(name, f"{describe(book[name], book)} has held item {oldest.held_item} for "
-                           f"{now - oldest.held_since:.1f} s with no item finished since")
+        return blame(progress, book, now)
 
 
 @dataclass(frozen=True)
@@ -109,6 +108,21 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+
+
+def blame(progress: Mapping[str, ProgressSnapshot], book: JobBook, now: float) -> Stall:
+    """The runner a stall is put on: the one inside its model the longest (those that only hold items the next
+    step does not take are waiting on it), else the one holding the oldest item."""
+    calling = [(name, p) for name, p in progress.items() if p.calling_since is not None]
+    held = [(name, p) for name, p in progress.items() if p.held_since is not None]
+    name, stuck = min(calling or held, key=lambda entry: (entry[1].calling_since if calling else entry[1].held_since) or 0.0)
+    who = describe(book[name], book)
+    if stuck.held_item is not None and stuck.held_since is not None:
+        return Stall(name, f"{who} has held item {stuck.held_item} for {now - stuck.held_since:.1f} s with no item "
+                           "finished since")
+    assert stuck.calling_since is not None
+    return Stall(name, f"{who} has been inside its model for {now - stuck.calling_since:.1f} s with no item finished "
+                       "since")
 
 
 def describe(record: ProcessRecord, book: JobBook) -> str:
