@@ -158,9 +158,13 @@ def _run(ns: argparse.Namespace) -> int:
         versions = ", ".join(f"{name} {version}" for name, version in joblog.versions().items())
         print(f"ready: {versions}; {config.path} is valid ({len(config.steps)} steps, {len(placements)} runners)")
         return 0
-    if args.engine == "ray":
-        return _run_on_ray(config, args, placements, ns.allow_busy_gpus)
-    return _reported(run_job(config, args, placements, [dataclasses.asdict(gpu) for gpu in gpus]))
+    try:
+        if args.engine == "ray":
+            return _run_on_ray(config, args, placements, ns.allow_busy_gpus)
+        return _reported(run_job(config, args, placements, [dataclasses.asdict(gpu) for gpu in gpus]))
+    except joblog.LogWriteError as error:  # the log directory could not take the job's directory or config copy
+        print(f"benchmark.py: {error}", file=sys.stderr)
+        return 1
 
 
 def _run_on_ray(config: PipelineConfig, args: RunArgs, placements: list[Placement], allow_busy_gpus: bool) -> int:
@@ -189,9 +193,14 @@ def _reported(result: JobResult) -> int:
 
     The summary reads the log back, so what is printed and what is analysed
     later cannot disagree; it is part of the run, so main's peak memory is
-    recorded in meta.json after it.
+    recorded in meta.json after it.  A log the log directory refused has
+    no summary (its error said what is missing).
     """
-    print(job_summary(result.job_dir))
-    joblog.record_main_peak_rss(result.job_dir)
-    print(f"job log: {result.job_dir}")
+    if result.logged and (result.job_dir / joblog.TIMINGS_FILE).exists():
+        print(job_summary(result.job_dir))
+        try:
+            joblog.record_main_peak_rss(result.job_dir)
+        except OSError:
+            pass  # meta.json stands as written, with the peak before the summary
+    print(f"job log: {result.job_dir}{'' if result.logged else ' (incomplete: no meta.json)'}")
     return result.exit_code

@@ -114,8 +114,12 @@ def _is_job_dir(path: Path) -> bool:
 
 
 def is_complete(path: Path) -> bool:
-    """Whether a job directory holds meta.json, the last file a job writes."""
-    return (path / META_FILE).is_file()
+    """Whether a job directory holds meta.json, the last file a job writes, and the timings it wrote before it.
+
+    A log directory that filled up may have taken meta.json but refused the
+    timings: the job's items are then in its spool, as a killed job's are.
+    """
+    return (path / META_FILE).is_file() and (path / TIMINGS_FILE).is_file()
 
 
 def incomplete_job(path: Path) -> IncompleteJob:

@@ -141,32 +141,47 @@ class JobEnding:
 class JobResult:
     exit_code: int
     job_dir: Path
+    logged: bool = True   # meta.json was written (a full log directory may refuse it)
 
 
 def open_job_dir(config: PipelineConfig, args: RunArgs) -> Path:
-    """The job's new log directory, holding a copy of its config."""
+    """The job's new log directory, holding a copy of its config; LogWriteError (one sentence) if it cannot be made."""
     job = joblog.job_id(time.time(), args.mean_interval_ms, args.batch_size, args.videos, args.queue_size, args.concurrency)
-    job_dir = joblog.create_job_dir(args.log_dir, job)
-    joblog.write_json(job_dir / joblog.CONFIG_FILE, config.raw)
+    where = Path(args.log_dir) / job
+    try:
+        job_dir = joblog.create_job_dir(args.log_dir, job)
+        where = job_dir / joblog.CONFIG_FILE
+        joblog.write_json(where, config.raw)
+    except OSError as error:
+        raise joblog.LogWriteError(f"{joblog.write_failed(where, error)}, so the job did not start") from None
     return job_dir
 
 
 def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: list[JsonObject],
               ending: JobEnding) -> JobResult:
-    """Write timings.parquet and meta.json, and report the error if any: what was measured is on disk."""
+    """Write timings.parquet and meta.json, and report the error if any: what was measured is on disk.
+
+    A write the log directory refused (this one's, or one while the job
+    ran) is the job's error, in one sentence naming the file, and exit 1.
+    """
     ending.spool.close()
+    writes = ending.spool.writes
     failure = ending.book.failure
+    error = "; and ".join(filter(None, (ending.error, writes.first))) or None
     meta = JobMeta(
         job_id=job_dir.name, config_path=config.path, args=dataclasses.asdict(args), start_time=ending.start,
-        end_time=ending.end, finished_items=ending.spool.rows, termination_reason=ending.reason.reason,
-        num_steps=len(config.steps), failed_process=failure.process if failure else None, error=ending.error,
+        end_time=ending.end, termination_reason=ending.reason.reason,
+        finished_items=ending.spool.rows if ending.spool.logged_rows is None else ending.spool.logged_rows,
+        num_steps=len(config.steps), failed_process=failure.process if failure else None, error=error,
         counted_items=ending.counted,
         processes=ending.book.records, main_peak_rss_bytes=joblog.main_peak_rss_bytes(), versions=joblog.versions(),
         host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine)
-    joblog.write_meta(job_dir, meta)
-    if ending.error:
-        log.error("%s", ending.error)
-    return JobResult(EXIT_CODES.get(ending.reason, 1), job_dir)
+    logged = writes.attempt(job_dir / joblog.META_FILE, lambda: joblog.write_meta(job_dir, meta))
+    if not logged and writes.first and writes.first not in (error or ""):
+        error = "; and ".join(filter(None, (error, writes.first)))
+    if error:
+        log.error("%s", error)
+    return JobResult(1 if writes.first else EXIT_CODES.get(ending.reason, 1), job_dir, logged)
 
 
 def error_sentence(reason: Termination, failure: Failure | None, args: RunArgs, stalled: str | None = None) -> str | None:

@@ -28,6 +28,7 @@ import torch
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
+from rnb.core.joblog import SAMPLES_FILE
 from rnb.core.progress import CELLS, Progress, empty_cells
 from rnb.core.records import ProcessRecord
 from rnb.core.termination import POLL_S, Termination
@@ -79,7 +80,7 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
         plumbing.flag.take_over(Termination.INTERRUPTED)  # a no-op unless we got here by an exception
         supervisor.stop(**({"grace_s": STALLED_GRACE_S} if stall else {}))
         sampler.stop()
-        sampler.write(job_dir)
+        spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
         for number, handler in previous.items():
             signal.signal(number, handler)
         reason = plumbing.flag.reason
@@ -168,7 +169,9 @@ def _run_between_barriers(supervisor: Supervisor, job: str, videos: int, runners
             supervisor.pump(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.time())))
             bar.update(supervisor.spool.rows - bar.n)
             now = time.time()
-            if watch.over_time(now):
+            if supervisor.spool.writes.first is not None:  # the log directory refused a write: nothing more to measure
+                plumbing.flag.take_over(Termination.LOG_FAILED)
+            elif watch.over_time(now):
                 plumbing.flag.take_over(Termination.MAX_DURATION)
             else:
                 _stop_if_stalled(supervisor, watch.running(supervisor.progress_now(), supervisor.book, now), stall)

@@ -36,6 +36,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
+from rnb.core.joblog import SAMPLES_FILE
 from rnb.core.records import ProcessRecord
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
@@ -187,7 +188,7 @@ class RayJob:
                 signal.signal(number, handler)
             self.stop(self.outside if self.interrupted.is_set() or self.start is not None else Termination.SETUP_FAILED)
             sampler.stop()
-            sampler.write(job_dir)
+            self.spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
         reason = self.state.reason
         stacks = kept_stacks(job_dir)
         for name, path in stacks.items():
@@ -392,6 +393,8 @@ class RayJob:
             self._ended(runs[ref], ref)
         if self.interrupted.is_set():
             self.raise_flag(self.outside)
+        elif self.spool.writes.first is not None:  # the log directory refused a write: nothing more to measure
+            self.raise_flag(Termination.LOG_FAILED)
 
     def raise_flag(self, reason: Termination) -> None:
         """Have the JobControl raise the flag (the first reason wins) and halt everyone; then look."""
