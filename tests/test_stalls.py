@@ -209,7 +209,8 @@ def test_the_stall_is_put_on_the_runner_inside_its_model_not_on_those_waiting_fo
     assert watch.running(blocked, RUNNERS, 2.5) is None   # the last item left just before
     stall = watch.running(blocked, RUNNERS, 13.0)
     assert stall is not None and stall.process == "step1-g0-r0"
-    assert stall.sentence == "step 1 group 0 replica 0 (pid 12, cuda:0) has been inside its model for 11.0 s with no item finished since"
+    assert stall.sentence == ("step 1 group 0 replica 0 (pid 12, cuda:0) has been inside its model for 11.0 s with no item "
+                              "finished since")
 
 
 def test_a_quiet_pipeline_holding_nothing_never_stalls_and_a_new_hold_starts_its_own_clock():
