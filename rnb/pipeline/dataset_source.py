@@ -42,6 +42,9 @@ _KEYS: dict[SourceKind, tuple[str, ...]] = {
     "dataset": ("dataset", "order", "seed", "episodes", "lookahead", "generate_if_missing", *_READS),
     "videos": ("videos", "order", "seed", "episodes", "lookahead", *_READS)}
 MAX_RETRIES = 10  # backoff doubles each time: 10 retries already wait 0.2 x 1023 s between them
+# The episodes library's own defaults (Storage), what a source that sets neither gets.
+READ_TIMEOUT_S = 30.0
+READ_RETRIES = 3
 
 
 @dataclass(frozen=True, repr=False)
@@ -52,12 +55,8 @@ class EpisodeRequest:
     root: str                     # dataset root, or the video glob
     episode: int
     upcoming: tuple[int, ...] = ()
-    timeout_s: float | None = None   # the source's read limits (None: the episodes library's defaults)
-    retries: int | None = None
-
-    def storage(self) -> dict[str, float | int]:
-        """The keywords of open_episodes that the source sets: how long a read may take, how often it is retried."""
-        return read_limits(self.timeout_s, self.retries)
+    timeout_s: float = READ_TIMEOUT_S   # the source's read limits: how long one attempt may take,
+    retries: int = READ_RETRIES         # and how often a read is tried again
 
     def __repr__(self) -> str:
         # The payload column of timings.parquet: short, and enough to find the episode again.
@@ -73,17 +72,8 @@ class SourceOptions:
     episodes: tuple[int, ...] | None
     lookahead: int
     generate_if_missing: bool
-    timeout_s: float | None = None
-    retries: int | None = None
-
-    def storage(self) -> dict[str, float | int]:
-        return read_limits(self.timeout_s, self.retries)
-
-
-def read_limits(timeout_s: float | None, retries: int | None) -> dict[str, float | int]:
-    """open_episodes's keywords for the read limits a source sets (none: the episodes library's defaults)."""
-    limits: dict[str, float | int | None] = {"timeout_s": timeout_s, "retries": retries}
-    return {key: value for key, value in limits.items() if value is not None}
+    timeout_s: float = READ_TIMEOUT_S
+    retries: int = READ_RETRIES
 
 
 def parse_options(source: Mapping[str, Json], config_path: str) -> SourceOptions:
@@ -130,7 +120,7 @@ def parse_options(source: Mapping[str, Json], config_path: str) -> SourceOptions
         raise ConfigError(config_path, "source.retries", f"expected an integer from 0 to {MAX_RETRIES}, "
                                                          f"found {describe(retries)}")
     return SourceOptions(kind, root, order, seed, None if subset is None else tuple(subset), lookahead, generate,
-                         None if timeout is None else float(timeout), retries)
+                         READ_TIMEOUT_S if timeout is None else float(timeout), READ_RETRIES if retries is None else retries)
 
 
 def _open_checked(options: SourceOptions, config_path: str) -> EpisodeDataset:
@@ -139,7 +129,7 @@ def _open_checked(options: SourceOptions, config_path: str) -> EpisodeDataset:
     if options.kind == "videos":
         _check_not_directory(options.root, config_path)
     try:
-        ds = open_episodes(options.root, options.kind, **options.storage())
+        ds = open_episodes(options.root, options.kind, timeout_s=options.timeout_s, retries=options.retries)
     except (EpisodeDataError, OSError, ValueError) as error:
         expected = ("a LeRobot v3.0 dataset" if options.kind == "dataset"
                     else "a glob matching MP4 files (--dataset \"GLOB\" names other files)")

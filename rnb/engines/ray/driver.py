@@ -393,7 +393,7 @@ class RayJob:
             self._ended(runs[ref], ref)
         if self.interrupted.is_set():
             self.raise_flag(self.outside)
-        elif self.spool.writes.first is not None:  # the log directory refused a write: nothing more to measure
+        elif self.spool is not None and self.spool.writes.first is not None:  # the log directory refused a write
             self.raise_flag(Termination.LOG_FAILED)
 
     def raise_flag(self, reason: Termination) -> None:
