@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.fault_inputs import TOY, check_config, hand_made, mutants, remote_trial
-from bench.fault_jobs import HANG_S, MARK, JobRun, children, isolation_works, marked, run_job
+from bench.fault_jobs import HANG_S, MARK, SETTLE_S, JobRun, children, isolation_works, marked, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = ("crash", "hold", "signal", "stall", "config", "remote", "memory")
@@ -64,13 +64,16 @@ class FaultRow:
     orphans: int = 0
     leftovers: int | None = 0
     lost: int | None = None   # items the final step counted that the log lacks, over the trials; None: not known
+    worst_end_s: float | None = None   # a hang row's longest time from the hang to the job's end (its flag)
     failures: list[str] = field(default_factory=list)
 
     def add(self, passed: bool, exit_s: float | None, note: str = "", orphans: int = 0,
-            leftovers: int | None = None, lost: int | None = None) -> None:
+            leftovers: int | None = None, lost: int | None = None, end_s: float | None = None) -> None:
         self.trials += 1
         self.passes += passed
         self.worst_exit_s = max(self.worst_exit_s, exit_s or 0.0)
+        if end_s is not None:
+            self.worst_end_s = max(self.worst_end_s or 0.0, end_s)
         self.orphans += orphans
         self.leftovers = None if leftovers is None or self.leftovers is None else self.leftovers + leftovers
         if lost is not None:
@@ -245,10 +248,21 @@ class Ending:
     bound_s: float | None = None   # from the hang to the job's end (meta.json's end_time)
 
 
-def judge_stall(run: JobRun, began: float | None, ending: Ending) -> tuple[bool, float | None, int | None, str]:
-    """Whether a stall row's trial ended as it must; its exit time from `began`; the items it lost; what went wrong."""
+@dataclass(frozen=True)
+class Verdict:
+    """How a stall row's trial ended: passed, seconds from the fault to the exit and to the job's end, items lost."""
+
+    passed: bool
+    exit_s: float | None
+    end_s: float | None
+    lost: int | None
+    note: str
+
+
+def judge_stall(run: JobRun, began: float | None, ending: Ending) -> Verdict:
+    """Whether a stall row's trial ended as it must, timed from `began` (the fault), and what went wrong."""
     if run.returncode is None or run.exit_time is None:
-        return False, None, None, f"no exit within {HANG_S:g} s: {run.stderr.strip()[-300:]!r}"
+        return Verdict(False, None, None, None, f"no exit within {HANG_S:g} s: {run.stderr.strip()[-300:]!r}")
     meta = run.meta or {}
     problems = []
     if run.returncode != ending.code:
@@ -264,11 +278,11 @@ def judge_stall(run: JobRun, began: float | None, ending: Ending) -> tuple[bool,
     if ending.rows is not None and finished != ending.rows:
         problems.append(f"{finished} items in the log, not {ending.rows}")
     end = meta.get("end_time")
-    if ending.bound_s is not None and (began is None or end is None or end - began > ending.bound_s):
-        problems.append(f"ended {None if began is None or end is None else round(end - began, 2)} s after the "
-                        f"fault, past {ending.bound_s:g} s")
+    end_s = None if began is None or end is None else end - began
+    if ending.bound_s is not None and (end_s is None or end_s > ending.bound_s):
+        problems.append(f"ended {None if end_s is None else round(end_s, 2)} s after the fault, past {ending.bound_s:g} s")
     started = began if began is not None else end if end is not None else run.exit_time
-    return not problems, run.exit_time - started, lost, ", ".join(problems)
+    return Verdict(not problems, run.exit_time - started, end_s, lost, ", ".join(problems))
 
 
 def stall_rows(work: Path, trials: int, isolated: bool) -> list[FaultRow]:
@@ -298,9 +312,9 @@ def stall_rows(work: Path, trials: int, isolated: bool) -> list[FaultRow]:
             (trial_dir / "job.json").write_text(json.dumps(config))
             run, _ = run_job(trial_dir, ["-c", str(trial_dir / "job.json"), *argv], isolated=isolated)
             began = hung_at(run.stderr) if row_id.startswith("stall") else None
-            passed, exit_s, lost, note = judge_stall(run, began, ending)
-            passed = passed and run.orphans == 0 and not run.leftovers
-            row.add(passed, exit_s, f"trial {trial}: {note}", run.orphans, run.leftovers, lost)
+            verdict = judge_stall(run, began, ending)
+            row.add(verdict.passed and run.orphans == 0 and not run.leftovers, verdict.exit_s, f"trial {trial}: "
+                    f"{verdict.note}", run.orphans, run.leftovers, verdict.lost, verdict.end_s)
         rows.append(row)
         print(table([row], header=False), flush=True)
     rows.append(remote_hang_row(work / "remote-hang", trials, isolated))
@@ -338,13 +352,13 @@ def remote_hang_row(work: Path, trials: int, isolated: bool) -> FaultRow:
             (trial_dir / "job.json").write_text(json.dumps(document))
             run, _ = run_job(trial_dir, ["-c", str(trial_dir / "job.json"), "-v", "40", "-mi", "0", "--warmup", "0"],
                              isolated=isolated, env={"RNB_CACHE_DIR": str(trial_dir / "cache")})
-        passed, exit_s, lost, note = judge_stall(run, stalled_at[0] if stalled_at else None,
-                                                 Ending(1, "process failed", bound_s=bound))
+        verdict = judge_stall(run, stalled_at[0] if stalled_at else None, Ending(1, "process failed", bound_s=bound))
+        passed, note = verdict.passed, verdict.note
         sentence = (run.meta or {}).get("error") or ""
         if url not in sentence or f"timeout of {REMOTE_TIMEOUT_S:g} s" not in sentence:
             passed, note = False, f"{note}; the error {sentence!r} does not name the URL and the timeout"
-        row.add(passed and run.orphans == 0 and not run.leftovers, exit_s, f"trial {trial}: {note}", run.orphans,
-                run.leftovers, lost)
+        row.add(passed and run.orphans == 0 and not run.leftovers, verdict.exit_s, f"trial {trial}: {note}",
+                run.orphans, run.leftovers, verdict.lost, verdict.end_s)
     return row
 
 
@@ -373,16 +387,22 @@ def full_disk_row(work: Path, trials: int) -> FaultRow:
                 os.killpg(job.pid, signal.SIGKILL)
                 job.wait()
         took = time.time() - began
+        deadline = time.time() + SETTLE_S  # as run_job: time for the children and the resource tracker to go
+        while marked(mark) and time.time() < deadline:
+            time.sleep(0.05)
         said = (trial_dir / "stderr").read_text()
         errors = [line for line in said.splitlines() if "could not write" in line]
         metas = list(kept.glob("*/meta.json"))
         meta = json.loads(metas[0].read_text()) if metas else {}
+        counted, finished = meta.get("counted_items"), meta.get("finished_items")
         leftover = re.findall(r"leftover_shm=(\d+)", said)
         orphans = len(marked(mark))
         passed = (job.returncode == 1 and len(errors) == 1 and "No space left on device" in errors[0]
                   and "Traceback" not in said and meta.get("termination_reason") in (None, "log write failed"))
+        # What the full directory could not take is lost to the log, by definition: counted, not judged.
         row.add(passed and orphans == 0 and leftover == ["0"], took, f"trial {trial}: exit {job.returncode}, "
-                f"{errors or said[-300:]!r}", orphans, int(leftover[0]) if leftover else None)
+                f"{errors or said[-300:]!r}", orphans, int(leftover[0]) if leftover else None,
+                None if counted is None or finished is None else counted - finished)
     return row
 
 
@@ -480,13 +500,14 @@ def memory_table(rows: list[MemoryRow], header: bool = True) -> str:
 
 
 def table(rows: list[FaultRow], header: bool = True) -> str:
-    lines = ["| id | what | trials | passes | worst exit s | lost items | orphans | leftover shm |",
-             "|---|---|---|---|---|---|---|---|"] if header else []
+    lines = ["| id | what | trials | passes | worst end s | worst exit s | lost items | orphans | leftover shm |",
+             "|---|---|---|---|---|---|---|---|---|"] if header else []
     for r in rows:
         left = "n/a" if r.leftovers is None else str(r.leftovers)
         lost = "-" if r.lost is None else str(r.lost)
-        lines.append(f"| {r.id} | {r.what} | {r.trials} | {r.passes} | {r.worst_exit_s:.2f} | {lost} | {r.orphans} | "
-                     f"{left} |")
+        end = "-" if r.worst_end_s is None else f"{r.worst_end_s:.2f}"
+        lines.append(f"| {r.id} | {r.what} | {r.trials} | {r.passes} | {end} | {r.worst_exit_s:.2f} | {lost} | "
+                     f"{r.orphans} | {left} |")
     return "\n".join(lines)
 
 

@@ -41,15 +41,22 @@ class ProgressSnapshot:
 
 
 class Progress:
-    """A runner's progress cells (a RawArray('d', CELLS) in shared memory, or a list), written by the runner."""
+    """A runner's progress cells (a RawArray('d', CELLS) in shared memory, or a list), written by the runner.
+
+    The runner keeps its own count and hold beside the cells, so a hop only
+    writes shared memory (a read of it costs as much as a write).
+    """
 
     def __init__(self, cells: MutableSequence[float]) -> None:
         self.cells = cells
+        self._left = int(cells[LEFT])
+        self._holding = cells[HELD_ITEM] >= 0
 
     def took(self, item_id: int, at: float) -> None:
         """The runner took item `item_id` at `at`; a hold already running (a batch filling) keeps its older item."""
-        cells = self.cells
-        if cells[HELD_ITEM] < 0:
+        if not self._holding:
+            self._holding = True
+            cells = self.cells
             cells[HELD_SINCE] = at   # before the item: a reader who sees the item sees its time
             cells[HELD_ITEM] = item_id
 
@@ -63,9 +70,11 @@ class Progress:
 
     def passed(self, count: int) -> None:
         """`count` items left the runner (handed on, or counted at the final step); it holds nothing now."""
+        self._holding = False
+        self._left += count
         cells = self.cells
         cells[HELD_ITEM] = _NONE
-        cells[LEFT] += count
+        cells[LEFT] = self._left
 
     def read(self) -> ProgressSnapshot:
         left, item, since, calling = self.cells[:CELLS]

@@ -48,7 +48,7 @@ class FinishedCards:
         self._send = send
         self.within_s = RESULTS_WAIT_S if within_s is None else within_s
         self._cards: list[TimeCard] = []
-        self._held = threading.Condition()  # guards _cards and oldest; the sender thread waits on it
+        self._held = threading.Condition(threading.Lock())  # guards _cards and oldest; the sender thread waits on it
         self._sender: threading.Thread | None = None
         self.oldest = 0.0  # when the first card held now was added (time.monotonic)
 
