@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -251,3 +254,33 @@ def test_a_process_is_described_as_a_user_finds_it():
     jobs = book(ray_runner, ProcessRecord("step0-g0-r0", "runner", 0, 0, 0, "cpu"))
     assert describe(ray_runner, jobs) == "step 0 replica 1 (pid 7, on 10.0.0.2, cpu)"
     assert describe(ProcessRecord("client", "client", pid=3), jobs) == "the client (pid 3)"
+
+
+@pytest.mark.parametrize("ending, code, reason", [("sigterm", 143, "terminated"), ("sigint", 130, "interrupted"),
+                                                  ("crash", 1, "process failed")])
+def test_whatever_ends_a_job_whose_final_step_hangs_the_items_it_finished_are_all_in_the_log(tmp_path, job_log, ending,
+                                                                                            code, reason):
+    """The final step hangs on item 4, holding the cards of items 0-3; then a signal, or another process dies."""
+    config = toy(tmp_path, 1, at_item=4)
+    if ending == "crash":  # step 0 dies a little later, while the final step hangs
+        document = json.loads(Path(config).read_text())
+        document["pipeline"][0]["exit_at_item"] = 7
+        Path(config).write_text(json.dumps(document))
+    job = subprocess.Popen([sys.executable, "benchmark.py", "-c", config, "-v", "200", "-mi", "20", "--warmup", "0",
+                            "--stall-s", "600", "--log-dir", str(tmp_path / "logs")], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert job.stderr is not None
+    for line in job.stderr:
+        if line.startswith("fault: "):
+            break
+    if ending != "crash":
+        time.sleep(1.0)
+        job.send_signal(signal.SIGTERM if ending == "sigterm" else signal.SIGINT)
+    try:
+        _, err = job.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        pytest.fail("the job hung")
+    log = job_log(tmp_path / "logs")
+    assert (job.returncode, log.meta["termination_reason"]) == (code, reason), err
+    assert [row["item_id"] for row in log.rows] == [0, 1, 2, 3] and log.meta["counted_items"] == 4
