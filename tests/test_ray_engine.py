@@ -273,3 +273,16 @@ def test_max_duration_ends_a_ray_job_at_its_measured_seconds_keeping_all_it_meas
     assert meta["termination_reason"] == "max duration" and 3.0 <= meta["elapsed_s"] < 4.0
     assert meta["finished_items"] == meta["counted_items"] > 0
     assert ray_cluster.alive_actors(meta["job_id"]) == []
+
+
+def test_a_runner_that_hangs_while_loading_its_model_on_ray_ends_start_up_as_stalled(ray_cluster, tmp_path, job_log):
+    document = json.loads(Path(small_config(tmp_path)).read_text())
+    document["pipeline"][1].update(model="bench.fault_models.Hangs", inner="models.toy.TinyConvNet", at_init=True)
+    code, err = run_on_ray(ray_cluster, write(tmp_path / "hangs.json", document), tmp_path / "logs", "-v", "20",
+                           "--stall-s", "3")
+    assert code == 1, err
+    log = job_log(tmp_path / "logs")
+    assert (log.meta["termination_reason"], log.meta["start_time"], log.rows) == ("stalled", None, [])
+    assert log.meta["error"].startswith("step 1 replica 0 (pid ") and "has not become ready" in log.meta["error"]
+    assert "in __init__" in (log.dir / "stacks" / "step1-g0-r0.txt").read_text()
+    assert ray_cluster.alive_actors(log.meta["job_id"]) == []
