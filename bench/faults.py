@@ -1,13 +1,21 @@
 """Reliability under faults: every way a job can go wrong, tried many times, and how each trial ended.
 
-    .venv/bin/python bench/faults.py [--quick] [--json FILE] [--only crash,hold,signal,config,remote,memory]
+    .venv/bin/python bench/faults.py [--quick] [--json FILE] [--only crash,hold,signal,stall,config,remote,memory]
 
 One row per kind of fault.  `passes` counts the trials that ended as they
 must: the defined exit code and termination reason, a complete log (for a
 killed main process: an incomplete one, without meta.json), no traceback, and
 nothing left behind.  `worst exit s` is the longest time from the fault to
 the main process's exit (for a killed main process: to its last child's
-exit; for config checks and remote reads: the whole check).  `orphans` counts
+exit; for config checks and remote reads: the whole check; for a hang,
+from the moment the model began to hang, as it says on stderr).  `lost`
+counts finished items the final step counted (meta.json's counted_items)
+that the log does not hold: 0 is the promise.  The stall rows end jobs
+that stop making progress: a model that hangs at init, on an item at each
+step, a remote dataset that stops answering, a log directory that fills
+up, and --max-duration; a hang row passes only if the job ended within the
+stated bound of the hang (S + 2 s of the stall watch, or timeout x attempts
++ 2 s of a remote read) and holds exactly the items finished before it.  `orphans` counts
 processes of a job still alive 3 s after its main process exited, `leftover
 shm` the entries left in the job's private /dev/shm ("n/a" where this
 machine gives no process its own mount namespace).  The memory rows run one
@@ -23,19 +31,22 @@ import argparse
 import copy
 import json
 import os
+import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.fault_inputs import TOY, check_config, hand_made, mutants, remote_trial
-from bench.fault_jobs import HANG_S, JobRun, children, isolation_works, run_job
+from bench.fault_jobs import HANG_S, MARK, SETTLE_S, JobRun, children, isolation_works, marked, run_job
 
 REPO = Path(__file__).resolve().parents[1]
-GROUPS = ("crash", "hold", "signal", "config", "remote", "memory")
+GROUPS = ("crash", "hold", "signal", "stall", "config", "remote", "memory")
 MEMORY_VIDEOS = (2000, 12000, 40000)
 # A signal that stops a job from outside, and what the job must then record and return.
 STOPS = {"SIGINT": (signal.SIGINT, "interrupted", 130), "SIGTERM": (signal.SIGTERM, "terminated", 143)}
@@ -52,15 +63,21 @@ class FaultRow:
     worst_exit_s: float = 0.0
     orphans: int = 0
     leftovers: int | None = 0
+    lost: int | None = None   # items the final step counted that the log lacks, over the trials; None: not known
+    worst_end_s: float | None = None   # a hang row's longest time from the hang to the job's end (its flag)
     failures: list[str] = field(default_factory=list)
 
     def add(self, passed: bool, exit_s: float | None, note: str = "", orphans: int = 0,
-            leftovers: int | None = None) -> None:
+            leftovers: int | None = None, lost: int | None = None, end_s: float | None = None) -> None:
         self.trials += 1
         self.passes += passed
         self.worst_exit_s = max(self.worst_exit_s, exit_s or 0.0)
+        if end_s is not None:
+            self.worst_end_s = max(self.worst_end_s or 0.0, end_s)
         self.orphans += orphans
         self.leftovers = None if leftovers is None or self.leftovers is None else self.leftovers + leftovers
+        if lost is not None:
+            self.lost = (self.lost or 0) + lost
         if not passed:
             self.failures.append(note)
 
@@ -197,6 +214,198 @@ def job_rows(work: Path, trials: int, groups: set[str], isolated: bool) -> list[
     return rows
 
 
+STALL_S = 3.0
+HANG_AT = 5                        # the item a mid-run hang stops on: the items before it are the ones finished
+REMOTE_TIMEOUT_S, REMOTE_RETRIES = 1.0, 1
+MAX_DURATION_S = 3.0
+
+
+def three_steps(step: int, **hang: object) -> dict:
+    """The toy pipeline with a pass-through middle step, step `step` wrapped in bench.fault_models.Hangs(**hang)."""
+    document = toy()
+    document["pipeline"][1] = {"model": "models.toy.AsyncSleep", "num_shared_tensors": 10,
+                               "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0]}]}
+    document["pipeline"].append({"model": "models.toy.TinyConvNet", "classes": 10,
+                                 "queue_groups": [{"gpus": [-1], "in_queue": 0}]})
+    wrapped = document["pipeline"][step]
+    wrapped.update(model="bench.fault_models.Hangs", inner=wrapped["model"], **hang)
+    return document
+
+
+def hung_at(stderr: str) -> float | None:
+    """When a fault model began to hang, as it said on stderr."""
+    found = re.findall(r"fault: .* hangs \(\w+\) at ([\d.]+)", stderr)
+    return float(found[0]) if found else None
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What a stall row's trial must end with, and the bound its end must keep."""
+
+    code: int
+    reason: str
+    rows: int | None = None        # exactly this many items in the log (those finished before the hang)
+    bound_s: float | None = None   # from the hang to the job's end (meta.json's end_time)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a stall row's trial ended: passed, seconds from the fault to the exit and to the job's end, items lost."""
+
+    passed: bool
+    exit_s: float | None
+    end_s: float | None
+    lost: int | None
+    note: str
+
+
+def judge_stall(run: JobRun, began: float | None, ending: Ending) -> Verdict:
+    """Whether a stall row's trial ended as it must, timed from `began` (the fault), and what went wrong."""
+    if run.returncode is None or run.exit_time is None:
+        return Verdict(False, None, None, None, f"no exit within {HANG_S:g} s: {run.stderr.strip()[-300:]!r}")
+    meta = run.meta or {}
+    problems = []
+    if run.returncode != ending.code:
+        problems.append(f"exit {run.returncode}")
+    if meta.get("termination_reason") != ending.reason:
+        problems.append(f"reason {meta.get('termination_reason')!r}")
+    if "Traceback" in run.stderr:
+        problems.append("a traceback")
+    counted, finished = meta.get("counted_items"), meta.get("finished_items")
+    lost = None if counted is None or finished is None else counted - finished
+    if lost:
+        problems.append(f"{lost} finished items missing from the log")
+    if ending.rows is not None and finished != ending.rows:
+        problems.append(f"{finished} items in the log, not {ending.rows}")
+    end = meta.get("end_time")
+    end_s = None if began is None or end is None else end - began
+    if ending.bound_s is not None and (end_s is None or end_s > ending.bound_s):
+        problems.append(f"ended {None if end_s is None else round(end_s, 2)} s after the fault, past {ending.bound_s:g} s")
+    started = began if began is not None else end if end is not None else run.exit_time
+    return Verdict(not problems, run.exit_time - started, end_s, lost, ", ".join(problems))
+
+
+def stall_rows(work: Path, trials: int, isolated: bool) -> list[FaultRow]:
+    """Jobs that stop making progress without failing, a log directory that fills up, and the maximum duration."""
+    bound = STALL_S + 2.0
+    stall = ["--stall-s", f"{STALL_S:g}", "--warmup", "0"]
+    cases: list[tuple[str, str, dict, list[str], Ending]] = [
+        ("stall-init", "a runner hangs (a deadlock) while loading its model", three_steps(1, at_init=True),
+         ["-v", "60", "-mi", "0", *stall], Ending(1, "stalled", rows=0)),
+        *((f"stall-step{k}", f"step {k} of 3 hangs (a deadlock) on item {HANG_AT}", three_steps(k, at_item=HANG_AT),
+           ["-v", "200", "-mi", "2", *stall], Ending(1, "stalled", rows=HANG_AT, bound_s=bound)) for k in (0, 1)),
+        ("stall-final", f"the final step hangs (a deadlock) on item {HANG_AT}: it holds the cards it finished",
+         three_steps(2, at_item=HANG_AT), ["-v", "200", "-mi", "2", *stall],
+         Ending(1, "stalled", rows=HANG_AT, bound_s=bound)),
+        ("stall-flush", "the final step hangs (a busy loop) in flush, its input idle", three_steps(2, in_flush=True,
+                                                                                                  how="spin"),
+         ["-v", "60", "-mi", "20", *stall], Ending(1, "stalled", bound_s=bound)),
+        ("max-duration", f"--max-duration {MAX_DURATION_S:g} on a job that would run for hours", toy(),
+         ["-v", "1000000", "-mi", "5", "--max-duration", f"{MAX_DURATION_S:g}"], Ending(0, "max duration")),
+    ]
+    rows = []
+    for row_id, what, config, argv, ending in cases:
+        row = FaultRow(row_id, what)
+        for trial in range(trials):
+            trial_dir = work / row_id / str(trial)
+            trial_dir.mkdir(parents=True)
+            (trial_dir / "job.json").write_text(json.dumps(config))
+            run, _ = run_job(trial_dir, ["-c", str(trial_dir / "job.json"), *argv], isolated=isolated)
+            began = hung_at(run.stderr) if row_id.startswith("stall") else None
+            verdict = judge_stall(run, began, ending)
+            row.add(verdict.passed and run.orphans == 0 and not run.leftovers, verdict.exit_s, f"trial {trial}: "
+                    f"{verdict.note}", run.orphans, run.leftovers, verdict.lost, verdict.end_s)
+        rows.append(row)
+        print(table([row], header=False), flush=True)
+    rows.append(remote_hang_row(work / "remote-hang", trials, isolated))
+    print(table(rows[-1:], header=False), flush=True)
+    rows.append(full_disk_row(work / "disk-full", trials))
+    print(table(rows[-1:], header=False), flush=True)
+    return rows
+
+
+def remote_hang_row(work: Path, trials: int, isolated: bool) -> FaultRow:
+    """A remote dataset's server stops answering mid-run: the loader's read fails, the job ends with its URL."""
+    from episodes.testing.faults import serve_with_faults
+
+    bound = REMOTE_TIMEOUT_S * (REMOTE_RETRIES + 1) + 0.2 + 2.0  # timeout x attempts (+ the backoff) + 2 s
+    row = FaultRow("remote-hang", f"a remote dataset's server stops answering mid-run (source timeout_s "
+                   f"{REMOTE_TIMEOUT_S:g}, retries {REMOTE_RETRIES})")
+    root = ensure_dataset(work.parent)
+    for trial in range(trials):
+        trial_dir = work / str(trial)
+        trial_dir.mkdir(parents=True)
+        stalled_at: list[float] = []
+
+        def schedule(n: int) -> str | None:   # the start-up's reads and a few items', then nothing ever again
+            if n < 12:
+                return None
+            stalled_at.append(time.time())
+            return "stall"
+
+        with serve_with_faults(root, schedule) as url:
+            document = {"source": {"dataset": url, "order": "sequential", "timeout_s": REMOTE_TIMEOUT_S,
+                                   "retries": REMOTE_RETRIES}, "pipeline": [
+                {"model": "models.episode.EpisodeLoader", "queue_groups": [{"gpus": [-1], "out_queues": [0]}],
+                 "num_clips": 1, "clip_length": 2, "size": 16, "byte_budget": 1, "prefetch": 0},
+                {"model": "models.toy.TinyConvNet", "queue_groups": [{"gpus": [-1], "in_queue": 0}], "clips": 1}]}
+            (trial_dir / "job.json").write_text(json.dumps(document))
+            run, _ = run_job(trial_dir, ["-c", str(trial_dir / "job.json"), "-v", "40", "-mi", "0", "--warmup", "0"],
+                             isolated=isolated, env={"RNB_CACHE_DIR": str(trial_dir / "cache")})
+        verdict = judge_stall(run, stalled_at[0] if stalled_at else None, Ending(1, "process failed", bound_s=bound))
+        passed, note = verdict.passed, verdict.note
+        sentence = (run.meta or {}).get("error") or ""
+        if url not in sentence or f"timeout of {REMOTE_TIMEOUT_S:g} s" not in sentence:
+            passed, note = False, f"{note}; the error {sentence!r} does not name the URL and the timeout"
+        row.add(passed and run.orphans == 0 and not run.leftovers, verdict.exit_s, f"trial {trial}: {note}",
+                run.orphans, run.leftovers, verdict.lost, verdict.end_s)
+    return row
+
+
+def full_disk_row(work: Path, trials: int) -> FaultRow:
+    """--log-dir is a 256 KiB tmpfs of the trial's own, which the job fills: exit 1, one sentence naming the file."""
+    row = FaultRow("disk-full", "--log-dir a 256 KiB tmpfs that fills while the job runs")
+    if not isolation_works():
+        row.add(False, None, "needs unshare and mount to give the job a small tmpfs")
+        return row
+    for trial in range(trials):
+        trial_dir = work / str(trial)
+        logs, kept = trial_dir / "logs", trial_dir / "kept"
+        logs.mkdir(parents=True)
+        script = (f"mount -t tmpfs -o size=256k tmpfs {logs} && mount -t tmpfs -o size=64m tmpfs /dev/shm && "
+                  f"{sys.executable} benchmark.py -c config/toy.json -mi 0 -v 30000 --log-dir {logs}; code=$?; "
+                  f"cp -r {logs} {kept}; echo leftover_shm=$(ls /dev/shm | wc -l) >&2; exit $code")
+        mark = uuid.uuid4().hex
+        began = time.time()
+        with open(trial_dir / "stderr", "w") as err:
+            job = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=REPO,
+                                   env={**os.environ, MARK: mark}, stdout=subprocess.DEVNULL, stderr=err,
+                                   start_new_session=True)
+            try:
+                job.wait(timeout=HANG_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+        took = time.time() - began
+        deadline = time.time() + SETTLE_S  # as run_job: time for the children and the resource tracker to go
+        while marked(mark) and time.time() < deadline:
+            time.sleep(0.05)
+        said = (trial_dir / "stderr").read_text()
+        errors = [line for line in said.splitlines() if "could not write" in line]
+        metas = list(kept.glob("*/meta.json"))
+        meta = json.loads(metas[0].read_text()) if metas else {}
+        counted, finished = meta.get("counted_items"), meta.get("finished_items")
+        leftover = re.findall(r"leftover_shm=(\d+)", said)
+        orphans = len(marked(mark))
+        passed = (job.returncode == 1 and len(errors) == 1 and "No space left on device" in errors[0]
+                  and "Traceback" not in said and meta.get("termination_reason") in (None, "log write failed"))
+        # What the full directory could not take is lost to the log, by definition: counted, not judged.
+        row.add(passed and orphans == 0 and leftover == ["0"], took, f"trial {trial}: exit {job.returncode}, "
+                f"{errors or said[-300:]!r}", orphans, int(leftover[0]) if leftover else None,
+                None if counted is None or finished is None else counted - finished)
+    return row
+
+
 def config_rows(work: Path, mutations: int, runs: int, isolated: bool) -> list[FaultRow]:
     hand = FaultRow("config-hand-made", "configs broken by hand (files, JSON, values), --check")
     check_config(["-c", str(REPO / "config" / "toy.json")])  # imports torch and the models once, untimed
@@ -291,11 +500,14 @@ def memory_table(rows: list[MemoryRow], header: bool = True) -> str:
 
 
 def table(rows: list[FaultRow], header: bool = True) -> str:
-    lines = ["| id | what | trials | passes | worst exit s | orphans | leftover shm |",
-             "|---|---|---|---|---|---|---|"] if header else []
+    lines = ["| id | what | trials | passes | worst end s | worst exit s | lost items | orphans | leftover shm |",
+             "|---|---|---|---|---|---|---|---|---|"] if header else []
     for r in rows:
         left = "n/a" if r.leftovers is None else str(r.leftovers)
-        lines.append(f"| {r.id} | {r.what} | {r.trials} | {r.passes} | {r.worst_exit_s:.2f} | {r.orphans} | {left} |")
+        lost = "-" if r.lost is None else str(r.lost)
+        end = "-" if r.worst_end_s is None else f"{r.worst_end_s:.2f}"
+        lines.append(f"| {r.id} | {r.what} | {r.trials} | {r.passes} | {end} | {r.worst_exit_s:.2f} | {lost} | "
+                     f"{r.orphans} | {left} |")
     return "\n".join(lines)
 
 
@@ -313,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rnb-faults-") as tmp:
         work = Path(tmp)
         rows += job_rows(work / "jobs", 1 if args.quick else 5, groups, isolated)
+        if "stall" in groups:
+            rows += stall_rows(work / "stalls", 1 if args.quick else 5, isolated)
         if "config" in groups:
             rows += config_rows(work, 40 if args.quick else 300, 2 if args.quick else 10, isolated)
         if "remote" in groups:

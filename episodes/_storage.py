@@ -4,6 +4,12 @@ Every read of the episodes package goes through `Storage`, so local disk, HTTP,
 S3 and the Hugging Face hub behave alike: exact byte ranges, transient errors
 (HTTP 5xx, timeouts, dropped connections) retried with exponential backoff, and
 every failure reported as one `FetchError` that names the URL.
+
+Over HTTP each attempt has `timeout_s` for the whole answer, headers and body
+(aiohttp's total timeout), so a server that accepts and never answers, or
+trickles a byte a second, costs at most `timeout_s` per attempt: a read fails
+within timeout_s x (retries + 1) plus the backoff between attempts
+(backoff_s x (1 + 2 + ... + 2^(retries-1)): 1.4 s with the defaults).
 """
 from __future__ import annotations
 
@@ -127,9 +133,11 @@ def _is_transient(exc: BaseException) -> bool:
     return HAVE_AIOHTTP and isinstance(exc, aiohttp.ClientError)
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, timeout_s: float | None = None) -> str:
     if isinstance(exc, ServerFault):
         return str(exc)
+    if isinstance(exc, TimeoutError) and timeout_s is not None:
+        return f"no complete answer within the timeout of {timeout_s:g} s"
     status = getattr(exc, "status", None)
     if isinstance(status, int):
         return f"HTTP {status} {getattr(exc, 'message', '')}".rstrip()
@@ -219,10 +227,10 @@ class Storage:
                 if not _is_transient(cause):
                     if isinstance(exc, FileNotFoundError):
                         raise FetchError(f"{url}: file not found") from exc
-                    raise FetchError(f"{url}: {what} failed ({_describe(exc)})") from exc
+                    raise FetchError(f"{url}: {what} failed ({_describe(exc, self.timeout_s)})") from exc
                 if attempt == self.retries:
                     raise FetchError(
-                        f"{url}: {what} failed after {attempt + 1} attempts ({_describe(cause)})"
+                        f"{url}: {what} failed after {attempt + 1} attempts ({_describe(cause, self.timeout_s)})"
                     ) from exc
                 time.sleep(self.backoff_s * 2**attempt)
         raise AssertionError("unreachable")  # the loop always returns or raises

@@ -65,7 +65,7 @@ from episodes import (
 )
 from rnb.core.timecard import TimeCard
 from rnb.pipeline.config import KeywordError
-from rnb.pipeline.dataset_source import EpisodeRequest
+from rnb.pipeline.dataset_source import READ_RETRIES, READ_TIMEOUT_S, EpisodeRequest
 
 FETCH = ("episode", "clips")
 CACHE_ENV = "RNB_CACHE_DIR"
@@ -165,9 +165,11 @@ class EpisodeReader:
         self.usage_cache = usage_cache
         self._open: dict[tuple[str, str], tuple[EpisodeDataset, EpisodeByteCache]] = {}
 
-    def _dataset(self, kind: str, root: str) -> tuple[EpisodeDataset, EpisodeByteCache]:
+    def _dataset(self, kind: str, root: str, timeout_s: float = READ_TIMEOUT_S, retries: int = READ_RETRIES,
+                 ) -> tuple[EpisodeDataset, EpisodeByteCache]:
         if (kind, root) not in self._open:
-            ds = open_episodes(root, kind, usage_cache_dir=cache_dir() if self.usage_cache else None)
+            ds = open_episodes(root, kind, usage_cache_dir=cache_dir() if self.usage_cache else None,
+                               timeout_s=timeout_s, retries=retries)
             self._open[(kind, root)] = ds, EpisodeByteCache(ds, byte_budget=self.byte_budget, workers=self.workers,
                                                             cache_dir=cache_dir(), decode_threads=self.decode_threads,
                                                             coalesce_gap=self.coalesce_gap)
@@ -179,7 +181,7 @@ class EpisodeReader:
             ds, cache = self._dataset("dataset", self.dataset)
             episode = (request.episode if isinstance(request, EpisodeRequest) else int(request)) % ds.num_episodes
         elif isinstance(request, EpisodeRequest):
-            ds, cache = self._dataset(request.kind, request.root)
+            ds, cache = self._dataset(request.kind, request.root, request.timeout_s, request.retries)  # the source's limits
             episode = request.episode
         else:
             raise ValueError(f"item {item_id}: the request {request!r} names no dataset; use a dataset or videos "

@@ -2,9 +2,11 @@
 
     python benchmark.py -c config/toy.json -mi 3 -v 2000      (or: rnb-benchmark ...)
 
-Exit codes: 0 target reached, 1 failed job (a process failed, a queue was
-full, or the queues and shared tensors could not be set up), 2 invalid config,
-arguments or GPU request, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+Exit codes: 0 target reached or maximum duration run, 1 failed job (a
+process failed, a queue was full, the job stalled, its log could not be
+written, or the queues and shared tensors could not be set up), 2 invalid
+config, arguments or GPU request, 130 interrupted (Ctrl-C), 143 terminated
+(SIGTERM).
 
 CUDA_DEVICE_ORDER is set to PCI_BUS_ID (unless the environment already sets
 it) before anything touches CUDA, so CUDA numbers GPUs as NVML does and the
@@ -25,7 +27,7 @@ from typing import Any, NoReturn
 from rnb.analysis.summary import job_summary
 from rnb.console import terminal_logging
 from rnb.core import joblog
-from rnb.engines.job import JobResult, RunArgs, request_queue_note
+from rnb.engines.job import DEFAULT_STALL_S, JobResult, RunArgs, request_queue_note
 from rnb.engines.local.driver import run_job
 from rnb.engines.ray import cluster as ray_cluster
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
@@ -44,7 +46,8 @@ from rnb.pipeline.sources import check_source
 
 # What applies when neither the command line nor the config's "run" object sets a value.
 DEFAULTS: dict[str, Any] = {"mean_interval_ms": 3, "videos": 2000, "batch_size": 1, "queue_size": 50000,
-                            "concurrency": None, "warmup": 10, "seed": 0}
+                            "concurrency": None, "warmup": 10, "seed": 0, "stall_s": DEFAULT_STALL_S,
+                            "max_duration_s": 0.0}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,6 +81,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="local: processes on this host (default); ray: actors on a Ray cluster")
     parser.add_argument("--ray-address", dest="ray_address",
                         help="the Ray cluster to run on (default: RAY_ADDRESS if set, else a Ray started for the job)")
+    parser.add_argument("--stall-s", dest="stall_s", type=float, metavar="S",
+                        help="end the job as stalled when items wait and none has left any step for S seconds "
+                             f"(default {DEFAULT_STALL_S:g}; 0 never)")
+    parser.add_argument("--max-duration", dest="max_duration_s", type=float, metavar="S",
+                        help="end the job after S seconds of measured time, keeping what it measured (default 0: no maximum)")
     return parser.parse_args(argv)
 
 
@@ -85,7 +93,8 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
     """Command line over config "run" over DEFAULTS; a bad command-line value raises ConfigError."""
     values = {}
     flags = {"mean_interval_ms": "-mi/--mean_interval_ms", "videos": "-v/--videos", "batch_size": "-b/--batch_size",
-             "queue_size": "-qs/--queue_size", "concurrency": "--concurrency", "warmup": "--warmup", "seed": "--seed"}
+             "queue_size": "-qs/--queue_size", "concurrency": "--concurrency", "warmup": "--warmup", "seed": "--seed",
+             "stall_s": "--stall-s", "max_duration_s": "--max-duration"}
     for key, default in DEFAULTS.items():
         given = getattr(ns, key)
         _, minimum, maximum = RUN_KEYS[key]
@@ -160,18 +169,22 @@ def _run(ns: argparse.Namespace) -> int:
         versions = ", ".join(f"{name} {version}" for name, version in joblog.versions().items())
         print(f"ready: {versions}; {config.path} is valid ({len(config.steps)} steps, {len(placements)} runners)")
         return 0
-    if args.engine == "ray":
-        return _run_on_ray(config, args, placements, ns.allow_busy_gpus)
-    return _reported(run_job(config, args, placements, gpus))
+    try:
+        if args.engine == "ray":
+            return _run_on_ray(config, args, placements, ns.allow_busy_gpus)
+        return _reported(run_job(config, args, placements, gpus))
+    except joblog.LogWriteError as error:  # the log directory could not take the job's directory or config copy
+        print(f"benchmark.py: {error}", file=sys.stderr)
+        return 1
 
 
 def _run_on_ray(config: PipelineConfig, args: RunArgs, placements: list[Placement], allow_busy_gpus: bool) -> int:
     """The job on the Ray engine: what the cluster cannot host is exit 2, a cluster out of reach exit 1."""
     address = ray_cluster.resolve_address(args.ray_address)
-    ray_cluster.use_loopback_if_local(address)
-    from rnb.engines.ray.driver import run_ray_job  # only now: Ray reads the line above when first imported
-
     try:
+        ray_cluster.prepare(address)
+        from rnb.engines.ray.driver import run_ray_job  # only now: Ray reads what prepare set when first imported
+
         result = run_ray_job(config, args, placements, address, machine_gpus=visible_gpu_count() if address is None else 0,
                              allow_busy_gpus=allow_busy_gpus)
     except ConfigError as error:
@@ -191,9 +204,14 @@ def _reported(result: JobResult) -> int:
 
     The summary reads the log back, so what is printed and what is analysed
     later cannot disagree; it is part of the run, so main's peak memory is
-    recorded in meta.json after it.
+    recorded in meta.json after it.  A log the log directory refused has
+    no summary (its error said what is missing).
     """
-    print(job_summary(result.job_dir))
-    joblog.record_main_peak_rss(result.job_dir)
-    print(f"job log: {result.job_dir}")
+    if result.logged and (result.job_dir / joblog.TIMINGS_FILE).exists():
+        print(job_summary(result.job_dir))
+        try:
+            joblog.record_main_peak_rss(result.job_dir)
+        except OSError:
+            pass  # meta.json stands as written, with the peak before the summary
+    print(f"job log: {result.job_dir}{'' if result.logged else ' (incomplete: no meta.json)'}")
     return result.exit_code

@@ -153,7 +153,7 @@ def test_validity_flips_with_each_rule(real_job: Path, log_copy: Path) -> None:
     edit_meta(log_copy / real_job.name, termination_reason="request queue full")
     full = load_jobs(log_copy, rules=ValidityRules(0.0, count)).jobs.to_pylist()[0]
     assert (full["validity"], full["invalid_because"]) == (
-        "INVALID", "the run ended with 'request queue full', not 'target reached'.")
+        "INVALID", "the run ended with 'request queue full', not 'target reached' or 'max duration'.")
 
 
 def test_a_job_without_items_has_null_latencies_and_is_invalid(real_job: Path, log_copy: Path) -> None:
@@ -162,7 +162,7 @@ def test_a_job_without_items_has_null_latencies_and_is_invalid(real_job: Path, l
     edit_meta(job_dir, termination_reason="process failed", failed_process="runner-1-0-0", error="boom.")
     row = load_jobs(log_copy, rules=ValidityRules(0.0, 1)).jobs.to_pylist()[0]
     assert row["measured_items"] == 0 and row[stat_column("e2e", "p99")] is None
-    assert row["invalid_because"] == ("the run ended with 'process failed', not 'target reached'; "
+    assert row["invalid_because"] == ("the run ended with 'process failed', not 'target reached' or 'max duration'; "
                                       "0 items after warm-up, fewer than --min-items 1; 0 items cannot bound the "
                                       "p99 from above at 95% confidence, which takes at least 368 (0.99^n <= 0.025).")
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.fault_inputs import check_config, hand_made, mutants
-from bench.faults import FaultRow, table
+from bench.fault_jobs import JobRun
+from bench.faults import Ending, FaultRow, Verdict, hung_at, judge_stall, table
 from rnb import cli
 
 CONFIGS = sorted(Path("config").glob("*.json"))
@@ -46,6 +47,25 @@ def test_a_row_tallies_trials_and_says_n_a_once_a_trial_could_not_count_shared_m
     row.add(False, 0.5, "trial 1: exit 3", orphans=2, leftovers=1)
     assert (row.trials, row.passes, row.worst_exit_s, row.orphans, row.leftovers) == (2, 1, 1.5, 2, 1)
     assert row.failures == ["trial 1: exit 3"]
-    assert table([row]).splitlines()[2] == "| x | a fault | 2 | 1 | 1.50 | 2 | 1 |"
+    assert table([row]).splitlines()[2] == "| x | a fault | 2 | 1 | - | 1.50 | - | 2 | 1 |"
     row.add(True, None)
-    assert table([row], header=False) == "| x | a fault | 3 | 2 | 1.50 | 2 | n/a |"
+    assert table([row], header=False) == "| x | a fault | 3 | 2 | - | 1.50 | - | 2 | n/a |"
+    row.add(True, 0.5, lost=0, end_s=0.25)
+    row.add(True, 0.5, lost=2)
+    assert table([row], header=False) == "| x | a fault | 5 | 4 | 0.25 | 1.50 | 2 | 2 | n/a |"
+
+
+def test_a_stall_trial_passes_only_with_its_ending_its_items_all_logged_and_inside_its_bound() -> None:
+    def run(**meta: object) -> JobRun:
+        return JobRun(1, "", "fault: x hangs (lock) at 100.000\n", {"termination_reason": "stalled", **meta}, 108.0,
+                      108.5, 0, 0)
+
+    ending = Ending(1, "stalled", rows=5, bound_s=5.0)
+    assert hung_at(run().stderr) == 100.0
+    assert judge_stall(run(counted_items=5, finished_items=5, end_time=104.0), 100.0, ending) == Verdict(
+        True, 8.0, 4.0, 0, "")
+    lost = judge_stall(run(counted_items=5, finished_items=3, end_time=104.0), 100.0, ending)
+    assert (lost.passed, lost.lost, lost.note) == (False, 2, "2 finished items missing from the log, 3 items in the "
+                                                             "log, not 5")
+    assert judge_stall(run(counted_items=5, finished_items=5, end_time=105.5), 100.0, ending).note == (
+        "ended 5.5 s after the fault, past 5 s")

@@ -14,11 +14,11 @@ import torch.multiprocessing as mp
 from models.toy import SyntheticFrames
 from rnb import cli
 from rnb.core import joblog
-from rnb.core.messages import Exited, Request, Signal
+from rnb.core.messages import Exited, Request, Results, Signal
 from rnb.core.termination import Termination
 from rnb.core.timecard import TimeCard, as_cards
+from rnb.engines import transport as transport_module
 from rnb.engines.buffers import LocalBuffers
-from rnb.engines.local import transport as local
 from rnb.engines.local.plumbing import HopQueue, Plumbing, SharedSlot, SlotFlag, StepQueue, TerminationFlag
 from rnb.engines.local.transport import LocalTransport, LocalWiring
 from rnb.engines.runner import Runner
@@ -292,7 +292,7 @@ def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
 
 
 def test_the_final_step_ships_counted_cards_in_batches_and_holds_none_back(monkeypatch):
-    monkeypatch.setattr(local, "RESULTS_WAIT_S", 3600.0)  # only size, idleness, the target and exit ship here
+    monkeypatch.setattr(transport_module, "RESULTS_WAIT_S", 3600.0)  # only size, idleness, the target and exit ship here
     plumbing = Plumbing.build(CTX, [], 10, None)
     spec = Placement(name="step0-g0-r0", step=0, group=0, instance=0, device="cpu", model="models.toy.TinyConvNet",
                      model_kwargs={}, in_queue=None, out_queues=())
@@ -317,6 +317,22 @@ def test_the_final_step_ships_counted_cards_in_batches_and_holds_none_back(monke
     assert isinstance(plumbing.status.get(timeout=10), Exited)
     assert transport.finish((cards[150], cards[151])) is True  # the target: shipped at once, past it dropped
     assert shipped() == [[150]] and plumbing.finished.value == 151
+
+
+def test_held_cards_go_within_their_bound_whatever_the_final_steps_loop_does_next():
+    """No call after the count: the runner's loop may hang in its next item. The cards still go, on their own."""
+    sent: list[Results] = []
+    finished = transport_module.FinishedCards(sent.append, within_s=0.05)
+    finished.add((TimeCard(0), TimeCard(1)))
+    finished.add((TimeCard(2),))
+    deadline = time.monotonic() + 10.0  # a hang guard: the bound is 0.05 s
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [[card.item_id for card in results.cards] for results in sent] == [[0, 1, 2]] and len(finished) == 0
+    finished.add((TimeCard(3),))  # a new batch after an empty spell: its own bound
+    while len(sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [card.item_id for card in sent[-1].cards] == [3]
 
 
 def test_final_step_refuses_unmerged_segments():

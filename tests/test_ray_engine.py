@@ -174,7 +174,12 @@ def test_an_actor_killed_from_outside_or_its_node_lost_ends_the_job_with_exit_1(
     assert code == 1, err
     meta = job_log(tmp_path / "logs").meta
     assert meta["end_time"] - struck < STOP_BOUND_S
-    assert meta["failed_process"] == "step1-g0-r0" and "its Ray actor died" in meta["error"]
+    assert meta["failed_process"] == "step1-g0-r0"
+    if how == "lose_node":  # one short sentence naming the node and who died with it
+        assert meta["error"] == "node 127.0.0.1 (node=doomed) was lost: runner step1-g0-r0 died with it", meta["error"]
+    else:
+        assert meta["error"].startswith("process step1-g0-r0 failed: its Ray actor died (") and "\n" not in meta["error"]
+        assert len(meta["error"]) < 250, meta["error"]
     assert ray_cluster.alive_actors(name) == []
     if how == "lose_node":
         ray_cluster.wait_until_known_dead(doomed)
@@ -237,3 +242,47 @@ def test_the_shipped_two_node_config_runs_here_on_a_simulated_cluster_and_predic
         assert [row[key] for row in on_ray.rows] == [row[key] for row in local.rows], key
     assert labels_of(on_ray.meta) == {"step0-g0-r0": "loaders", "step0-g0-r1": "loaders", "step1-g0-r0": "nets"}
     assert [p["pid"] for p in on_ray.meta["processes"] if Path(f"/proc/{p['pid']}").exists()] == []
+
+
+@pytest.mark.parametrize("k", [2, 20])
+def test_a_final_step_that_hangs_after_k_items_on_ray_stalls_and_leaves_exactly_k_rows(ray_cluster, tmp_path, job_log, k):
+    document = json.loads(Path(small_config(tmp_path)).read_text())
+    document["pipeline"][1].update(model="bench.fault_models.Hangs", inner="models.toy.TinyConvNet", at_item=k)
+    job = benchmark(["-c", write(tmp_path / "hangs.json", document), "--engine", "ray", "--ray-address",
+                     ray_cluster.address, "-v", "200", "-mi", "5", "--warmup", "0", "--stall-s", "3",
+                     "--log-dir", str(tmp_path / "logs")])
+    _, err = job.communicate(timeout=JOB_TIMEOUT_S)
+    assert job.returncode == 1, err
+    log = job_log(tmp_path / "logs")
+    meta = log.meta
+    assert [row["item_id"] for row in log.rows] == list(range(k)) and meta["counted_items"] == k
+    assert (meta["termination_reason"], meta["failed_process"]) == ("stalled", "step1-g0-r0")
+    assert re.match(rf"step 1 replica 0 \(pid \d+, on 127\.0\.0\.1, cpu\) has held item {k} for [\d.]+ s with no item "
+                    rf"finished since; the Python stacks of every process are in {re.escape(str(log.dir))}/stacks/ "
+                    r"\(step1-g0-r0\.txt is its own\)$", meta["error"]), meta["error"]
+    assert "in hang" in (log.dir / "stacks" / "step1-g0-r0.txt").read_text()
+    assert f"benchmark.py: {meta['error']}" in err and "Traceback" not in err
+    assert ray_cluster.alive_actors(meta["job_id"]) == []
+
+
+def test_max_duration_ends_a_ray_job_at_its_measured_seconds_keeping_all_it_measured(ray_cluster, tmp_path, job_log):
+    code, err = run_on_ray(ray_cluster, small_config(tmp_path), tmp_path / "logs", "-v", "1000000", "-mi", "5",
+                           "--max-duration", "3")
+    assert code == 0, err
+    meta = job_log(tmp_path / "logs").meta
+    assert meta["termination_reason"] == "max duration" and 3.0 <= meta["elapsed_s"] < 4.0
+    assert meta["finished_items"] == meta["counted_items"] > 0
+    assert ray_cluster.alive_actors(meta["job_id"]) == []
+
+
+def test_a_runner_that_hangs_while_loading_its_model_on_ray_ends_start_up_as_stalled(ray_cluster, tmp_path, job_log):
+    document = json.loads(Path(small_config(tmp_path)).read_text())
+    document["pipeline"][1].update(model="bench.fault_models.Hangs", inner="models.toy.TinyConvNet", at_init=True)
+    code, err = run_on_ray(ray_cluster, write(tmp_path / "hangs.json", document), tmp_path / "logs", "-v", "20",
+                           "--stall-s", "3")
+    assert code == 1, err
+    log = job_log(tmp_path / "logs")
+    assert (log.meta["termination_reason"], log.meta["start_time"], log.rows) == ("stalled", None, [])
+    assert log.meta["error"].startswith("step 1 replica 0 (pid ") and "has not become ready" in log.meta["error"]
+    assert "in __init__" in (log.dir / "stacks" / "step1-g0-r0.txt").read_text()
+    assert ray_cluster.alive_actors(log.meta["job_id"]) == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from bench.fault_jobs import MARK, marked
+from bench.fault_jobs import MARK, isolation_works, marked
 from rnb.analysis import analyze_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,3 +130,36 @@ def test_children_of_a_killed_main_exit_at_once_even_while_importing(tmp_path, c
     (job_dir,) = (tmp_path / "logs").iterdir()
     assert analyze_cli.main([str(tmp_path / "logs")]) == 0
     assert capsys.readouterr().out.startswith(f"{job_dir.name}: INCOMPLETE: no meta.json")
+
+
+@pytest.mark.skipif(not isolation_works(), reason="needs a mount namespace of its own (unshare) to mount a small tmpfs")
+@pytest.mark.parametrize("room, file", [("256k", r"timings\.spool/part-\d+\.parquet"), ("full", r"config\.json")],
+                         ids=["fills_mid_run", "full_at_start"])
+def test_a_log_directory_that_fills_up_ends_the_job_with_exit_1_and_one_sentence_naming_the_file(tmp_path, capsys,
+                                                                                                room, file):
+    """--log-dir is a small tmpfs of the test's own: it fills while the job runs, or is full before it starts."""
+    logs, kept = tmp_path / "logs", tmp_path / "kept"
+    logs.mkdir()
+    fill = f"dd if=/dev/zero of={logs}/filler bs=4k count=16 2>/dev/null; " if room == "full" else ""
+    size = "64k" if room == "full" else room
+    script = (f"mount -t tmpfs -o size={size} tmpfs {logs} && {fill}"
+              f"{sys.executable} benchmark.py -c config/toy.json -mi 0 -v 30000 --log-dir {logs}; code=$?; "
+              f"cp -r {logs} {kept}; exit $code")
+    mark = uuid.uuid4().hex
+    job = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=REPO,
+                           env={**os.environ, MARK: mark}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    out, err = finish(job)
+    assert job.returncode == 1, err
+    errors = [line for line in err.splitlines() if "could not write" in line]
+    assert len(errors) == 1 and re.fullmatch(rf"benchmark\.py: could not write {logs}/\S+/{file} \(No space left on "
+                                              r"device\): the log directory is full or failing(, so the job did not "
+                                              r"start)?", errors[0]), err
+    assert "Traceback" not in err and marked(mark) == []
+    if room != "full":  # it ran: stopped in order, what it measured counted
+        (meta_path,) = kept.glob("*/meta.json")
+        meta = json.loads(meta_path.read_text())
+        assert meta["termination_reason"] == "log write failed" and {p["status"] for p in meta["processes"]} <= {"ok", "killed"}
+        assert analyze_cli.main([str(kept)]) == 0  # whether the timings fitted at the end or stayed in the spool
+        report = capsys.readouterr().out
+        assert "INCOMPLETE: its log directory refused timings.parquet" in report or " log write failed " in report

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -141,3 +142,54 @@ def test_a_camera_or_data_column_the_dataset_lacks_is_refused_before_start(root,
     assert refused(tmp_path, config, capsys) == (
         f"{config}: pipeline[0].tabular[1]: expected a data column of {root} (observation.state, action, timestamp, "
         "frame_index, episode_index, index, task_index), found 'torque'")
+
+
+@pytest.mark.parametrize("fault", ["stall", "trickle"])
+def test_a_server_that_stops_answering_fails_the_read_in_one_sentence_within_timeout_times_attempts(root, fault):
+    """It takes every request and never answers, or answers a byte a second: each attempt ends at its timeout."""
+    with serve_with_faults(root, lambda n: fault, every_request=True) as url:
+        began = time.monotonic()
+        with pytest.raises(FetchError) as raised:
+            open_dataset(url, timeout_s=1.0, retries=1, backoff_s=0.2)
+        took = time.monotonic() - began
+    assert str(raised.value) == (f"{url}/meta/info.json: read failed after 2 attempts (no complete answer within the "
+                                 "timeout of 1 s)")
+    assert took <= 1.0 * 2 + 0.2 + 2.0  # the issue's bound: timeout x attempts (+ the backoff) + 2 s
+
+
+def test_a_remote_dataset_that_stops_answering_mid_run_ends_the_job_with_the_url_and_the_timeout(root, tmp_path, capsys,
+                                                                                                job_log):
+    stalled_at: list[float] = []
+
+    def schedule(n: int) -> str | None:  # the start-up's reads and a few items' answered, then nothing ever again
+        if n < 12:
+            return None
+        stalled_at.append(time.time())
+        return "stall"
+
+    with serve_with_faults(root, schedule) as url:
+        document = json.loads(Path(loader_config(tmp_path, url, byte_budget=1, prefetch=0)).read_text())
+        document["source"].update(timeout_s=1, retries=1)
+        config = tmp_path / "remote.json"
+        config.write_text(json.dumps(document))
+        code = cli.main(["-c", str(config), "-v", "40", "-mi", "0", "--warmup", "0", "--log-dir", str(tmp_path / "logs")])
+    err = capsys.readouterr().err
+    log = job_log(tmp_path / "logs")
+    assert code == 1, err
+    assert re.fullmatch(rf"process step0-g0-r0 failed: FetchError: {re.escape(url)}/videos/\S+\.mp4: episode \d+, "
+                        rf"camera {KEY}: read of bytes \[\d+, \d+\) failed after 2 attempts \(no complete answer within "
+                        r"the timeout of 1 s\)", log.meta["error"]), log.meta["error"]
+    assert err.count("no complete answer") == 1 and "Traceback" not in err
+    assert 0 < len(log.rows) < 40
+    assert log.meta["end_time"] - stalled_at[0] <= 1.0 * 2 + 0.2 + 2.0
+
+
+def test_the_source_read_limits_are_checked_before_anything_starts(tmp_path, capsys):
+    for key, value, expected in [("timeout_s", 0, "expected a number of seconds > 0, found 0"),
+                                 ("retries", 11, "expected an integer from 0 to 10, found 11"),
+                                 ("retries", True, "expected an integer from 0 to 10, found true")]:
+        document = json.loads(Path(loader_config(tmp_path, "http://127.0.0.1:9/ds")).read_text())
+        document["source"][key] = value
+        config = tmp_path / "limits.json"
+        config.write_text(json.dumps(document))
+        assert refused(tmp_path, str(config), capsys) == f"{config}: source.{key}: {expected}"

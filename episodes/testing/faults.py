@@ -6,6 +6,13 @@ ignores Range), another range than the one asked for, a 503, a body cut
 short, or a connection closed without an answer.  Whatever it does, a
 reader must either get exactly the bytes it asked for or raise a FetchError
 that blames the server: never wrong bytes, never a hang.
+
+Two more faults stop answering without failing (HANGS): "stall" takes the
+request and never answers, "trickle" answers a byte every `trickle_s`
+seconds.  A reader must give up within its timeout per attempt.  With
+`every_request` the schedule also decides whole-file requests and HEADs
+(a server that stopped answering altogether); otherwise it sees only range
+requests.  Hung answers end when the server closes.
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 FAULTS = ("ignore_range", "shift", "status_503", "cut_short", "drop")
+HANGS = ("stall", "trickle")
 # fault schedule: the 0-based number of a range request -> the fault to commit, or None to answer right
 Schedule = Callable[[int], str | None]
 
@@ -25,22 +33,43 @@ class _Handler(SimpleHTTPRequestHandler):
     schedule: Schedule = staticmethod(lambda n: None)
     counter = [0]
     lock = threading.Lock()
+    closing = threading.Event()   # set when the server closes: hung answers end
+    every_request = False
+    trickle_s = 1.0
 
     def log_message(self, *args: object) -> None:
         pass
+
+    def _next_fault(self) -> str | None:
+        with self.lock:
+            fault = self.schedule(self.counter[0])
+            self.counter[0] += 1
+        return fault
+
+    def do_HEAD(self) -> None:
+        fault = self._next_fault() if self.every_request else None
+        if fault in HANGS:
+            self._hang(fault, b"x" * 1024, 0, 1023)
+        else:
+            super().do_HEAD()
 
     def do_GET(self) -> None:
         wanted = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
         path = Path(self.translate_path(self.path))
         if wanted is None or not path.is_file():
-            super().do_GET()  # no Range: the stdlib server's whole file (or its 404)
+            fault = self._next_fault() if self.every_request else None
+            if fault in HANGS and path.is_file():
+                data = path.read_bytes()
+                self._hang(fault, data, 0, len(data) - 1)
+            else:
+                super().do_GET()  # no Range: the stdlib server's whole file (or its 404)
             return
-        with self.lock:
-            fault = self.schedule(self.counter[0])
-            self.counter[0] += 1
+        fault = self._next_fault()
         data = path.read_bytes()
         start, end = int(wanted[1]), min(int(wanted[2]), len(data) - 1)
-        if fault == "ignore_range":
+        if fault in HANGS:
+            self._hang(fault, data, start, end)
+        elif fault == "ignore_range":
             super().do_GET()
         elif fault == "status_503":
             self.send_error(503, "Service Unavailable")
@@ -50,6 +79,26 @@ class _Handler(SimpleHTTPRequestHandler):
         else:
             self._answer(data, start + (1 if fault == "shift" else 0), end + (1 if fault == "shift" else 0),
                          cut=fault == "cut_short")
+
+    def _hang(self, fault: str | None, data: bytes, start: int, end: int) -> None:
+        """"stall": say nothing until the server closes; "trickle": a valid answer, one byte every trickle_s."""
+        if fault == "stall":
+            self.closing.wait()
+        else:
+            body = data[start:end + 1]
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{start + len(body) - 1}/{len(data)}")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            for byte in range(len(body)):
+                if self.closing.wait(self.trickle_s):
+                    break
+                try:
+                    self.wfile.write(body[byte:byte + 1])
+                    self.wfile.flush()
+                except OSError:  # the reader gave up
+                    break
+        self.close_connection = True
 
     def _answer(self, data: bytes, start: int, end: int, cut: bool) -> None:
         body = data[start:end + 1]
@@ -63,10 +112,14 @@ class _Handler(SimpleHTTPRequestHandler):
 
 
 @contextmanager
-def serve_with_faults(root: Path, schedule: Schedule) -> Iterator[str]:
-    """Serve `root` on 127.0.0.1 with `schedule` deciding each range request's fault; yields the base URL."""
+def serve_with_faults(root: Path, schedule: Schedule, every_request: bool = False,
+                      trickle_s: float = 1.0) -> Iterator[str]:
+    """Serve `root` on 127.0.0.1 with `schedule` deciding each range request's fault (each request's, with
+    `every_request`); yields the base URL."""
+    closing = threading.Event()
     handler = type("Handler", (_Handler,), {"schedule": staticmethod(schedule), "counter": [0],
-                                            "lock": threading.Lock()})
+                                            "lock": threading.Lock(), "closing": closing,
+                                            "every_request": every_request, "trickle_s": trickle_s})
     server = ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root)))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -74,6 +127,7 @@ def serve_with_faults(root: Path, schedule: Schedule) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.server_port}"
     finally:
+        closing.set()
         server.shutdown()
         server.server_close()
         thread.join()

@@ -30,7 +30,7 @@ from rnb.analysis.jobs import (
 from rnb.analysis.report import format_compare, format_report, plot_jobs
 from rnb.analysis.trace import write_trace
 from rnb.console import terminal_logging
-from rnb.core.joblog import SPOOL_DIR
+from rnb.core.joblog import META_FILE, SPOOL_DIR
 
 DEFAULTS = ValidityRules()
 
@@ -124,8 +124,9 @@ def _analyze(args: argparse.Namespace) -> int:
     elif tables is not None:
         print(format_report(tables.jobs))
     for job in incomplete:
-        print(f"{job.job_id}: INCOMPLETE: no meta.json, so the job is still running or its main process was killed; "
-              f"{job.spooled_items} finished items are in {job.path / SPOOL_DIR}")
+        why = ("its log directory refused timings.parquet" if (job.path / META_FILE).is_file() else
+               "no meta.json, so the job is still running or its main process was killed")
+        print(f"{job.job_id}: INCOMPLETE: {why}; {job.spooled_items} finished items are in {job.path / SPOOL_DIR}")
     return 0
 
 

@@ -26,8 +26,8 @@ from rnb.analysis.utilisation import utilisation_columns
 from rnb.core.joblog import CONFIG_FILE, META_FILE, SAMPLES_FILE, SPOOL_DIR, TIMINGS_FILE, read_meta
 from rnb.core.records import JobLogError, JobMeta, Json, JsonObject
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
+from rnb.core.termination import COMPLETE_REASONS
 
-TARGET_REACHED = "target reached"
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 STAT_NAMES: tuple[str, ...] = ("min", "mean", *(f"p{q:g}".replace(".", "_") for q in PERCENTILES), "max")
 ARG_KEYS: tuple[str, ...] = (
@@ -37,7 +37,7 @@ ARG_KEYS: tuple[str, ...] = (
 JOB_FILES: tuple[str, ...] = (META_FILE, CONFIG_FILE, TIMINGS_FILE, SPOOL_DIR)
 JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
     "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows",
-    "busy_fraction", "cpu_percent")
+    "busy_fraction", "cpu_percent", "stacks")
 BOUNDED_PERCENTILE = 99.0   # VALID needs enough items to bound this percentile from above
 # One row of the jobs table by column, as summarize_job builds it and Table.to_pylist() gives it back: numbers,
 # strings, null, the job's settings as meta.json holds them, and the JSON_COLUMNS as JSON text.
@@ -117,8 +117,12 @@ def _is_job_dir(path: Path) -> bool:
 
 
 def is_complete(path: Path) -> bool:
-    """Whether a job directory holds meta.json, the last file a job writes."""
-    return (path / META_FILE).is_file()
+    """Whether a job directory holds meta.json, the last file a job writes, and the timings it wrote before it.
+
+    A log directory that filled up may have taken meta.json but refused the
+    timings: the job's items are then in its spool, as a killed job's are.
+    """
+    return (path / META_FILE).is_file() and (path / TIMINGS_FILE).is_file()
 
 
 def incomplete_job(path: Path) -> IncompleteJob:
@@ -200,10 +204,14 @@ def latency_stats(seconds: np.ndarray) -> dict[str, float | None]:
 
 
 def check_validity(termination_reason: str, measured_items: int, duration_s: float, rules: ValidityRules) -> str | None:
-    """None when the run is VALID, else the failed rules as one sentence."""
+    """None when the run is VALID, else the failed rules as one sentence.
+
+    A run that ended at its target or at its maximum duration (LoadGen's
+    max_duration) ran as asked; any other ending is not a run to judge.
+    """
     failed = []
-    if termination_reason != TARGET_REACHED:
-        failed.append(f"the run ended with {termination_reason!r}, not {TARGET_REACHED!r}")
+    if termination_reason not in COMPLETE_REASONS:
+        failed.append(f"the run ended with {termination_reason!r}, not {' or '.join(map(repr, COMPLETE_REASONS))}")
     if measured_items < rules.min_items:
         failed.append(f"{measured_items} items after warm-up, fewer than --min-items {rules.min_items}")
     if duration_s < rules.min_duration_s:
@@ -228,7 +236,7 @@ def e2e_percentile_ms(job: Job, percentile: float) -> float:
     as infinitely slow for anyone comparing it against a latency bound.
     """
     measured = measured_rows(job)
-    if job.meta.termination_reason != TARGET_REACHED or measured.num_rows == 0:
+    if job.meta.termination_reason not in COMPLETE_REASONS or measured.num_rows == 0:
         return math.inf
     return float(np.nanpercentile(part_latencies(measured, job.num_steps)[END_TO_END.key] * 1000.0, percentile))
 
@@ -299,6 +307,9 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
     row["peak_device_bytes"] = json.dumps(device_bytes)
     row["max_peak_device_bytes"] = max(device_bytes.values(), default=None)
     row["notes"] = json.dumps(list(meta.notes))
+    # A stalled job's Python stacks, by process: files under the job directory, wherever the log has moved since.
+    stacks = {p.name: str(job.path / p.stacks) for p in meta.processes if p.stacks}
+    row["stacks"] = json.dumps(stacks) if stacks else None
     row.update(percentile_columns(latencies[END_TO_END.key], rules.confidence))
     row.update(throughput_columns(job))
     row.update(utilisation_columns(job))

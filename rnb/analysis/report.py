@@ -78,7 +78,16 @@ def format_summary(jobs: pa.Table) -> str:
     reasons = [f"  {r['job_id']}: INVALID: {r['invalid_because']}" for r in records if r["invalid_because"]]
     # meta.json's error is already the whole sentence (it names the failed process): say it once.
     errors = [f"  {r['job_id']}: {r['error']}" for r in records if r.get("error")]
-    return "\n".join([text, *reasons, *errors])
+    stacks = [_stacks_line(r) for r in records if r.get("stacks")]
+    return "\n".join([text, *reasons, *errors, *stacks])
+
+
+def _stacks_line(job: dict[str, Any]) -> str:
+    """Where a stalled job's Python stacks are: the stalled process's file first."""
+    files = json.loads(job["stacks"])
+    first = job["failed_process"] if job["failed_process"] in files else next(iter(files))
+    others = f", beside those of {len(files) - 1} other processes" if len(files) > 1 else ""
+    return f"  {job['job_id']}: Python stacks of {first}: {files[first]}{others}"
 
 
 def format_stages(job: TableRow) -> str:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from rnb.analysis.jobs import (
     BOUNDED_PERCENTILE,
-    TARGET_REACHED,
     ValidityRules,
     e2e_percentile_ms,
     measured_rows,
@@ -26,6 +25,7 @@ from rnb.analysis.jobs import (
     read_job,
 )
 from rnb.analysis.stats import min_items_for_upper_bound
+from rnb.core.termination import COMPLETE_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def measure_valid(run: Callable[[float, int | None], RunOutcome], rate_per_s: fl
                   rules: ValidityRules, max_reruns: int) -> Trial:
     """A trial from a VALID job only: a job too short to be VALID is not a measurement, so it runs again longer.
 
-    A job that missed its target (a queue full, a process failed) is a
+    A job that missed its target (a queue full, a process failed, a stall) is a
     measurement: the rate was more than the pipeline could take, so its
     latency counts as infinite. A job still too short after `max_reruns`
     longer runs stops the sweep, rather than let an unmeasured rate decide it.
@@ -134,7 +134,7 @@ def measure_valid(run: Callable[[float, int | None], RunOutcome], rate_per_s: fl
     for _ in range(max_reruns + 1):
         outcome = run(1000.0 / rate_per_s, videos)
         job = read_job(outcome.job_dir)
-        if job.meta.termination_reason != TARGET_REACHED:
+        if job.meta.termination_reason not in COMPLETE_REASONS:
             return Trial(rate_per_s, math.inf, outcome.job_dir)
         window = measured_window(job, measured_rows(job), rules)
         if window.invalid_because is None:

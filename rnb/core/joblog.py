@@ -10,10 +10,11 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import resource
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
 
@@ -29,6 +30,41 @@ META_FILE = "meta.json"              # the job's record (rnb.core.records), writ
 TIMINGS_FILE = "timings.parquet"     # one row per finished item
 SAMPLES_FILE = "samples.parquet"     # CPU, memory and GPU use over time (rnb.engines.sampler)
 SPOOL_DIR = "timings.spool"          # finished items' rows in parts while the job runs (rnb.engines.spool)
+STACKS_DIR = "stacks"                # <process>.txt: each process's Python stacks when the job stalled
+
+
+class LogWriteError(Exception):
+    """The job's log could not be written; the message is one sentence naming the file."""
+
+
+def write_failed(path: Path, error: OSError) -> str:
+    """The one sentence for a file of the log that could not be written."""
+    code = error.errno or next((int(n) for n in re.findall(r"\[errno (\d+)\]", str(error))), None)  # pyarrow's
+    why = os.strerror(code) if code else error.strerror or str(error) or type(error).__name__
+    return f"could not write {path} ({why}): the log directory is full or failing"
+
+
+class LogWrites:
+    """A job's writes to its log directory, each tried once; the first that failed, as one sentence.
+
+    A full or failing --log-dir must end the job in order, not in a
+    traceback: every write of the main process goes through `attempt`, the
+    job stops at the first failure (rnb.core.termination's LOG_FAILED), and
+    what could still be written is.
+    """
+
+    def __init__(self) -> None:
+        self.first: str | None = None
+
+    def attempt(self, path: Path, write: Callable[[], object]) -> bool:
+        """Run `write` (which writes `path`); False, and the first failure kept, if it raised OSError."""
+        try:
+            write()
+        except OSError as error:
+            if self.first is None:
+                self.first = write_failed(path, error)
+            return False
+        return True
 
 
 def job_id(start: float, mean_interval_ms: float, batch_size: int, videos: int, queue_size: int,

@@ -60,6 +60,7 @@ class ProcessRecord:
     node: str | None = None                # the Ray engine's node id, None on the local engine
     node_ip: str | None = None
     gpu_ids: tuple[str, ...] | None = None  # the GPUs Ray gave the actor
+    stacks: str | None = None              # its Python stacks when the job stalled: a file relative to the job directory
 
     @property
     def ended(self) -> bool:
@@ -156,6 +157,9 @@ class JobMeta:
     num_steps: int
     failed_process: str | None = None
     error: str | None = None
+    # Items the final step's runners counted as finished (at most -v), as they told the driver: equal to
+    # finished_items unless finished items were lost on their way to the log; None where it is not known.
+    counted_items: int | None = None
     processes: tuple[ProcessRecord, ...] = ()
     main_peak_rss_bytes: int | None = None   # the main process's own peak, the end-of-run summary included
     versions: Mapping[str, str | None] = field(default_factory=dict)
@@ -186,6 +190,7 @@ class JobMeta:
             "start_time": self.start_time, "end_time": self.end_time, "elapsed_s": self.elapsed_s,
             "finished_items": self.finished_items, "throughput_items_per_s": self.throughput_items_per_s,
             "termination_reason": self.termination_reason, "failed_process": self.failed_process, "error": self.error,
+            "counted_items": self.counted_items,
             "processes": [p.to_json() for p in self.processes], "main_peak_rss_bytes": self.main_peak_rss_bytes,
             "versions": dict(self.versions), "host": self.host, "gpus": [gpu.to_json() for gpu in self.gpus],
             "num_steps": self.num_steps, "notes": list(self.notes), "engine": self.engine,
@@ -210,6 +215,7 @@ class JobMeta:
             num_steps=_required(document, "num_steps", int, where),
             failed_process=_optional(document, "failed_process", str, where),
             error=_optional(document, "error", str, where),
+            counted_items=_optional(document, "counted_items", int, where),
             processes=tuple(ProcessRecord.from_json(p, f"{where}: processes[{i}]") if isinstance(p, dict) else
                             _wrong(f"{where}: processes[{i}]", "an object", p) for i, p in enumerate(processes)),
             main_peak_rss_bytes=_optional(document, "main_peak_rss_bytes", int, where),

@@ -27,7 +27,9 @@ from rnb.pipeline.config import MAX_SEMAPHORE_VALUE, PipelineConfig
 
 log = logging.getLogger(__name__)
 
-EXIT_CODES = {Termination.TARGET_REACHED: 0, Termination.INTERRUPTED: 130, Termination.TERMINATED: 143}
+EXIT_CODES = {Termination.TARGET_REACHED: 0, Termination.MAX_DURATION: 0, Termination.INTERRUPTED: 130,
+              Termination.TERMINATED: 143}
+DEFAULT_STALL_S = 60.0
 # What stops a job from outside: Ctrl-C, and SIGTERM (kill, schedulers, containers); children ignore both.
 STOP_SIGNALS = {signal.SIGINT: Termination.INTERRUPTED, signal.SIGTERM: Termination.TERMINATED}
 
@@ -48,6 +50,8 @@ class RunArgs:
     sample_interval_ms: float = DEFAULT_INTERVAL_MS
     engine: str = "local"             # "local" (spawned processes) or "ray" (rnb.engines.ray)
     ray_address: str | None = None    # --ray-address as given
+    stall_s: float = DEFAULT_STALL_S   # --stall-s: no item leaving any step this long ends the job; 0: never
+    max_duration_s: float = 0.0        # --max-duration: measured seconds after which the job ends; 0: no bound
     request_queue_size: int = field(init=False)  # -qs, or in bulk mode at least -v (see __post_init__)
 
     def __post_init__(self) -> None:
@@ -72,6 +76,7 @@ class Failure:
 
     process: str
     error: str
+    sentence: str | None = None   # the job's whole error sentence, where "process X failed: ..." would not say it
 
 
 class JobBook:
@@ -114,10 +119,10 @@ class JobBook:
         else:
             self.update(status.name, **{k: v for k, v in dataclasses.asdict(status).items() if k != "name"})
 
-    def first_failure(self, process: str, error: str) -> None:
+    def first_failure(self, process: str, error: str, sentence: str | None = None) -> None:
         """Keep `process` as the job's failure unless another came first."""
         if self.failure is None:
-            self.failure = Failure(process, error)
+            self.failure = Failure(process, error, sentence)
 
 
 @dataclass(frozen=True)
@@ -131,43 +136,63 @@ class JobEnding:
     spool: TimingsSpool               # finished items, streamed to disk as they came
     book: JobBook                     # the processes, their notes and the first failure
     engine: JsonObject = field(default_factory=lambda: {"name": "local"})  # meta.json's `engine`
+    counted: int | None = None        # items the final step counted (meta.json's counted_items), if known
 
 
 @dataclass(frozen=True)
 class JobResult:
     exit_code: int
     job_dir: Path
+    logged: bool = True   # meta.json was written (a full log directory may refuse it)
 
 
 def open_job_dir(config: PipelineConfig, args: RunArgs) -> Path:
-    """The job's new log directory, holding a copy of its config."""
+    """The job's new log directory, holding a copy of its config; LogWriteError (one sentence) if it cannot be made."""
     job = joblog.job_id(time.time(), args.mean_interval_ms, args.batch_size, args.videos, args.queue_size, args.concurrency)
-    job_dir = joblog.create_job_dir(args.log_dir, job)
-    joblog.write_json(job_dir / joblog.CONFIG_FILE, config.raw)
+    where = Path(args.log_dir) / job
+    try:
+        job_dir = joblog.create_job_dir(args.log_dir, job)
+        where = job_dir / joblog.CONFIG_FILE
+        joblog.write_json(where, config.raw)
+    except OSError as error:
+        raise joblog.LogWriteError(f"{joblog.write_failed(where, error)}, so the job did not start") from None
     return job_dir
 
 
 def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequence[GpuRecord],
               ending: JobEnding) -> JobResult:
-    """Write timings.parquet and meta.json, and report the error if any: what was measured is on disk."""
+    """Write timings.parquet and meta.json, and report the error if any: what was measured is on disk.
+
+    A write the log directory refused (this one's, or one while the job
+    ran) is the job's error, in one sentence naming the file, and exit 1.
+    """
     ending.spool.close()
+    writes = ending.spool.writes
     failure = ending.book.failure
+    error = "; and ".join(filter(None, (ending.error, writes.first))) or None
     meta = JobMeta(
         job_id=job_dir.name, config_path=config.path, args=dataclasses.asdict(args), start_time=ending.start,
-        end_time=ending.end, finished_items=ending.spool.rows, termination_reason=ending.reason.reason,
-        num_steps=len(config.steps), failed_process=failure.process if failure else None, error=ending.error,
+        end_time=ending.end, termination_reason=ending.reason.reason,
+        finished_items=ending.spool.rows if ending.spool.logged_rows is None else ending.spool.logged_rows,
+        num_steps=len(config.steps), failed_process=failure.process if failure else None, error=error,
+        counted_items=ending.counted,
         processes=ending.book.records, main_peak_rss_bytes=joblog.main_peak_rss_bytes(), versions=joblog.versions(),
         host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine,
         cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"))
-    joblog.write_meta(job_dir, meta)
-    if ending.error:
-        log.error("%s", ending.error)
-    return JobResult(EXIT_CODES.get(ending.reason, 1), job_dir)
+    logged = writes.attempt(job_dir / joblog.META_FILE, lambda: joblog.write_meta(job_dir, meta))
+    if not logged and writes.first and writes.first not in (error or ""):
+        error = "; and ".join(filter(None, (error, writes.first)))
+    if error:
+        log.error("%s", error)
+    return JobResult(1 if writes.first else EXIT_CODES.get(ending.reason, 1), job_dir, logged)
 
 
-def error_sentence(reason: Termination, failure: Failure | None, args: RunArgs) -> str | None:
+def error_sentence(reason: Termination, failure: Failure | None, args: RunArgs, stalled: str | None = None) -> str | None:
+    """The job's one error sentence for how it ended; `stalled` is the stall's own (rnb.engines.stall.stall_error)."""
+    if reason == Termination.STALLED and stalled:
+        return stalled
     if reason == Termination.PROCESS_FAILED and failure:
-        return f"process {failure.process} failed: {failure.error}"
+        return failure.sentence or f"process {failure.process} failed: {failure.error}"
     if reason == Termination.REQUEST_QUEUE_FULL:
         return (f"the request queue was full (capacity {args.request_queue_size}, -qs): the pipeline could not keep up "
                 "with the requests")

@@ -38,6 +38,7 @@ class Runner:
     def __init__(self, spec: Placement, transport: Transport) -> None:
         self.spec = spec
         self.transport = transport
+        self.progress = transport.progress  # how far it has got, for the driver's stall watch (rnb.core.progress)
         self.events = StepEvents(spec.step)
         if spec.threads is not None:
             # Before the model loads: inter-op threads can only be set before any parallel work.
@@ -90,17 +91,21 @@ class Runner:
 
     def handle(self, item: Input) -> None:
         started = now()
-        for card in as_cards(item.time_card):
+        cards = as_cards(item.time_card)
+        self.progress.took(cards[0].item_id, item.arrived)
+        for card in cards:
             card.record(self.events.arrived, item.arrived)
             card.record(self.events.started, started)
             card.set_device(self.spec.step, self.spec.device)
             card.set_replica(self.spec.step, self.spec.group, self.spec.instance)
         began = self.work.mark() if self.work is not None else None
+        self.progress.calling(started)
         self.emit(StepOutput(*self.model(item.tensors, item.non_tensors, item.time_card)), began)
 
     def flush(self) -> None:
         """While the input is idle, let a holding model (a batcher) hand over what it holds."""
         if isinstance(self.model, Flushes):
+            self.progress.calling(now())
             self.emit(StepOutput(*self.model.flush()), None)
 
     def emit(self, output: StepOutput, began: DeviceMark | None) -> None:
@@ -112,12 +117,14 @@ class Runner:
         call, the device's own measure of it is kept as `device_ms{k}`.
         """
         if output.time_card is None:
+            self.progress.called()
             return
         device_ms = None
         if self.work is not None:
             done = self.work.mark()
             done.wait()
             device_ms = done.ms_since(began) if began is not None else None
+        self.progress.called()
         finished = now()
         batch = as_cards(output.time_card)
         for card in batch:
@@ -128,18 +135,20 @@ class Runner:
         self._outputs += 1
         if self.spec.is_final:
             self.count(batch)
-        else:
-            self.publish(tuple(output.tensors), output.non_tensors, _card_or_batch(output.time_card))
+        elif not self.publish(tuple(output.tensors), output.non_tensors, _card_or_batch(output.time_card)):
+            return
+        self.progress.passed(len(batch))
 
-    def publish(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> None:
-        """Hand each segment to the output queue the selector picks; stop if the job ends meanwhile."""
+    def publish(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> bool:
+        """Hand each segment to the output queue the selector picks; False if the job ended meanwhile."""
         assert self.selector is not None  # a step that publishes is not the final one
         for segment_tensors, segment_card in self.segments(tensors, time_card):
             box = self.selector.select(segment_tensors, non_tensors, segment_card)
             for card in as_cards(segment_card):
                 card.set_out_queue(self.spec.step, self.spec.out_queues[box])
             if not self.transport.send(box, segment_tensors, non_tensors, segment_card):
-                return
+                return False
+        return True
 
     def segments(self, tensors: Tensors, time_card: Cards) -> Iterator[tuple[Tensors, Cards]]:
         """The output split along its first dimension into num_segments pieces, each with forked cards."""

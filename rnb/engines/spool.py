@@ -9,7 +9,9 @@ holds one small chunk of each part, the chunks together about one batch
 whatever the number of parts, so main's memory stays flat however many items
 the job finished.  A main process killed outright leaves its
 parts behind: all but the last few seconds of measured items stay on disk,
-and analysis counts them for the incomplete job.
+and analysis counts them for the incomplete job.  A part that cannot be
+written (a full log directory) is removed and kept as `writes.first`; the
+spool then only holds rows, and the driver ends the job.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.core.joblog import SPOOL_DIR, TIMINGS_FILE, timings_table, write_timings
+from rnb.core.joblog import SPOOL_DIR, TIMINGS_FILE, LogWrites, timings_table, write_timings
 from rnb.core.timecard import TimeCard
 
 BATCH_ROWS = 4096
@@ -51,6 +53,8 @@ class TimingsSpool:
         self.rows = 0
         self._written = 0  # parts ever written, for unique names
         self._flushed_at = time.monotonic()
+        self.writes = LogWrites()  # the job's writes to its log directory; the first failure ends the job
+        self.logged_rows: int | None = None  # rows on disk after close, when the log directory refused some
 
     def add(self, cards: Iterable[TimeCard]) -> None:
         for card in cards:
@@ -63,33 +67,59 @@ class TimingsSpool:
 
     def _flush(self) -> None:
         self._flushed_at = time.monotonic()
-        if not self.pending:
+        if not self.pending or self.writes.first is not None:
             return
-        self.dir.mkdir(exist_ok=True)
-        self.parts.append(self._next_part())
-        pq.write_table(timings_table(self.pending, self.num_steps, self.warmup), self.parts[-1],
-                       row_group_size=PART_GROUP_ROWS)
+        part = self._next_part()
+        if not self.writes.attempt(part, lambda: self._write_part(part)):
+            part.unlink(missing_ok=True)  # what it holds stays pending; its space goes back
+            return
+        self.parts.append(part)
         self.pending = []
         if len(self.parts) >= self.max_parts:
             merged = self._next_part()
-            merge_sorted_parts(self.parts, merged, self.batch_rows)
-            for part in self.parts:
-                part.unlink()
+            if not self.writes.attempt(merged, lambda: merge_sorted_parts(self.parts, merged, self.batch_rows)):
+                merged.unlink(missing_ok=True)
+                return
+            for done in self.parts:
+                done.unlink()
             self.parts = [merged]
+
+    def _write_part(self, part: Path) -> None:
+        self.dir.mkdir(exist_ok=True)
+        pq.write_table(timings_table(self.pending, self.num_steps, self.warmup), part, row_group_size=PART_GROUP_ROWS)
 
     def _next_part(self) -> Path:
         self._written += 1
         return self.dir / f"part-{self._written:06d}.parquet"
 
     def close(self) -> Path:
-        """Write timings.parquet (every row, in item order) and remove the parts; returns its path."""
+        """Write timings.parquet (every row, in item order) and remove the parts; returns its path.
+
+        After a failed write it still tries once, with what it holds: the
+        parts stay (and no half timings.parquet) if that fails too.
+        """
         path = self.job_dir / TIMINGS_FILE
         if not self.parts:  # a short job: one table, no merging
-            write_timings(self.job_dir, timings_table(self.pending, self.num_steps, self.warmup))
+            written = self.writes.attempt(path, lambda: write_timings(
+                self.job_dir, timings_table(self.pending, self.num_steps, self.warmup)))
+            if not written:
+                self.logged_rows = 0
         else:
-            self._flush()
-            merge_sorted_parts(self.parts, path, self.batch_rows)
-            shutil.rmtree(self.dir)
+            written = True
+            if self.pending:  # the last part, whatever failed before: its rows must not be dropped by the merge
+                last = self._next_part()
+                written = self.writes.attempt(last, lambda: self._write_part(last))
+                if written:
+                    self.parts.append(last)
+                else:
+                    last.unlink(missing_ok=True)
+            written = written and self.writes.attempt(path, lambda: merge_sorted_parts(self.parts, path, self.batch_rows))
+            if written:
+                shutil.rmtree(self.dir)
+            else:  # the parts stay, for analysis to count (an INCOMPLETE job)
+                self.logged_rows = sum(pq.read_metadata(part).num_rows for part in self.parts)
+        if not written:
+            path.unlink(missing_ok=True)
         self.pending, self.parts = [], []
         return path
 

@@ -10,6 +10,7 @@ torch.multiprocessing queues); another engine implements the same methods.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,39 +19,78 @@ from typing import Any, Protocol
 import torch
 
 from rnb.core.messages import Request, Results, Status
+from rnb.core.progress import Progress
 from rnb.core.termination import Termination
 from rnb.core.timecard import TimeCard
 
 # The final step sends counted cards to whoever counts the job in batches of up to this many: one
 # message per item would cost both sides as much as a hop.
 RESULTS_BATCH = 64
+# The bound on holding: a counted card is on its way to the job's counter at most this long after it was
+# counted, whatever the final step's loop does meanwhile (waits for input, or hangs in its next item).
+RESULTS_WAIT_S = 0.05
 
 
 class FinishedCards:
     """The final step's counted cards not yet sent to the job's counter (main, or Ray's JobControl).
 
-    When a batch goes is each engine's policy; holding, timing and sending
-    the batch is the same for both.
+    When a full batch goes is each engine's policy; holding, timing and
+    sending are the same for both.  Whatever the policy, no card waits
+    longer than `within_s`: a thread of the runner's process sends what is
+    held once its oldest card is that old.  So a final step that then blocks
+    for ever (a deadlock, a read that never returns, a device that stopped
+    answering) has already sent every item it finished, and any ending of the
+    job finds them in its log.  The thread starts with the first card, so
+    only final steps have one; it sleeps while nothing is held.
     """
 
-    def __init__(self, send: Callable[[Results], Any]) -> None:
+    def __init__(self, send: Callable[[Results], Any], within_s: float | None = None) -> None:
         self._send = send
+        self.within_s = RESULTS_WAIT_S if within_s is None else within_s
         self._cards: list[TimeCard] = []
+        self._held = threading.Condition(threading.Lock())  # guards _cards and oldest; the sender thread waits on it
+        self._sender: threading.Thread | None = None
         self.oldest = 0.0  # when the first card held now was added (time.monotonic)
 
     def __len__(self) -> int:
         return len(self._cards)
 
     def add(self, cards: tuple[TimeCard, ...]) -> None:
-        if cards and not self._cards:
-            self.oldest = time.monotonic()
-        self._cards.extend(cards)
+        if not cards:
+            return
+        with self._held:
+            if not self._cards:
+                self.oldest = time.monotonic()
+                self._held.notify()
+            self._cards.extend(cards)
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send_when_due, name="finished-cards", daemon=True)
+            self._sender.start()
 
     def send(self) -> None:
         """Send what is held, if anything, as one Results."""
+        with self._held:
+            self._send_held()
+
+    def _send_held(self) -> None:
         if self._cards:
             self._send(Results(tuple(self._cards)))
             self._cards = []
+
+    def _send_when_due(self) -> None:
+        with self._held:
+            while True:
+                if not self._cards:
+                    self._held.wait()
+                    continue
+                due = self.oldest + self.within_s - time.monotonic()
+                if due > 0:
+                    self._held.wait(due)
+                    continue
+                try:
+                    self._send_held()
+                except Exception:  # the way out is closing (the process is leaving): its own last send reports
+                    return
 
 
 @dataclass(frozen=True)
@@ -86,6 +126,10 @@ class Participant(Protocol):
 class Transport(Participant, Protocol):
     """What a runner needs from its engine besides what every participant has: its inputs and outputs."""
 
+    @property
+    def progress(self) -> Progress:
+        """Where the runner writes how far it has got, in memory the driver reads (rnb.core.progress)."""
+
     def receive(self, timeout: float) -> Input | None:
         """The next input, copied out and its source released; None if nothing came within `timeout` seconds."""
 
@@ -103,8 +147,9 @@ class Transport(Participant, Protocol):
 
         Cards past the target are dropped.  True once the target is reached.
         The transport may hold counted cards briefly to ship several in one
-        message, but ships them all by the time the target is reached, the
-        input is idle or the runner reports Exited.
+        message (FinishedCards), but ships each within RESULTS_WAIT_S of its
+        count whatever the runner does next, and all of them by the time the
+        target is reached, the input is idle or the runner reports Exited.
         """
 
 

@@ -109,6 +109,8 @@ RUN_KEYS: dict[str, tuple[bool, int, int | None]] = {
     "concurrency": (True, 1, MAX_SEMAPHORE_VALUE),
     "warmup": (True, 0, None),
     "seed": (True, 0, None),
+    "stall_s": (False, 0, None),          # 0: no stall watch
+    "max_duration_s": (False, 0, None),   # 0: no maximum
 }
 # run keys that name one of a few choices -> the choices, the first being the default
 RUN_CHOICES: dict[str, tuple[str, ...]] = {"engine": ("local", "ray")}

@@ -8,13 +8,19 @@ Keys: `order` "random" (default; reshuffled every pass) or "sequential";
 (for videos: of the sorted file list); `lookahead` (default 2), how many of
 the next episodes each request names so a loader can prefetch them;
 `generate_if_missing` (dataset only), which writes the synthetic dataset at a
-missing local root first.  Requests cycle when -v exceeds the episodes.
+missing local root first; for a remote root (any URL), `timeout_s` (default
+30), how long one attempt of a read may take, its whole answer included, and
+`retries` (default 3), how often a read that timed out or failed in passing
+is tried again: a server that stops answering fails the read, and the job,
+within timeout_s x (retries + 1) plus the backoff between attempts.
+Requests cycle when -v exceeds the episodes.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import logging
+import math
 import random
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -31,9 +37,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KINDS: tuple[SourceKind, ...] = ("dataset", "videos")
+_READS = ("timeout_s", "retries")
 _KEYS: dict[SourceKind, tuple[str, ...]] = {
-    "dataset": ("dataset", "order", "seed", "episodes", "lookahead", "generate_if_missing"),
-    "videos": ("videos", "order", "seed", "episodes", "lookahead")}
+    "dataset": ("dataset", "order", "seed", "episodes", "lookahead", "generate_if_missing", *_READS),
+    "videos": ("videos", "order", "seed", "episodes", "lookahead", *_READS)}
+MAX_RETRIES = 10  # backoff doubles each time: 10 retries already wait 0.2 x 1023 s between them
+# The episodes library's own defaults (Storage), what a source that sets neither gets.
+READ_TIMEOUT_S = 30.0
+READ_RETRIES = 3
 
 
 @dataclass(frozen=True, repr=False)
@@ -44,6 +55,8 @@ class EpisodeRequest:
     root: str                     # dataset root, or the video glob
     episode: int
     upcoming: tuple[int, ...] = ()
+    timeout_s: float = READ_TIMEOUT_S   # the source's read limits: how long one attempt may take,
+    retries: int = READ_RETRIES         # and how often a read is tried again
 
     def __repr__(self) -> str:
         # The payload column of timings.parquet: short, and enough to find the episode again.
@@ -59,6 +72,8 @@ class SourceOptions:
     episodes: tuple[int, ...] | None
     lookahead: int
     generate_if_missing: bool
+    timeout_s: float = READ_TIMEOUT_S
+    retries: int = READ_RETRIES
 
 
 def parse_options(source: Mapping[str, Json], config_path: str) -> SourceOptions:
@@ -95,7 +110,17 @@ def parse_options(source: Mapping[str, Json], config_path: str) -> SourceOptions
     generate = source.get("generate_if_missing", False)
     if not isinstance(generate, bool):
         raise ConfigError(config_path, "source.generate_if_missing", f"expected true or false, found {describe(generate)}")
-    return SourceOptions(kind, root, order, seed, None if subset is None else tuple(subset), lookahead, generate)
+    timeout = source.get("timeout_s")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not math.isfinite(timeout) or timeout <= 0):
+        raise ConfigError(config_path, "source.timeout_s", f"expected a number of seconds > 0, found {describe(timeout)}")
+    retries = source.get("retries")
+    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)
+                                or not 0 <= retries <= MAX_RETRIES):
+        raise ConfigError(config_path, "source.retries", f"expected an integer from 0 to {MAX_RETRIES}, "
+                                                         f"found {describe(retries)}")
+    return SourceOptions(kind, root, order, seed, None if subset is None else tuple(subset), lookahead, generate,
+                         READ_TIMEOUT_S if timeout is None else float(timeout), READ_RETRIES if retries is None else retries)
 
 
 def _open_checked(options: SourceOptions, config_path: str) -> EpisodeDataset:
@@ -104,7 +129,7 @@ def _open_checked(options: SourceOptions, config_path: str) -> EpisodeDataset:
     if options.kind == "videos":
         _check_not_directory(options.root, config_path)
     try:
-        ds = open_episodes(options.root, options.kind)
+        ds = open_episodes(options.root, options.kind, timeout_s=options.timeout_s, retries=options.retries)
     except (EpisodeDataError, OSError, ValueError) as error:
         expected = ("a LeRobot v3.0 dataset" if options.kind == "dataset"
                     else "a glob matching MP4 files (--dataset \"GLOB\" names other files)")
@@ -181,7 +206,8 @@ def requests(options: SourceOptions, num_episodes: int, seed: int = 0) -> Iterat
     while True:
         episode = window.popleft()
         window.append(next(order))
-        yield EpisodeRequest(options.kind, options.root, episode, tuple(window)[: options.lookahead])
+        yield EpisodeRequest(options.kind, options.root, episode, tuple(window)[: options.lookahead], options.timeout_s,
+                             options.retries)
 
 
 def _episode_order(episodes: tuple[int, ...], order: str, seed: int) -> Iterator[int]:

@@ -10,7 +10,8 @@
 
 The start time is taken when every child has reported ready (the start
 barrier), the end time when the termination flag is raised (the final step
-counting the target, or a failure).  The job's log is opened and closed by
+counting the target, a failure, or the main process itself: a stall or the
+maximum duration, rnb.engines.stall).  The job's log is opened and closed by
 the engine-neutral ends in rnb.engines.job.
 """
 from __future__ import annotations
@@ -29,8 +30,10 @@ import torch
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
+from rnb.core.joblog import SAMPLES_FILE
+from rnb.core.progress import CELLS, Progress, empty_cells
 from rnb.core.records import GpuRecord, MainGpuMemory, ProcessRecord
-from rnb.core.termination import Termination
+from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
 from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.engines.local.plumbing import Plumbing, SharedSlot
@@ -38,11 +41,16 @@ from rnb.engines.local.supervisor import Supervisor
 from rnb.engines.local.transport import DeviceFirst, LocalWiring, client_main, runner_main
 from rnb.engines.sampler import SampledGpu, Sampler
 from rnb.engines.spool import TimingsSpool
+from rnb.engines.stall import JobWatch, Stall, kept_stacks, stall_error
 from rnb.pipeline.config import PipelineConfig
 from rnb.pipeline.gpus import DEVICE_ORDER, device_memory_record
 from rnb.pipeline.plan import Placement, slot_bytes, with_device_uuids
 
 log = logging.getLogger(__name__)
+
+# How long the children of a stalled job get to leave on their own (the stalled one is killed at once): those that
+# are not stuck leave within a poll interval of the flag.
+STALLED_GRACE_S = 1.0
 
 
 def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], gpus: Sequence[GpuRecord]) -> JobResult:
@@ -59,33 +67,39 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     except Exception as failure:  # out of CUDA or shared memory, a size torch refuses (TypeError), ...: all end logged
         release_main_slots((), on_cuda)
         return close_job(job_dir, config, args, gpus, _setup_failed(failure, spool))
-    supervisor = Supervisor(plumbing, spool)
+    supervisor = Supervisor(plumbing, spool, progress={name: Progress(w.progress) for name, w in wirings.items()})
     sampler = Sampler(args.sample_interval_ms / 1000.0,
                       tuple(SampledGpu(gpu.logical_index, gpu.physical_index) for gpu in gpus))
     sampler.watch("main", os.getpid())
     previous = {number: signal.signal(number, lambda number, _: plumbing.flag.take_over(STOP_SIGNALS[number]))
                 for number in STOP_SIGNALS}
     start = None
+    watch = JobWatch(args.stall_s, args.max_duration_s, time.time())
+    stall: list[Stall] = []  # the stall that ended the job, if one did
     try:
         spawn_all(ctx, supervisor, config, args, placements, wirings)
         for record in supervisor.book.records:
             sampler.watch(record.name, record.pid)
         sampler.start()  # from start-up on, so that model loading shows too
-        start = _run_between_barriers(supervisor, job_dir.name, args.videos, len(placements))
+        start = _run_between_barriers(supervisor, job_dir.name, args.videos, len(placements), watch, stall)
     finally:
         end = plumbing.flag.raised_at if plumbing.flag.is_set else time.time()
         plumbing.flag.take_over(Termination.INTERRUPTED)  # a no-op unless we got here by an exception
-        supervisor.stop()
+        supervisor.stop(**({"grace_s": STALLED_GRACE_S} if stall else {}))
         sampler.stop()
-        sampler.write(job_dir)
+        spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
         for number, handler in previous.items():
             signal.signal(number, handler)
         held = with_main_memory(gpus, placements)
         left = release_main_slots(wirings.values(), on_cuda)
         reason = plumbing.flag.reason
+        stacks = kept_stacks(job_dir)
+        for name, path in stacks.items():
+            supervisor.book.update(name, stacks=path)
+        stalled = stall_error(stall[0], job_dir, stacks) if stall else None
         result = close_job(job_dir, config, args, with_release(held, left, supervisor.book), JobEnding(
-            start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.book.failure, args),
-            spool=spool, book=supervisor.book))
+            start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.book.failure, args, stalled),
+            spool=spool, book=supervisor.book, counted=plumbing.finished.value if start is not None else None))
     return result
 
 
@@ -167,7 +181,9 @@ def build_plumbing(ctx: Any, placements: list[Placement], args: RunArgs) -> tupl
     for p in placements:
         sources = {(q.group, q.instance): slots[(q.step, q.group, q.instance)] for q in placements
                    if q.step == p.step - 1 and p.in_queue in q.out_queues}
-        wirings[p.name] = LocalWiring(slots[(p.step, p.group, p.instance)], sources)
+        progress = ctx.RawArray("d", CELLS)
+        progress[:] = empty_cells()
+        wirings[p.name] = LocalWiring(slots[(p.step, p.group, p.instance)], sources, progress)
     return plumbing, wirings
 
 
@@ -184,21 +200,51 @@ def spawn_all(ctx: Any, supervisor: Supervisor, config: PipelineConfig, args: Ru
             output_device=p.output_device if p.output_shapes else None))
 
 
-def _run_between_barriers(supervisor: Supervisor, job: str, videos: int, runners: int) -> float | None:
-    """Wait until every child is ready, open the start gate, then wait for the flag; the start time, if any."""
+def _run_between_barriers(supervisor: Supervisor, job: str, videos: int, runners: int, watch: JobWatch,
+                          stall: list[Stall]) -> float | None:
+    """Wait until every child is ready, open the start gate, then wait for the flag; the start time, if any.
+
+    The main process raises the flag itself when `watch` says the job has
+    stalled (first asking every child for its stacks; the stall is appended
+    to `stall`) or has run its maximum duration.
+    """
     plumbing = supervisor.plumbing
     while not plumbing.flag.is_set and len(supervisor.book.ready) < len(supervisor.children):
         supervisor.pump()
+        _stop_if_stalled(supervisor, watch.start_up(supervisor.book, supervisor.cpu_of_starting(), time.time()), stall)
     if plumbing.flag.is_set:
         return None
     start = time.time()
+    watch.started(start)
     plumbing.open_start_gate()
     log.info("started %s: client and %d runners ready", job, runners)
+    deadline = watch.deadline()
     with tqdm(total=videos, unit="item", file=sys.stderr, disable=None, leave=False) as bar:
         while not plumbing.flag.is_set:
-            supervisor.pump()
+            # At the maximum duration's end the flag goes up within a few ms: its time is the job's end.
+            supervisor.pump(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.time())))
             bar.update(supervisor.spool.rows - bar.n)
+            now = time.time()
+            if supervisor.spool.writes.first is not None:  # the log directory refused a write: nothing more to measure
+                plumbing.flag.take_over(Termination.LOG_FAILED)
+            elif watch.over_time(now):
+                plumbing.flag.take_over(Termination.MAX_DURATION)
+            else:
+                _stop_if_stalled(supervisor, watch.running(supervisor.progress_now(), supervisor.book, now), stall)
     return start
+
+
+def _stop_if_stalled(supervisor: Supervisor, found: Stall | None, stall: list[Stall]) -> None:
+    """A stall ends the job: every child's stacks first (what each was doing, not how it left), then the flag,
+    and the stalled child is killed."""
+    if found is None or supervisor.plumbing.flag.is_set:
+        return
+    log.info("the job stalled: asking every process for its Python stacks")
+    supervisor.ask_for_stacks()
+    if supervisor.plumbing.flag.take_over(Termination.STALLED):
+        stall.append(found)
+        supervisor.book.first_failure(found.process, found.sentence)
+        supervisor.kill(found.process)
 
 
 def _setup_failed(failure: Exception, spool: TimingsSpool) -> JobEnding:

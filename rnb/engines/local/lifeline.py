@@ -8,6 +8,12 @@ that import anything heavy: it asks the kernel to SIGKILL the child when the
 thread that spawned it dies (PR_SET_PDEATHSIG), so a main process killed
 outright takes every child with it at once, even one still importing.
 
+`arm` also registers the stdlib's faulthandler on STACKS_SIGNAL, writing
+every thread's Python stack to the file the main process named: asked while
+the job stalls, a child answers even when its Python code cannot run (a
+deadlock, a read or device call that never returns, an import that hangs),
+since the handler runs in C.
+
 Its module imports only the standard library and `rnb.pipeline.dotted`, so
 unpickling the child's entry point (`run`) is cheap too.
 
@@ -23,18 +29,22 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import multiprocessing.spawn
 import os
 import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rnb.pipeline.dotted import load_object
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _SPAWNED_PYTHON = Path(__file__).with_name("spawned-python")
+# What the main process sends a child to have it write its Python stacks (faulthandler, all threads).
+STACKS_SIGNAL = signal.SIGUSR1
+_stacks_file: IO[str] | None = None  # kept open for faulthandler, which writes to its descriptor
 
 
 @contextlib.contextmanager
@@ -50,20 +60,26 @@ def spawning_children() -> Iterator[None]:
 
 
 class Lifeline:
-    """Pickles to a call of `arm` with the spawning process's pid."""
+    """Pickles to a call of `arm` with the spawning process's pid and the child's stacks file (or None)."""
 
-    def __reduce__(self) -> tuple[Any, tuple[int]]:
-        return arm, (os.getpid(),)
+    def __init__(self, stacks: str | None = None) -> None:
+        self.stacks = stacks
+
+    def __reduce__(self) -> tuple[Any, tuple[int, str | None]]:
+        return arm, (os.getpid(), self.stacks)
 
 
-def arm(parent: int) -> None:
+def arm(parent: int, stacks: str | None = None) -> None:
     """In the child: die with the parent; if it is already gone, exit now rather than start work for nobody.
 
     Ctrl-C and SIGTERM stay ignored (the main process spawns children with
     both ignored, which exec keeps): stopping children in order is the main
     process's business, and a Ctrl-C to the whole process group must not make
-    each child print a KeyboardInterrupt traceback.
+    each child print a KeyboardInterrupt traceback.  With `stacks`, the
+    child writes its threads' Python stacks there on STACKS_SIGNAL; a file
+    that cannot be opened (a full log directory) only costs the stacks.
     """
+    global _stacks_file
     for stop in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop, signal.SIG_IGN)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -71,6 +87,12 @@ def arm(parent: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:
         os._exit(1)
+    if stacks is not None:
+        try:
+            _stacks_file = open(stacks, "w")  # noqa: SIM115 - faulthandler writes to it until the process ends
+        except OSError:
+            return
+        faulthandler.register(STACKS_SIGNAL, file=_stacks_file, all_threads=True)
 
 
 def run(_armed: None, target: str, *args: Any) -> None:

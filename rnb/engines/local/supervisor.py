@@ -14,20 +14,27 @@ they stop.
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 
+from rnb.core.progress import Progress, ProgressSnapshot
 from rnb.core.records import ProcessRecord
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.job import JobBook
 from rnb.engines.local.inbox import Inbox
-from rnb.engines.local.lifeline import Lifeline, run, spawning_children
+from rnb.engines.local.lifeline import STACKS_SIGNAL, Lifeline, run, spawning_children
 from rnb.engines.local.plumbing import Plumbing
 from rnb.engines.spool import TimingsSpool
+from rnb.engines.stall import cpu_seconds, stacks_file
+
+# How long the main process waits for the children it asked to write their stacks (faulthandler writes at once).
+STACKS_WAIT_S = 1.0
 
 
 @dataclass
@@ -44,12 +51,19 @@ class Supervisor:
     book: JobBook = field(default_factory=JobBook)
     children: list[Child] = field(default_factory=list)
     inboxes: dict[str, Inbox] = field(default_factory=dict)
+    progress: dict[str, Progress] = field(default_factory=dict)   # each runner's cells, by name
 
     def spawn(self, ctx: SpawnContext, target: Callable[..., None], args: tuple[object, ...],
               record: ProcessRecord) -> None:
         """Start `target(*args)` in a new process, tied to this one's life; `record` says what it is."""
         entry = f"{target.__module__}.{target.__qualname__}"
-        process = ctx.Process(target=run, args=(Lifeline(), entry, *args), name=record.name, daemon=True)
+        stacks: str | None = str(stacks_file(self.spool.job_dir, record.name))
+        try:
+            stacks_file(self.spool.job_dir, record.name).parent.mkdir(exist_ok=True)
+        except OSError:  # a log directory that cannot take it costs only the stacks
+            stacks = None
+        lifeline = Lifeline(stacks)
+        process = ctx.Process(target=run, args=(lifeline, entry, *args), name=record.name, daemon=True)
         with spawning_children():
             process.start()
         self.children.append(Child(record.name, process))
@@ -73,6 +87,39 @@ class Supervisor:
         self._drain(timeout if not exited else 0.0)
         for child, code in exited:
             self._exited(child, code)
+
+    def progress_now(self) -> dict[str, ProgressSnapshot]:
+        """Each runner's progress as its cells read now."""
+        return {name: cells.read() for name, cells in self.progress.items()}
+
+    def cpu_of_starting(self) -> dict[str, float]:
+        """The CPU seconds so far of each live child that has not reported ready (start-up's progress)."""
+        return {child.name: cpu_seconds(child.process.pid) for child in self.alive()
+                if child.name not in self.book.ready and child.process.pid is not None}
+
+    def ask_for_stacks(self) -> None:
+        """Have every live child write its Python stacks to its file (STACKS_SIGNAL), and wait until they have.
+
+        Only children whose file exists are asked: one that has not yet armed
+        its handler would take the signal's default, which ends the process.
+        """
+        asked = []
+        for child in self.alive():
+            path = stacks_file(self.spool.job_dir, child.name)
+            if child.process.pid is not None and path.exists():
+                try:
+                    os.kill(child.process.pid, STACKS_SIGNAL)
+                    asked.append(path)
+                except ProcessLookupError:
+                    continue
+        deadline = time.monotonic() + STACKS_WAIT_S
+        while time.monotonic() < deadline and not all(_written(path) for path in asked):
+            time.sleep(0.01)
+        time.sleep(0.02)  # each handler writes all its threads at once; let the last ones end theirs
+
+    def kill(self, name: str) -> None:
+        """Stop one child now (a stalled one, whose stacks are taken): it cannot leave on its own."""
+        self._kill([child for child in self.alive() if child.name == name])
 
     def _drain(self, timeout: float) -> None:
         status = self.inboxes["status"]
@@ -135,3 +182,11 @@ class Supervisor:
             if not child.stopped_by_main:
                 child.stopped_by_main = True
                 child.process.kill()
+
+
+def _written(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return True  # gone: nothing to wait for
+

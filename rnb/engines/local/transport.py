@@ -15,12 +15,13 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from rnb.core.messages import Exited, Request, Signal, Status
+from rnb.core.progress import Progress, empty_cells
 from rnb.core.stages import StepEvents
 from rnb.core.termination import POLL_S, Termination
 from rnb.core.timecard import TimeCard, as_cards
@@ -32,17 +33,15 @@ from rnb.engines.runner import Runner
 from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
 from rnb.pipeline.plan import Placement
 
-# A finished card waits at most this long for company in its batch to the main process (and not at all
-# once the inbox is idle, the target is reached or the runner exits).
-RESULTS_WAIT_S = POLL_S
-
 
 @dataclass(frozen=True)
 class LocalWiring:
-    """A runner's own output slots and, by (group, instance) of each producer, the slots it reads."""
+    """A runner's own output slots, by (group, instance) of each producer the slots it reads, and its progress cells."""
 
     slots: tuple[SharedSlot, ...]
     sources: Mapping[tuple[int, int], tuple[SharedSlot, ...]]
+    # RawArray('d', rnb.core.progress.CELLS), which the main process reads for its stall watch (a list: nobody reads)
+    progress: Any = field(default_factory=empty_cells)
 
     @property
     def every_slot(self) -> tuple[SharedSlot, ...]:
@@ -85,7 +84,10 @@ class LocalTransport(_LocalParticipant):
         self.inbox = plumbing.requests if spec.in_queue is None else plumbing.step_queues[spec.step - 1][spec.in_queue]
         self.outboxes = [plumbing.step_queues[spec.step][q] for q in spec.out_queues]
         self._next_slot = 0
+        # A finished card waits for company in its batch to the main process at most RESULTS_WAIT_S (FinishedCards),
+        # and not at all once the input is idle, the target is reached or the runner exits.
         self.finished = FinishedCards(plumbing.results.put)
+        self.progress = Progress(wiring.progress)
 
     def _sync(self) -> None:
         """Wait for copies queued on the current CUDA stream (the runner's own)."""
@@ -94,9 +96,8 @@ class LocalTransport(_LocalParticipant):
 
     def receive(self, timeout: float) -> Input | None:
         try:
-            message = self.inbox.get(timeout=timeout)
+            message = self._next(timeout)
         except queue.Empty:
-            self.finished.send()
             return None
         arrived = time.time()
         if isinstance(message, Request):
@@ -106,6 +107,16 @@ class LocalTransport(_LocalParticipant):
         self._sync()
         slot.free.set()
         return Input(tensors, message.non_tensors, message.time_card, arrived)
+
+    def _next(self, timeout: float) -> Any:
+        """The next message of the inbox; a final step sends the cards it holds before it waits for one."""
+        if not self.spec.is_final:
+            return self.inbox.get(timeout=timeout)
+        try:
+            return self.inbox.get_nowait()
+        except queue.Empty:
+            self.finished.send()
+            return self.inbox.get(timeout=timeout)
 
     def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> bool:
         index = self._acquire_slot()
@@ -155,7 +166,7 @@ class LocalTransport(_LocalParticipant):
         finally:
             lock.release()
         self.finished.add(accepted)
-        if reached or len(self.finished) >= RESULTS_BATCH or time.monotonic() - self.finished.oldest >= RESULTS_WAIT_S:
+        if reached or len(self.finished) >= RESULTS_BATCH:
             self.finished.send()
         if self.plumbing.in_flight is not None:
             for _ in cards:

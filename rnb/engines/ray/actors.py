@@ -19,8 +19,10 @@ that share an input queue share its work.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import os
 import queue
+import tempfile
 import threading
 import time
 import warnings
@@ -32,6 +34,7 @@ import ray
 import torch
 
 from rnb.core.messages import Exited, Handoff, Request, Results, Status
+from rnb.core.progress import Progress, empty_cells
 from rnb.core.stages import StepEvents
 from rnb.core.termination import POLL_S, Termination
 from rnb.core.timecard import TimeCard, as_cards, now, set_clock_offset
@@ -39,6 +42,7 @@ from rnb.engines import client
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.participant import run_and_report
 from rnb.engines.runner import Runner
+from rnb.engines.stall import Look, cpu_seconds
 from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
 from rnb.pipeline.gpus import DEVICE_ORDER
 from rnb.pipeline.plan import Placement
@@ -183,6 +187,8 @@ class _Member:
         self.control = control
         self.started = threading.Event()
         self.halted = threading.Event()
+        self.loop_thread: int | None = None   # the native id of the thread its loop runs in, once it runs
+        self.progress: Progress | None = None  # a runner's progress cells (rnb.core.progress), in this process
 
     async def where(self) -> Whereabouts:
         context = ray.get_runtime_context()
@@ -200,8 +206,30 @@ class _Member:
     async def halt(self) -> None:
         self.halted.set()
 
+    async def look(self) -> Look:
+        """The driver's periodic look: how far the runner has got, and the CPU its loop has used.
+
+        The loop runs in a thread of its own, so the actor answers this even
+        while its loop is stuck (in a lock, a read, a device call).  The CPU
+        is that thread's alone: Ray's own threads in the process always use
+        a little, which would hide a loop that stopped.
+        """
+        cpu = 0.0 if self.loop_thread is None else cpu_seconds(os.getpid(), self.loop_thread)
+        return Look(None if self.progress is None else self.progress.read(), cpu)
+
+    async def stacks(self) -> str:
+        """Every thread's Python stack, as faulthandler writes them (the local engine's children write the same)."""
+        with tempfile.TemporaryFile("w+") as file:
+            faulthandler.dump_traceback(file, all_threads=True)
+            file.seek(0)
+            return file.read()
+
     async def _in_thread(self, work: Callable[[], int]) -> int:
-        return await asyncio.get_running_loop().run_in_executor(None, work)
+        def run() -> int:
+            self.loop_thread = threading.get_native_id()
+            return work()
+
+        return await asyncio.get_running_loop().run_in_executor(None, run)
 
 
 class _RayParticipant:
@@ -243,6 +271,7 @@ class RunnerActor(_Member):
         self.step = step
         self.inbox: queue.Queue[_Arrival] = queue.Queue(queue_size)
         self.pending: set[asyncio.Future] = set()
+        self.progress = Progress(empty_cells())
 
     async def push(self, message: Handoff | Request, tensors: tuple[torch.Tensor, ...] = ()) -> None:
         """Take a hand-off into the inbox; return once the runner has taken it (or the job ended)."""
@@ -292,6 +321,8 @@ class RayTransport(_RayParticipant):
         self.first = [sum(len(c) for c in wiring.consumers[:q]) for q in range(len(wiring.consumers))]
         self.outstanding = Outstanding(sum(len(c) for c in wiring.consumers))
         self.finished = FinishedCards(lambda results: self.member.control.finish.remote(results))
+        assert member.progress is not None
+        self.progress = member.progress
 
     def _sync(self) -> None:
         if self.inputs.on_cuda:
@@ -299,9 +330,13 @@ class RayTransport(_RayParticipant):
 
     def receive(self, timeout: float) -> Input | None:
         try:
-            arrival = self.inbox.get(timeout=timeout)
+            arrival = self.inbox.get_nowait()
         except queue.Empty:
-            return None
+            self.finished.send()  # a final step sends the cards it holds before it waits for new work
+            try:
+                arrival = self.inbox.get(timeout=timeout)
+            except queue.Empty:
+                return None
         arrived = now()
         message = arrival.message
         if isinstance(message, Request):

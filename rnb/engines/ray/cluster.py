@@ -7,6 +7,19 @@
                                             (ray.cluster_utils.Cluster), so a cluster config
                                             runs here as it would on the real cluster
 
+Token authentication: Ray enables it for a cluster that `ray start` starts
+where a token exists (~/.ray/auth_token, RAY_AUTH_TOKEN or
+RAY_AUTH_TOKEN_PATH), and for the Ray that `ray.init()` starts for a job; but
+a driver given an explicit address (`--ray-address`, RAY_ADDRESS) does not
+turn it on for itself, and is refused after some 20 s of retries.  Before
+connecting, `prepare` asks the cluster's GCS once (one gRPC call, about 10
+ms) whether it wants a token and whether this driver's is the right one:
+where it does, the driver runs in token mode (RAY_AUTH_MODE=token) and sends
+it, authentication staying on; where it does not, a token lying in
+~/.ray/auth_token must not turn token mode on either (RAY_AUTH_MODE=
+disabled: the cluster has none).  A missing or wrong token is one sentence
+at once.
+
 What this module starts listens on the loopback address only.  Ray rewrites
 a loopback address given to `ray.init` into this machine's network address
 (it assumes a cluster spans machines), which a loopback-only cluster does
@@ -17,10 +30,14 @@ imports ray.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -52,6 +69,83 @@ def resolve_address(given: str | None) -> str | None:
     return "auto" if os.environ.get("RAY_ADDRESS") else None
 
 
+def prepare(address: str | None) -> None:
+    """Before ray is imported: what the driver's environment needs to reach the cluster (loopback, auth token).
+
+    Raises ClusterStartError when the cluster wants a token this driver does not have.
+    """
+    use_loopback_if_local(address)
+    use_token_as_the_cluster_wants(address)
+
+
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+# Any GCS call answers UNAUTHENTICATED without the cluster's token; this one is small and has no side effect.
+_PROBE_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+PROBE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Token:
+    """This driver's Ray auth token and where it was found."""
+
+    value: str
+    source: str   # "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH (path)" or "~/.ray/auth_token"
+
+
+def find_token() -> Token | None:
+    """The driver's token where Ray itself looks for one, in Ray's order; None where there is none."""
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return Token(os.environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN")
+    given = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    for path, source in ((given, f"RAY_AUTH_TOKEN_PATH ({given})"),
+                         (str(Path.home() / ".ray" / "auth_token"), "~/.ray/auth_token")):
+        try:
+            value = Path(path).read_text().strip() if path else ""
+        except OSError:
+            continue
+        if value:
+            return Token(value, source)
+    return None
+
+
+def gcs_accepts(address: str, token: str | None) -> bool | None:
+    """Whether the GCS at `address` answers a call carrying `token` (None: no token); None if it cannot tell."""
+    import grpc
+
+    metadata = None if token is None else (("authorization", f"Bearer {token}"),)
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(_PROBE_METHOD, request_serializer=lambda raw: raw,
+                                   response_deserializer=lambda raw: raw)
+        try:
+            call(b"", timeout=PROBE_TIMEOUT_S, metadata=metadata)
+        except grpc.RpcError as error:
+            return False if error.code() == grpc.StatusCode.UNAUTHENTICATED else None
+    return True
+
+
+def use_token_as_the_cluster_wants(address: str | None) -> None:
+    """Token mode on exactly when the cluster to join wants a token, and this driver's is the one it takes.
+
+    A job that starts its own Ray, or joins the local one found by "auto",
+    is left to Ray; so is a cluster that cannot be asked (its GCS does not
+    answer: ray.init then says so).
+    """
+    target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
+    if not target or "://" in target:
+        return
+    open_to_all = gcs_accepts(target, None)
+    if open_to_all is None:
+        return
+    if open_to_all:
+        os.environ.setdefault(AUTH_MODE_ENV, "disabled")  # the cluster has no authentication to turn off
+        return
+    token = find_token()
+    if token is None or os.environ.get(AUTH_MODE_ENV, "token").lower() != "token" or \
+            gcs_accepts(target, token.value) is False:
+        raise ClusterStartError(auth_refused_sentence(target, token))
+    os.environ[AUTH_MODE_ENV] = "token"
+
+
 def use_loopback_if_local(address: str | None) -> None:
     """Before ray is imported: if the cluster lives on this machine's loopback, make Ray see this machine there."""
     target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
@@ -67,6 +161,12 @@ class NodeInfo:
     ip: str
     labels: Mapping[str, str]
     resources: Mapping[str, float]   # totals: "CPU", "GPU", custom resources
+    manager_port: int | None = None  # its raylet's port: whether it still answers tells a lost node from a dead actor
+
+    def describe(self) -> str:
+        """The node as a user names it: its address and the labels they gave it, e.g. "127.0.0.1 (node=loaders)"."""
+        labels = ", ".join(f"{key}={value}" for key, value in self.labels.items() if not key.startswith("ray.io/"))
+        return f"{self.ip} ({labels})" if labels else self.ip
 
     @property
     def cpus(self) -> int:
@@ -105,9 +205,13 @@ class JobRay:
         import ray
 
         init = {"namespace": NAMESPACE, "logging_level": logging.WARNING}
+        said: list[str] = []
         try:
             if self.address is not None:
-                ray.init(address=self.address, **init)
+                # Ray's own client logs each refused connection attempt to stderr from C++ for as long as it
+                # retries; kept aside, they tell why it failed.
+                with _stderr_kept_in(said):
+                    ray.init(address=self.address, **init)
             elif self.labels:
                 self.cluster = _simulated_cluster(self.labels, self.gpu_labels, self.machine_gpus)
                 ray.init(address=self.cluster.address, **init)
@@ -117,9 +221,12 @@ class JobRay:
                          _system_config=OWN_SYSTEM_CONFIG, **init)
         except Exception as error:
             self._shutdown()
+            if self.address is not None and _refused_auth(error, "".join(said)):
+                raise ClusterStartError(auth_refused_sentence(self.address, find_token())) from None
             where = f"the Ray cluster at {self.address}" if self.address else "a Ray instance for the job on 127.0.0.1"
             raise ClusterStartError(f"could not start or reach {where} ({type(error).__name__}: "
                                     f"{(str(error).splitlines() or [''])[0]})") from None
+        sys.stderr.write("".join(said))  # what Ray said on a connection that worked is the user's to see
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
@@ -139,7 +246,41 @@ class JobRay:
         import ray
 
         return [NodeInfo(node["NodeID"], node["NodeManagerAddress"], dict(node.get("Labels") or {}),
-                         dict(node["Resources"])) for node in ray.nodes() if node["Alive"]]
+                         dict(node["Resources"]), node.get("NodeManagerPort")) for node in ray.nodes() if node["Alive"]]
+
+
+def auth_refused_sentence(address: str, token: Token | None) -> str:
+    """The one sentence for a cluster that refused the driver's authentication."""
+    mode = os.environ.get(AUTH_MODE_ENV, "token").lower()
+    if token is None:
+        has = "this driver has no token (none in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+    elif mode != "token":
+        has = f"{AUTH_MODE_ENV}={os.environ[AUTH_MODE_ENV]} keeps this driver from sending its token"
+    else:
+        has = f"refused the token this driver has from {token.source}"
+    return (f"could not join the Ray cluster at {address}: it requires token authentication and {has}; give the "
+            "driver the token every node of the cluster has (docs/ray.md, token authentication)")
+
+
+def _refused_auth(error: Exception, said: str) -> bool:
+    return type(error).__name__ == "AuthenticationError" or "InvalidAuthToken" in said or "Unauthenticated" in said
+
+
+@contextlib.contextmanager
+def _stderr_kept_in(said: list[str]) -> Iterator[None]:
+    """Send what is written to file descriptor 2 (C++ logs included) into `said` instead of the terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile("w+b") as kept:
+        os.dup2(kept.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            kept.seek(0)
+            said.append(kept.read().decode(errors="replace"))
 
 
 def _simulated_cluster(labels: Sequence[str], gpu_labels: frozenset[str], machine_gpus: int) -> Any:

@@ -12,7 +12,9 @@ when the JobControl raised the flag; both on the driver's clock, on which
 every time card is stamped too (each actor shifts its stamps by its node's
 measured offset).  A failed or lost actor ends the job within a poll
 interval of Ray noticing; whatever way the job ends, every actor it created
-is killed and its placement group removed.
+is killed and its placement group removed.  The driver looks at every actor
+a few times a second (its progress and its loop's CPU: rnb.engines.stall),
+so a job that stalls or runs its maximum duration ends as on the local engine.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -33,6 +36,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
+from rnb.core.joblog import SAMPLES_FILE
 from rnb.core.records import GpuRecord, ProcessRecord
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
@@ -42,6 +46,7 @@ from rnb.engines.ray.cluster import JobRay, NodeInfo
 from rnb.engines.ray.placement import NodeChoice, Seat, seat_runners
 from rnb.engines.sampler import Sampler
 from rnb.engines.spool import TimingsSpool
+from rnb.engines.stall import JobWatch, Look, Stall, kept_stacks, stacks_file, stall_error
 from rnb.pipeline.config import ConfigError, PipelineConfig
 from rnb.pipeline.dataset_source import KINDS
 from rnb.pipeline.gpus import GpuRequestError, busy_notes, check_assigned_gpu
@@ -51,6 +56,9 @@ log = logging.getLogger(__name__)
 
 PLACE_TIMEOUT_S = 120.0   # an actor or GPU bundle not placed by then will not be: the cluster lacks room
 GRACE_S = 4.0             # how long halted actors get to finish on their own before they are killed
+STALLED_GRACE_S = 1.0     # ... when the job stalled: those not stuck leave within a poll interval
+LOOK_EVERY_S = 0.25       # how often the driver looks at every actor's progress (one small call each)
+STACKS_WAIT_S = 2.0       # how long a stalled job waits for its actors' Python stacks
 CLOCK_ROUND_TRIPS = 5     # per node; the shortest round trip gives the offset
 
 
@@ -106,6 +114,8 @@ class Member:
     run: ray.ObjectRef | None = None    # its run() call
     node: NodeInfo | None = None
     killed_by_driver: bool = False
+    looking: ray.ObjectRef | None = None  # its look() call not yet answered
+    seen: Look | None = None            # what its latest answered look() said
 
 
 @dataclass
@@ -125,6 +135,11 @@ class RayJob:
     offsets: dict[str, ClockOffset] = field(default_factory=dict)
     interrupted: threading.Event = field(default_factory=threading.Event)   # Ctrl-C or SIGTERM came
     outside: Termination = Termination.INTERRUPTED      # which of them, once `interrupted` is set
+    job_dir: Path | None = None
+    watch: JobWatch | None = None                       # stalls and the maximum duration, from start-up on
+    start: float | None = None
+    stall: Stall | None = None                          # the stall that ended the job, if one did
+    looked_at: float = 0.0
 
     def reserve_gpus(self, bundles: Sequence[NodeChoice], allow_busy: bool) -> list[GpuRecord]:
         """The placement group of the GPU bundles, each GPU checked free by NVML on its node (GpuRequestError)."""
@@ -154,15 +169,19 @@ class RayJob:
         """Create the actors, start them together, wait for the flag, stop them; how the job ended."""
         previous = {number: signal.signal(number, lambda number, _: self.stopped_from_outside(STOP_SIGNALS[number]))
                     for number in STOP_SIGNALS}
-        start, setup_error = None, None
+        setup_error = None
         job = job_dir.name
+        self.job_dir = job_dir
         self.spool = TimingsSpool(job_dir, len(self.config.steps), self.args.warmup)
         sampler = Sampler(self.args.sample_interval_ms / 1000.0)
         try:
             self.launch(job)
             self.sample_here(sampler)
+            # Start-up's watch begins once every actor is placed and built: a worker's start is Ray's, not the job's.
+            self.watch = JobWatch(self.args.stall_s, self.args.max_duration_s, time.time())
             if self.wait_until(lambda: len(self.book.ready) == len(self.members)):
-                start = self.start_together(job)
+                self.start = self.start_together(job)
+                self.watch.started(self.start)
                 self.follow()
         except (RuntimeError, ray.exceptions.RayError) as error:  # placement timed out, an actor could not start
             if not self.interrupted.is_set():
@@ -170,13 +189,17 @@ class RayJob:
         finally:
             for number, handler in previous.items():
                 signal.signal(number, handler)
-            self.stop(self.outside if self.interrupted.is_set() or start is not None else Termination.SETUP_FAILED)
+            self.stop(self.outside if self.interrupted.is_set() or self.start is not None else Termination.SETUP_FAILED)
             sampler.stop()
-            sampler.write(job_dir)
+            self.spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
         reason = self.state.reason
-        return JobEnding(start=start, end=self.state.raised_at if reason != Termination.RUNNING else time.time(), reason=reason,
-                         error=setup_error or error_sentence(reason, self.book.failure, self.args), spool=self.spool,
-                         book=self.book, engine=self.engine_record())
+        stacks = kept_stacks(job_dir)
+        for name, path in stacks.items():
+            self.book.update(name, stacks=path)
+        stalled = stall_error(self.stall, job_dir, stacks) if self.stall else None
+        return JobEnding(start=self.start, end=self.state.raised_at if reason != Termination.RUNNING else time.time(),
+                         reason=reason, error=setup_error or error_sentence(reason, self.book.failure, self.args, stalled),
+                         spool=self.spool, book=self.book, engine=self.engine_record(), counted=self.counted())
 
     def stopped_from_outside(self, reason: Termination) -> None:
         """A signal handler's whole work: the driver's loop raises the flag at its next look."""
@@ -285,7 +308,8 @@ class RayJob:
             self.wait_until(lambda: False, bar)
 
     def wait_until(self, done: Any, bar: tqdm | None = None) -> bool:
-        """Poll until done() (True) or the flag is raised (False); a failure or Ctrl-C raises the flag."""
+        """Poll until done() (True) or the flag is raised (False); a failure, Ctrl-C, a stall or the maximum
+        duration raises the flag."""
         while True:
             self.poll()
             if bar is not None:
@@ -294,6 +318,76 @@ class RayJob:
                 return False
             if done():
                 return True
+            self.watch_over(time.time())
+
+    def watch_over(self, now: float) -> None:
+        """Look at every actor now and then; end the job if it stalled or ran its maximum duration."""
+        assert self.watch is not None
+        self.look_around(now)
+        if self.start is None:
+            found = self.watch.start_up(self.book, {m.name: m.seen.cpu_s for m in self.members if m.seen}, now)
+        elif self.watch.over_time(now):
+            self.raise_flag(Termination.MAX_DURATION)
+            return
+        else:
+            found = self.watch.running({m.name: m.seen.progress for m in self.members if m.seen and m.seen.progress},
+                                       self.book, now)
+        if found is not None:
+            self.stalled(found)
+
+    def look_around(self, now: float, every_s: float = LOOK_EVERY_S) -> None:
+        """Ask each running actor that has answered its last look for a new one; take in the answers come since."""
+        if now - self.looked_at >= every_s:
+            self.looked_at = now
+            for member in self._running():
+                if member.looking is None:
+                    member.looking = member.actor.look.remote()
+        asked = {m.looking: m for m in self.members if m.looking is not None}
+        answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0) if asked else ([], [])
+        for ref in answered:
+            member = asked[ref]
+            member.looking = None
+            try:
+                member.seen = ray.get(ref)
+            except ray.exceptions.RayError:  # its actor is gone: _ended says so
+                continue
+
+    def stalled(self, found: Stall) -> None:
+        """Every actor's Python stacks into the log first (what each was doing), then the flag; the stalled one is killed."""
+        assert self.job_dir is not None
+        log.info("the job stalled: asking every actor for its Python stacks")
+        asked = {m.actor.stacks.remote(): m for m in self._running()}
+        answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=STACKS_WAIT_S) if asked else ([], [])
+        for ref in answered:
+            try:
+                text = ray.get(ref)
+            except ray.exceptions.RayError:
+                continue
+            path = stacks_file(self.job_dir, asked[ref].name)
+            try:
+                path.parent.mkdir(exist_ok=True)
+                path.write_text(text)
+            except OSError:  # a log directory that cannot take them costs only the stacks
+                continue
+        self.raise_flag(Termination.STALLED)
+        if self.state is not None and self.state.reason == Termination.STALLED:
+            self.stall = found
+            self.book.first_failure(found.process, found.sentence)
+            for member in self.members:
+                if member.name == found.process:
+                    member.killed_by_driver = True
+                    ray.kill(member.actor, no_restart=True)
+
+    def counted(self) -> int | None:
+        """Items the final step's runners counted, as their latest looks said (at most -v); None before the start."""
+        if self.start is None:
+            return None
+        last = max(s.placement.step for s in self.seats)
+        finals = {s.placement.name for s in self.seats if s.placement.step == last}
+        looks = [m.seen.progress for m in self.members if m.name in finals and m.seen is not None]
+        if len(looks) < len(finals) or None in looks:
+            return None
+        return min(self.args.videos, sum(look.left for look in looks if look is not None))
 
     def poll(self, timeout: float = POLL_S) -> None:
         runs = {m.run: m for m in self._running()}
@@ -303,6 +397,8 @@ class RayJob:
             self._ended(runs[ref], ref)
         if self.interrupted.is_set():
             self.raise_flag(self.outside)
+        elif self.spool is not None and self.spool.writes.first is not None:  # the log directory refused a write
+            self.raise_flag(Termination.LOG_FAILED)
 
     def raise_flag(self, reason: Termination) -> None:
         """Have the JobControl raise the flag (the first reason wins) and halt everyone; then look."""
@@ -340,10 +436,12 @@ class RayJob:
         if member.killed_by_driver:
             self.book.update(member.name, status="killed")
             return
-        self.book.update(member.name, status="failed", error=death)
+        lost = None if member.node is None or _answers(member.node) else (
+            f"node {member.node.describe()} was lost: {self.book[member.name].role} {member.name} died with it")
+        self.book.update(member.name, status="failed", error=lost or death)
         self.raise_flag(Termination.PROCESS_FAILED)
         if self.state is not None and self.state.reason == Termination.PROCESS_FAILED:
-            self.book.first_failure(member.name, death)
+            self.book.first_failure(member.name, lost or death, sentence=lost)
 
     def stop(self, reason: Termination) -> None:
         """Raise the flag (a no-op if raised), give the actors GRACE_S to finish, then kill what is left."""
@@ -351,9 +449,10 @@ class RayJob:
             self.state = ControlState(reason, time.time(), (), ())
             return
         self.raise_flag(reason)
-        deadline = time.time() + GRACE_S
+        deadline = time.time() + (STALLED_GRACE_S if self.stall else GRACE_S)
         while self._running() and time.time() < deadline:
             self.poll()
+        self.last_looks()
         for member in self._running():
             member.killed_by_driver = True
             ray.kill(member.actor, no_restart=True)
@@ -364,6 +463,16 @@ class RayJob:
         for member in self.members:
             if self.book[member.name].status is None:
                 self.book.update(member.name, status="killed" if member.run is not None else "not started")
+
+    def last_looks(self, timeout_s: float = 1.0) -> None:
+        """One more look at every actor still there, before any is killed: what the final step counted in the end."""
+        for member in self.members:
+            if member.run is not None and not member.killed_by_driver:
+                member.looking = member.actor.look.remote()
+        deadline = time.time() + timeout_s
+        while any(m.looking is not None for m in self.members) and time.time() < deadline:
+            self.look_around(time.time(), every_s=float("inf"))
+            time.sleep(0.01)
 
     def _running(self) -> list[Member]:
         return [m for m in self.members if m.run is not None and self.book[m.name].status is None]
@@ -415,5 +524,17 @@ def _one_line(error: BaseException) -> str:
 
 
 def _death_sentence(error: Exception) -> str:
-    """Ray's multi-paragraph account of an actor's death, as one line."""
-    return f"its Ray actor died ({type(error).__name__}: {_one_line(error)})"
+    """Ray's multi-paragraph account of an actor's death, cut to its first sentence."""
+    first = (str(error).strip().splitlines() or [""])[0].strip()
+    return f"its Ray actor died ({type(error).__name__}: {first[:160]})"
+
+
+def _answers(node: NodeInfo, timeout_s: float = 1.0) -> bool:
+    """Whether a node's raylet still takes connections: an actor died alone, or its node went with it."""
+    if node.manager_port is None:
+        return True
+    try:
+        with socket.create_connection((node.ip, node.manager_port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,82 @@
+"""How far each runner has got, in memory its driver reads: what stall detection watches, at no message per item.
+
+A runner writes four numbers as items pass it: how many items have left it,
+the item it holds now (the oldest it took and has not passed on) with the
+time it took it, and since when it has been inside its model (a call or a
+flush, with the device work it queued), 0 while it is not.  The last tells
+the runner that is stuck from those that hold items only because the next
+step stopped taking them.  The local engine keeps them in shared memory (a RawArray
+per runner), which the main process reads whenever it looks; a Ray actor
+keeps them in its own memory and answers the driver's periodic asks.  Writing
+them costs a few stores per item and hop; nothing is sent.
+
+The numbers are written without a lock, one at a time: a reader may see a
+hold's item before its time or a count one behind, never a value that was
+not written; a stall lasts seconds, and the next look is consistent.
+"""
+from __future__ import annotations
+
+from collections.abc import MutableSequence
+from dataclasses import dataclass
+
+# The cells of a runner's progress, in order.
+LEFT, HELD_ITEM, HELD_SINCE, CALLING_SINCE = range(4)
+CELLS = 4
+_NONE = -1.0  # HELD_ITEM when nothing is held
+
+
+def empty_cells() -> list[float]:
+    """The cells of a runner that has taken nothing yet, for an engine that keeps them in a plain list."""
+    return [0.0, _NONE, 0.0, 0.0]
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """One look at one runner's progress."""
+
+    left: int                   # items (cards) that have left the runner, passed on or counted
+    held_item: int | None       # the item it holds, if any: the oldest it took and has not passed on
+    held_since: float | None    # when it took that item (epoch seconds, the job's clock)
+    calling_since: float | None = None   # since when it has been inside its model, if it is
+
+
+class Progress:
+    """A runner's progress cells (a RawArray('d', CELLS) in shared memory, or a list), written by the runner.
+
+    The runner keeps its own count and hold beside the cells, so a hop only
+    writes shared memory (a read of it costs as much as a write).
+    """
+
+    def __init__(self, cells: MutableSequence[float]) -> None:
+        self.cells = cells
+        self._left = int(cells[LEFT])
+        self._holding = cells[HELD_ITEM] >= 0
+
+    def took(self, item_id: int, at: float) -> None:
+        """The runner took item `item_id` at `at`; a hold already running (a batch filling) keeps its older item."""
+        if not self._holding:
+            self._holding = True
+            cells = self.cells
+            cells[HELD_SINCE] = at   # before the item: a reader who sees the item sees its time
+            cells[HELD_ITEM] = item_id
+
+    def calling(self, at: float) -> None:
+        """The runner is calling its model (or its flush) from `at` on."""
+        self.cells[CALLING_SINCE] = at
+
+    def called(self) -> None:
+        """The model's call returned and the device work it queued is done."""
+        self.cells[CALLING_SINCE] = 0.0
+
+    def passed(self, count: int) -> None:
+        """`count` items left the runner (handed on, or counted at the final step); it holds nothing now."""
+        self._holding = False
+        self._left += count
+        cells = self.cells
+        cells[HELD_ITEM] = _NONE
+        cells[LEFT] = self._left
+
+    def read(self) -> ProgressSnapshot:
+        left, item, since, calling = self.cells[:CELLS]
+        held = item >= 0
+        return ProgressSnapshot(int(left), int(item) if held else None, since if held else None, calling or None)

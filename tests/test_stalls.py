@@ -1,0 +1,286 @@
+"""No job waits for ever: a process alive but making no progress ends the job as stalled, with its stacks.
+
+Jobs run the toy pipeline with one step replaced by bench.fault_models.Hangs
+(a deadlock at init, on an item or in flush), a short --stall-s, and end as
+a user would see them: exit 1, reason `stalled`, one sentence naming the
+step, replica and item, every process's Python stacks under stacks/, and
+every item the final step finished in timings.parquet.  The issue's bound is
+S + 2 s from the last item that left any step to the job's end (the flag);
+the hang's own time (printed by the fault model) is before that, so the
+tests measure from it.  Other bounds are hang guards.
+"""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rnb import cli
+from rnb.analysis import analyze_cli
+from rnb.core.progress import ProgressSnapshot
+from rnb.core.records import ProcessRecord
+from rnb.engines.job import JobBook
+from rnb.engines.stall import JobWatch, describe
+
+REPO = Path(__file__).resolve().parents[1]
+STALL_S = 3.0
+HANG_GUARD_S = 20.0   # from the stall's end to the main process's return: a hang guard, not a timing
+
+
+def toy(tmp_path: Path, step: int, *, final_out: bool = False, **hang: Any) -> str:
+    """config/toy.json with step `step` (0 or 1) wrapped in Hangs(**hang); optionally a third, pass-through step."""
+    document = json.loads((REPO / "config" / "toy.json").read_text())
+    if final_out:  # step 1 hands its input on unchanged to a final TinyConvNet
+        document["pipeline"][1] = {"model": "models.toy.AsyncSleep", "num_shared_tensors": 10,
+                                   "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0]}]}
+        document["pipeline"].append({"model": "models.toy.TinyConvNet", "classes": 10,
+                                     "queue_groups": [{"gpus": [-1], "in_queue": 0}]})
+    wrapped = document["pipeline"][step]
+    model = wrapped.pop("model")
+    wrapped.update(model="bench.fault_models.Hangs", inner=model, **hang)
+    path = tmp_path / "hangs.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def run(tmp_path: Path, config: str, *args: str) -> tuple[int, float]:
+    code = cli.main(["-c", config, "--log-dir", str(tmp_path / "logs"), "--warmup", "0", *args])
+    return code, time.time()
+
+
+def hung_at(output: str) -> float:
+    """When the fault model began to hang (it says so on stderr)."""
+    (when,) = re.findall(r"fault: .* hangs \(\w+\) at ([\d.]+)", output)
+    return float(when)
+
+
+@pytest.mark.parametrize("k", [0, 3, 25])
+def test_a_final_step_that_hangs_after_k_items_leaves_exactly_k_rows(tmp_path, capfd, job_log, k):
+    code, returned = run(tmp_path, toy(tmp_path, 1, at_item=k), "-v", "200", "-mi", "2", "--stall-s", str(STALL_S))
+    said = capfd.readouterr()
+    log = job_log(tmp_path / "logs")
+    meta = log.meta
+    assert code == 1, said.err
+    assert [row["item_id"] for row in log.rows] == list(range(k)) and meta["finished_items"] == k
+    assert meta["counted_items"] == k
+    assert (meta["termination_reason"], meta["failed_process"]) == ("stalled", "step1-g0-r0")
+    stacks = log.dir / "stacks"
+    assert meta["error"].startswith(f"step 1 replica 0 (pid {log.meta['processes'][2]['pid']}, cpu) has held item {k} "
+                                    "for ")
+    assert meta["error"].endswith(f"s with no item finished since; the Python stacks of every process are in {stacks}/ "
+                                  "(step1-g0-r0.txt is its own)")
+    assert f"benchmark.py: {meta['error']}\n" in said.err and "Traceback" not in said.err
+    assert meta["end_time"] - hung_at(said.err) <= STALL_S + 2.0   # the issue's bound, from before the last progress
+    assert returned - meta["end_time"] < HANG_GUARD_S
+    assert log.children_left == []
+
+
+def test_a_stall_names_the_middle_step_and_keeps_every_process_stacks(tmp_path, capfd, job_log):
+    code, _ = run(tmp_path, toy(tmp_path, 1, final_out=True, at_item=6, how="sleep"), "-v", "100", "-mi", "2",
+                  "--stall-s", str(STALL_S))
+    said = capfd.readouterr()
+    log = job_log(tmp_path / "logs")
+    meta = log.meta
+    assert code == 1, said.err
+    assert meta["error"].startswith("step 1 replica 0 (pid ") and " has held item 6 for " in meta["error"]
+    assert len(log.rows) == meta["counted_items"] == 6
+    records = {p["name"]: p for p in meta["processes"]}
+    runners = [name for name in records if name != "client"]  # the client may have sent all and left: no stacks then
+    assert {name: records[name]["stacks"] for name in runners} == {name: f"stacks/{name}.txt" for name in runners}
+    own = (log.dir / "stacks" / "step1-g0-r0.txt").read_text()
+    assert 'bench/fault_models.py", line' in own and "in hang" in own and "in handle" in own
+    assert records["step1-g0-r0"]["status"] == "killed"  # the stalled one; the others left on their own
+    assert {records[name]["status"] for name in ("client", "step0-g0-r0", "step2-g0-r0")} == {"ok"}
+    assert analyze_cli.main([str(tmp_path / "logs")]) == 0
+    report = capfd.readouterr().out
+    assert " stalled " in report.splitlines()[2] and meta["error"] in report
+    assert f"Python stacks of step1-g0-r0: {log.dir / 'stacks' / 'step1-g0-r0.txt'}, beside those of " in report
+
+
+def test_a_model_that_hangs_while_loading_ends_start_up_as_stalled(tmp_path, capfd, job_log):
+    code, _ = run(tmp_path, toy(tmp_path, 0, at_init=True), "-v", "50", "-mi", "0", "--stall-s", str(STALL_S))
+    said = capfd.readouterr()
+    log = job_log(tmp_path / "logs")
+    assert code == 1, said.err
+    meta = log.meta
+    assert (meta["termination_reason"], meta["start_time"], log.rows) == ("stalled", None, [])
+    assert re.fullmatch(r"step 0 replica 0 \(pid \d+, cpu\) has not become ready [\d.]+ s after start-up began, and "
+                        r"no process starting has used any CPU for [\d.]+ s; the Python stacks of every process are in "
+                        r".*/stacks/ \(step0-g0-r0.txt is its own\)", meta["error"]), meta["error"]
+    assert "in __init__" in (log.dir / "stacks" / "step0-g0-r0.txt").read_text()
+    assert log.children_left == []
+
+
+def test_a_batching_step_that_hangs_in_flush_is_a_stall_too(tmp_path, capfd, job_log):
+    code, _ = run(tmp_path, toy(tmp_path, 1, in_flush=True, how="spin"), "-v", "50", "-mi", "20", "--stall-s",
+                  str(STALL_S))
+    said = capfd.readouterr()
+    log = job_log(tmp_path / "logs")
+    assert code == 1, said.err
+    assert log.meta["termination_reason"] == "stalled" and "in flush" in (log.dir / "stacks" / "step1-g0-r0.txt").read_text()
+    # Step 0 holds an item too, only because step 1 stopped taking them: the stall is put on step 1.
+    assert re.match(r"step 1 replica 0 \(pid \d+, cpu\) has been inside its model for [\d.]+ s with no item finished "
+                    "since", log.meta["error"]), log.meta["error"]
+    assert len(log.rows) == log.meta["counted_items"]
+
+
+def test_stall_s_0_turns_the_watch_off_and_max_duration_still_ends_the_job(tmp_path, capfd, job_log):
+    code, _ = run(tmp_path, toy(tmp_path, 1, at_item=2), "-v", "100", "-mi", "2", "--stall-s", "0",
+                  "--max-duration", "4")
+    log = job_log(tmp_path / "logs")
+    assert code == 0, capfd.readouterr().err
+    assert (log.meta["termination_reason"], log.meta["error"], len(log.rows)) == ("max duration", None, 2)
+
+
+def test_max_duration_ends_a_run_at_its_measured_seconds_keeping_all_it_measured(tmp_path, capsys, job_log):
+    config = str(REPO / "config" / "toy.json")
+    code, _ = run(tmp_path, config, "-v", "1000000", "-mi", "5", "--max-duration", "4")
+    log = job_log(tmp_path / "logs")
+    meta = log.meta
+    assert code == 0
+    assert meta["termination_reason"] == "max duration" and 4.0 <= meta["elapsed_s"] < 4.5
+    assert len(log.rows) == meta["finished_items"] == meta["counted_items"] > 0
+    assert [row["item_id"] for row in log.rows] == list(range(len(log.rows)))
+    capsys.readouterr()
+    assert analyze_cli.main([str(tmp_path / "logs"), "--min-items", "1", "--min-duration", "1"]) == 0
+    assert " max duration  VALID " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, sentence", [
+    (["--stall-s", "-1"], "command line: --stall-s: expected a number >= 0, found -1"),
+    (["--max-duration", "nan"], "command line: --max-duration: expected a number >= 0, found nan"),
+])
+def test_bad_stall_or_duration_flags_are_one_sentence_and_exit_2(tmp_path, capsys, argv, sentence):
+    assert cli.main(["-c", str(REPO / "config" / "toy.json"), "--check", *argv]) == 2
+    assert capsys.readouterr().err.strip() == sentence
+
+
+def test_bad_stall_or_duration_run_keys_are_one_sentence_and_exit_2(tmp_path, capsys):
+    document = json.loads((REPO / "config" / "toy.json").read_text())
+    document["run"] = {"stall_s": "soon"}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(document))
+    assert cli.main(["-c", str(path), "--check"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said.startswith(f"{path}: run.stall_s: expected a number") and "\n" not in said
+
+
+# The watch itself, with injected times: no job, no sleeping.
+
+def book(*records: ProcessRecord) -> JobBook:
+    jobs = JobBook()
+    for record in records:
+        jobs.add(record)
+    return jobs
+
+
+RUNNERS = book(ProcessRecord("client", "client", pid=10),
+               ProcessRecord("step0-g0-r0", "runner", 0, 0, 0, "cpu", pid=11),
+               ProcessRecord("step1-g0-r0", "runner", 1, 0, 0, "cuda:0", pid=12),
+               ProcessRecord("step1-g1-r2", "runner", 1, 1, 2, "cpu", pid=13))
+
+
+def snapshot(left: int, item: int | None = None, since: float | None = None) -> ProgressSnapshot:
+    return ProgressSnapshot(left, item, since)
+
+
+def test_the_watch_blames_the_oldest_held_item_once_no_item_left_any_step_for_stall_s():
+    watch = JobWatch(stall_s=10.0, max_duration_s=0, now=0.0)
+    watch.started(100.0)
+    moving = {"step0-g0-r0": snapshot(5, 6, 101.0), "step1-g0-r0": snapshot(4, 5, 101.5), "step1-g1-r2": snapshot(0)}
+    assert watch.running(moving, RUNNERS, 102.0) is None
+    still = {**moving, "step0-g0-r0": snapshot(9, 10, 102.5)}  # step 0 moved at 102.5; nothing since
+    assert watch.running(still, RUNNERS, 103.0) is None
+    assert watch.running(still, RUNNERS, 112.4) is None
+    stall = watch.running(still, RUNNERS, 113.0)
+    assert stall is not None and stall.process == "step1-g0-r0"
+    assert stall.sentence == "step 1 group 0 replica 0 (pid 12, cuda:0) has held item 5 for 11.5 s with no item finished since"
+
+
+def test_the_stall_is_put_on_the_runner_inside_its_model_not_on_those_waiting_for_it_to_take_their_items():
+    watch = JobWatch(stall_s=10.0, max_duration_s=0, now=0.0)
+    watch.started(0.0)
+    blocked = {"step0-g0-r0": ProgressSnapshot(20, 21, 1.0, None),      # holds item 21, waiting for a free slot
+               "step1-g0-r0": ProgressSnapshot(12, None, None, 2.0)}    # in its model's flush since 2.0
+    assert watch.running(blocked, RUNNERS, 2.5) is None   # the last item left just before
+    stall = watch.running(blocked, RUNNERS, 13.0)
+    assert stall is not None and stall.process == "step1-g0-r0"
+    assert stall.sentence == ("step 1 group 0 replica 0 (pid 12, cuda:0) has been inside its model for 11.0 s with no item "
+                              "finished since")
+
+
+def test_a_quiet_pipeline_holding_nothing_never_stalls_and_a_new_hold_starts_its_own_clock():
+    watch = JobWatch(stall_s=10.0, max_duration_s=0, now=0.0)
+    watch.started(0.0)
+    idle = {"step0-g0-r0": snapshot(3), "step1-g0-r0": snapshot(3)}
+    assert watch.running(idle, RUNNERS, 500.0) is None   # Poisson gaps longer than S are no stall
+    held = {"step0-g0-r0": snapshot(3, 3, 505.0), "step1-g0-r0": snapshot(3)}
+    assert watch.running(held, RUNNERS, 514.0) is None
+    assert watch.running(held, RUNNERS, 515.5) is not None
+
+
+def test_start_up_stalls_only_when_no_process_became_ready_and_none_starting_used_cpu():
+    watch = JobWatch(stall_s=10.0, max_duration_s=0, now=0.0)
+    jobs = book(*RUNNERS.records)
+    jobs.ready.update({"client", "step1-g0-r0"})
+    assert watch.start_up(jobs, {"step0-g0-r0": 1.0, "step1-g1-r2": 2.0}, 5.0) is None
+    assert watch.start_up(jobs, {"step0-g0-r0": 1.5, "step1-g1-r2": 2.0}, 14.0) is None   # still importing: CPU
+    assert watch.start_up(jobs, {"step0-g0-r0": 1.5, "step1-g1-r2": 2.0}, 23.0) is None
+    stall = watch.start_up(jobs, {"step0-g0-r0": 1.5, "step1-g1-r2": 2.0}, 24.5)
+    assert stall is not None and stall.process == "step0-g0-r0"
+    assert stall.sentence == ("step 0 replica 0 (pid 11, cpu) has not become ready 24.5 s after start-up began (nor have "
+                              "1 other processes), and no process starting has used any CPU for 10.5 s")
+
+
+def test_the_maximum_duration_counts_from_the_start_barrier_and_none_means_no_bound():
+    watch = JobWatch(stall_s=0, max_duration_s=30.0, now=0.0)
+    assert watch.deadline() is None and not watch.over_time(1e9)   # not started yet
+    watch.started(50.0)
+    assert (watch.deadline(), watch.over_time(79.9), watch.over_time(80.0)) == (80.0, False, True)
+    unbounded = JobWatch(stall_s=0, max_duration_s=0, now=0.0)
+    unbounded.started(0.0)
+    assert unbounded.deadline() is None and unbounded.running({"step0-g0-r0": snapshot(0, 1, 0.0)}, RUNNERS, 1e9) is None
+
+
+def test_a_process_is_described_as_a_user_finds_it():
+    ray_runner = ProcessRecord("step0-g0-r1", "runner", 0, 0, 1, "cpu", pid=7, node_ip="10.0.0.2")
+    jobs = book(ray_runner, ProcessRecord("step0-g0-r0", "runner", 0, 0, 0, "cpu"))
+    assert describe(ray_runner, jobs) == "step 0 replica 1 (pid 7, on 10.0.0.2, cpu)"
+    assert describe(ProcessRecord("client", "client", pid=3), jobs) == "the client (pid 3)"
+
+
+@pytest.mark.parametrize("ending, code, reason", [("sigterm", 143, "terminated"), ("sigint", 130, "interrupted"),
+                                                  ("crash", 1, "process failed")])
+def test_whatever_ends_a_job_whose_final_step_hangs_the_items_it_finished_are_all_in_the_log(tmp_path, job_log, ending,
+                                                                                            code, reason):
+    """The final step hangs on item 4, holding the cards of items 0-3; then a signal, or another process dies."""
+    config = toy(tmp_path, 1, at_item=4)
+    if ending == "crash":  # step 0 dies a little later, while the final step hangs
+        document = json.loads(Path(config).read_text())
+        document["pipeline"][0]["exit_at_item"] = 7
+        Path(config).write_text(json.dumps(document))
+    job = subprocess.Popen([sys.executable, "benchmark.py", "-c", config, "-v", "200", "-mi", "20", "--warmup", "0",
+                            "--stall-s", "600", "--log-dir", str(tmp_path / "logs")], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert job.stderr is not None
+    for line in job.stderr:
+        if line.startswith("fault: "):
+            break
+    if ending != "crash":
+        time.sleep(1.0)
+        job.send_signal(signal.SIGTERM if ending == "sigterm" else signal.SIGINT)
+    try:
+        _, err = job.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        pytest.fail("the job hung")
+    log = job_log(tmp_path / "logs")
+    assert (job.returncode, log.meta["termination_reason"]) == (code, reason), err
+    assert [row["item_id"] for row in log.rows] == [0, 1, 2, 3] and log.meta["counted_items"] == 4
