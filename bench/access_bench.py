@@ -8,8 +8,8 @@ keyframe every 2 frames (LeRobot's default). Both are generated once under
 the benchmark cache directory (a few minutes) and reused.
 
 Random frames (P2r, P3r) are drawn as LeRobot's random-frames track draws
-them (episodes.streaming.random_targets). Remote rows go through the test
-server's network profile (episodes.testing_network.WAN: 100 Mbit/s, 20 ms
+them (episodes.tools.streaming.random_targets). Remote rows go through the test
+server's network profile (episodes.testing.network.WAN: 100 Mbit/s, 20 ms
 round trip). Timed rows are medians of paired, alternating repetitions
 (bench.common.paired); before timing, both sides must return identical
 frames (or values).
@@ -26,14 +26,14 @@ import torch
 
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
 from bench.episode_bench import grainy_dataset, remote_rows
-from episodes import EpisodeByteCache, LeRobotDataset, open_dataset
-from episodes._mp4.span import episode_span
-from episodes.streaming import (StreamingOptions, random_targets, remote_decoder_track, windows_track)
-from episodes.synthetic import SyntheticSpec
-from episodes.testing_network import WAN
-from episodes.testing_server import serve_directory
-from models.episode import EpisodeLoader
-from rnb.harness.timecard import TimeCard
+from episodes import LeRobotDataset, open_dataset
+from episodes.testing.network import WAN
+from episodes.testing.server import serve_directory
+from episodes.testing.synthetic import SyntheticSpec
+from episodes.tools.spans import episode_bytes
+from episodes.tools.streaming import StreamingOptions, random_targets, remote_decoder_track, windows_track
+from models.episode import EpisodeLoader, cache_dir
+from rnb.core.timecard import TimeCard
 from rnb.pipeline.dataset_source import EpisodeRequest
 
 GOP30 = SyntheticSpec(codec="h264", gop=30, bframes=2, episodes=64, cameras=1, episodes_per_file=16,
@@ -57,13 +57,7 @@ def _options(targets: int, **changes: object) -> StreamingOptions:
 
 def _whole_episode_bytes(ds: LeRobotDataset, episodes: set[int]) -> int:
     """What fetching each touched episode whole would read: the sum of their byte ranges."""
-    total = 0
-    with EpisodeByteCache(ds, use_sidecar=False) as cache:
-        for ep in episodes:
-            segment = ds.episode(ep).videos[ds.video_keys[0]]
-            index = cache.mp4_index(segment.path)
-            total += episode_span(index, segment.from_timestamp, segment.to_timestamp).num_bytes
-    return total
+    return sum(b.widened for b in episode_bytes(ds, sorted(episodes), ds.video_keys[0]))
 
 
 def random_frame_bytes_rows(roots: dict[int, Path], workdir: Path) -> list[Row]:
@@ -71,7 +65,7 @@ def random_frame_bytes_rows(roots: dict[int, Path], workdir: Path) -> list[Row]:
     rows = []
     for gop, id in ((30, "P2r"), (2, "P2r2")):
         ds = open_dataset(str(roots[gop]))
-        options = _options(TARGETS, sidecar_dir=str(workdir / "sidecar"))
+        options = _options(TARGETS, cache_dir=str(workdir / "sidecar"))
         targets = random_targets(ds, options)
         row, _ = windows_track(ds, targets, options)
         useful = Side("useful", "bytes", row.bytes_useful, (row.bytes_useful,))
@@ -103,7 +97,7 @@ def remote_random_rows(roots: dict[int, Path], workdir: Path, effort: Effort) ->
     for gop, id in ((30, "P3r"), (2, "P3r2"))[: effort.pick(1, 2)]:
         with serve_directory(roots[gop], workdir / f"nginx-p3r{gop}", profile=WAN) as server:
             ds = open_dataset(server.url)
-            options = _options(count, include_decode=True, sidecar_dir=str(workdir / "sidecar-wan"))
+            options = _options(count, include_decode=True, cache_dir=str(workdir / "sidecar-wan"))
             targets = random_targets(ds, options)
             theirs = lambda: remote_decoder_track(ds, targets)  # noqa: E731
             ours = lambda: windows_track(ds, targets, options)  # noqa: E731
@@ -166,7 +160,7 @@ def loader_rows(roots: dict[int, Path], effort: Effort) -> list[Row]:
 def tabular_rows(roots: dict[int, Path], effort: Effort) -> list[Row]:
     """Milliseconds per episode to read state and action: Parquet row groups / the memmapped usage-format copy."""
     root = str(roots[30])
-    parquet, usage = open_dataset(root), open_dataset(root, usage_cache=True)
+    parquet, usage = open_dataset(root), open_dataset(root, usage_cache_dir=cache_dir())
     episodes = range(parquet.num_episodes)
     for ep in episodes:
         a, b = parquet.episode_columns(ep, COLUMNS), usage.episode_columns(ep, COLUMNS)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 MIN_REPS = 5
 

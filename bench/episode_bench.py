@@ -13,7 +13,7 @@ file size.  Every timed figure is the median of paired, alternating
 repetitions (bench.common.paired).
 
 P3 runs on loopback; P3n (bench/access_bench.py) runs the same case
-through the test server's network profile (episodes.testing_network).
+through the test server's network profile (episodes.testing.network).
 """
 from __future__ import annotations
 
@@ -28,17 +28,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import fsspec
-import numpy as np
 import torch
 from torchcodec.decoders import VideoDecoder
 
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
-from episodes import EpisodeByteCache, open_dataset
-from episodes._mp4 import episode_span
-from episodes.decode import open_decoder
-from episodes.synthetic import SyntheticSpec, camera_keys, draw_frames, encode_video, make_dataset
-from episodes.testing_server import NginxServer
-from episodes.verify import FullFileReference
+from episodes import EpisodeByteCache, FrameRequest, open_dataset, open_decoder
+from episodes.testing.server import NginxServer
+from episodes.testing.synthetic import SyntheticSpec, camera_keys, draw_frames, encode_video, make_dataset
+from episodes.tools.spans import episode_bytes
+from episodes.tools.verify import FullFileReference
 
 SPEC = SyntheticSpec(codec="h264", gop=30, bframes=2, episodes=32, cameras=1, episodes_per_file=32,
                      min_length=220, max_length=300, width=256, height=256, seed=11)
@@ -101,18 +99,11 @@ def video_megabytes(root: Path) -> float:
 def bytes_rows(root: Path) -> list[Row]:
     """Bytes an episode costs over its own sample bytes, for every episode-camera of the dataset (exact counts)."""
     ds = open_dataset(str(root))
-    tight, fetched, mini, own = [], [], [], []
-    with EpisodeByteCache(ds, use_sidecar=False) as cache:
-        for ep in range(ds.num_episodes):
-            for key in ds.video_keys:
-                seg = ds.episode(ep).videos[key]
-                index = cache.mp4_index(seg.path)
-                span = episode_span(index, seg.from_timestamp, seg.to_timestamp, expected_frames=ds.episode_length(ep))
-                samples = np.array(span.frames)
-                own.append(int(index.size[samples].sum()))
-                tight.append(int((index.offset[samples] + index.size[samples]).max() - index.offset[samples].min()))
-                fetched.append(span.num_bytes)
-                mini.append(len(cache.get_mini_mp4(ep, key).data))
+    layout = [b for key in ds.video_keys for b in episode_bytes(ds, range(ds.num_episodes), key)]
+    own, tight, fetched = [b.own for b in layout], [b.tight for b in layout], [b.widened for b in layout]
+    with EpisodeByteCache(ds) as cache:
+        got = cache.fetch_frames([FrameRequest(ep, key) for key in ds.video_keys for ep in range(ds.num_episodes)])
+    mini = [len(g.mini.data) for g in got]
     own_side = Side.of("own samples", "bytes", own)
     note = (f"exact byte counts; median [min, max] over all {len(own)} episode-cameras of a "
             f"{video_megabytes(root):.3g} MB file, not repetitions")
@@ -143,8 +134,8 @@ def byte_range_frames(url: str, sidecar_dir: Path, use_sidecar: bool, numbers: S
     ds = open_dataset(url)
 
     def run() -> torch.Tensor:
-        with EpisodeByteCache(ds, sidecar_dir=sidecar_dir, use_sidecar=use_sidecar) as cache:
-            return cache.get_episode_frames(EPISODE, KEY, numbers)
+        with EpisodeByteCache(ds, cache_dir=sidecar_dir if use_sidecar else None) as cache:
+            return cache.read_frames([FrameRequest(EPISODE, KEY, frame_numbers=numbers)])[0].frames
     return run
 
 
@@ -174,8 +165,8 @@ def remote_rows(server: NginxServer, root: Path, workdir: Path, effort: Effort, 
     finally:
         reference.close()
     sidecar_dir = workdir / "sidecar"
-    with EpisodeByteCache(open_dataset(server.url), sidecar_dir=sidecar_dir) as warm:
-        warm.mp4_index(rel)
+    with EpisodeByteCache(open_dataset(server.url), cache_dir=sidecar_dir) as warm:
+        warm.index_files([rel])
     ours = byte_range_frames(server.url, sidecar_dir, True, every)()
     theirs = full_file_frames(f"{server.url}/{rel}", indices)()
     if not torch.equal(ours, theirs):
@@ -224,8 +215,8 @@ def benchmark_seconds(output: str) -> float:
 def decode_rows(root: Path, workdir: Path, effort: Effort) -> list[Row]:
     """Frames/s decoding every sample of one episode's mini-MP4 on one thread: ours / ffmpeg."""
     ds = open_dataset(str(root))
-    with EpisodeByteCache(ds, use_sidecar=False) as cache:
-        mini = cache.get_mini_mp4(EPISODE, KEY)
+    with EpisodeByteCache(ds) as cache:
+        mini = cache.fetch_frames([FrameRequest(EPISODE, KEY)])[0].mini
     path = workdir / "episode.mp4"
     path.write_bytes(mini.data)
     every = list(range(len(mini.pts)))
@@ -257,18 +248,16 @@ def sidecar_rows(url: str, workdir: Path, effort: Effort) -> list[Row]:
     paths = sorted({ds.episode(e).videos[k].path for e in range(ds.num_episodes) for k in ds.video_keys})
     header_bytes, header_reads = [], []
     for _ in range(2):
-        with EpisodeByteCache(ds, sidecar_dir=sidecar_dir) as cache:
-            for rel in paths:
-                cache.mp4_index(rel)
+        with EpisodeByteCache(ds, cache_dir=sidecar_dir) as cache:
+            cache.index_files(paths)
             header_bytes.append(cache.stats().header_bytes)
             header_reads.append(cache.stats().header_reads)
 
     def index_seconds(use_sidecar: bool) -> Callable[[], float]:
         def measure() -> float:
-            with EpisodeByteCache(ds, sidecar_dir=sidecar_dir, use_sidecar=use_sidecar) as cache:
+            with EpisodeByteCache(ds, cache_dir=sidecar_dir if use_sidecar else None) as cache:
                 start = time.perf_counter()
-                for rel in paths:
-                    cache.mp4_index(rel)
+                cache.index_files(paths)
                 return (time.perf_counter() - start) / len(paths)
         return measure
 

@@ -14,8 +14,9 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = json.loads((REPO / "config" / "toy.json").read_text())
@@ -108,7 +109,7 @@ def _random_place(document: Any, rng: random.Random) -> tuple[str, Any, Any]:
 
 def check_config(argv: list[str]) -> tuple[bool, float, str]:
     """Run `benchmark.py --check ARGV` in this process: (ended a defined way, seconds, what it said)."""
-    from rnb.harness import cli
+    from rnb import cli
 
     err = io.StringIO()
     began = time.perf_counter()
@@ -130,8 +131,8 @@ def remote_trial(root: Path, reference: dict[int, Any], key: str, probability: f
     """
     import torch
 
-    from episodes import EpisodeByteCache, FetchError, open_dataset
-    from episodes.testing_faults import FAULTS, serve_with_faults
+    from episodes import EpisodeByteCache, FetchError, FrameRequest, open_dataset
+    from episodes.testing.faults import FAULTS, serve_with_faults
 
     rng = random.Random(seed)
     faults = [rng.choice(FAULTS) if rng.random() < probability else None for _ in range(10_000)]
@@ -139,10 +140,10 @@ def remote_trial(root: Path, reference: dict[int, Any], key: str, probability: f
     began = time.perf_counter()
     with serve_with_faults(root, lambda n: faults[n % len(faults)]) as url:
         try:
-            with EpisodeByteCache(open_dataset(url, backoff_s=0.01, timeout_s=5.0), sidecar_dir=cache_dir) as cache:
+            with EpisodeByteCache(open_dataset(url, backoff_s=0.01, timeout_s=5.0), cache_dir=cache_dir) as cache:
                 for ep, expected in reference.items():
                     try:
-                        got = cache.get_episode_frames(ep, key, [0, 1])
+                        got = cache.read_frames([FrameRequest(ep, key, frame_numbers=[0, 1])])[0].frames
                     except FetchError:
                         outcomes.append("refused")
                         continue

@@ -27,9 +27,9 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
 from bench.fault_inputs import TOY, check_config, hand_made, mutants, remote_trial
 from bench.fault_jobs import HANG_S, JobRun, children, isolation_works, run_job
@@ -74,7 +74,7 @@ def toy(**step_changes: dict) -> dict:
 
 def holding(hold: str) -> dict:
     return {"source": {"synthetic": True}, "pipeline": [
-        {"model": "models.toy.DiesHolding", "queue_groups": [{"gpus": [-1, -1]}], "hold": hold, "at_item": 3}]}
+        {"model": "bench.fault_models.DiesHolding", "queue_groups": [{"gpus": [-1, -1]}], "hold": hold, "at_item": 3}]}
 
 
 def after_start(work: Path, delay_s: float = 1.0, timeout_s: float = 120.0) -> None:
@@ -225,7 +225,7 @@ def config_rows(work: Path, mutations: int, runs: int, isolated: bool) -> list[F
 
 
 def ensure_dataset(work: Path) -> Path:
-    from episodes.synthetic import SyntheticSpec, make_dataset
+    from episodes.testing.synthetic import SyntheticSpec, make_dataset
 
     root = work / "dataset"
     if not root.exists():
@@ -235,13 +235,14 @@ def ensure_dataset(work: Path) -> Path:
 
 
 def remote_rows(work: Path, trials: int) -> list[FaultRow]:
-    from episodes import EpisodeByteCache, open_dataset
+    from episodes import EpisodeByteCache, FrameRequest, open_dataset
 
     root = ensure_dataset(work)
     local = open_dataset(str(root))
     key = local.video_keys[0]
-    with EpisodeByteCache(local, sidecar_dir=work / "local-cache") as cache:
-        reference = {ep: cache.get_episode_frames(ep, key, [0, 1]) for ep in range(local.num_episodes)}
+    with EpisodeByteCache(local, cache_dir=work / "local-cache") as cache:
+        reads = cache.read_frames([FrameRequest(ep, key, frame_numbers=[0, 1]) for ep in range(local.num_episodes)])
+    reference = {ep: read.frames for ep, read in enumerate(reads)}
     rows = []
     for probability in (0.1, 0.5):
         row = FaultRow(f"remote-{int(probability * 100)}", f"a server faulty on {probability:.0%} of range requests "

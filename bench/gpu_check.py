@@ -51,7 +51,7 @@ NETWORK = ("models.r2p1d.R2P1DRunner", {"start_index": 1, "end_index": 5, "num_c
 
 def gpu_rows(effort: Effort) -> list[Row]:
     """P8 and P8d over a small synthetic dataset made on the spot."""
-    from episodes.synthetic import make_dataset
+    from episodes.testing.synthetic import make_dataset
     with tempfile.TemporaryDirectory(prefix="rnb-gpu-") as tmp:
         root = make_dataset(Path(tmp) / "ds", episodes=16, cameras=1, episodes_per_file=8)
         loader = (LOADER[0], {**LOADER[1], "dataset": str(root)})

@@ -3,7 +3,7 @@ P9/P9h (the same on the Ray engine).
 
 Each compares the harness with what a user would write instead, on the same
 work, so the ratio says what RnB's machinery costs or buys.  Harness runs go
-through `rnb.harness.cli.main` in this process (its children are real spawned
+through `rnb.cli.main` in this process (its children are real spawned
 processes) and use the throughput the job log reports: items finished
 between the start gate and the termination flag, start-up excluded.
 """
@@ -16,8 +16,9 @@ import queue
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import psutil
@@ -25,11 +26,12 @@ import pyarrow.parquet as pq
 import torch
 import torch.multiprocessing as mp
 
-from rnb.harness import cli
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair, paired
-from rnb.harness.control import LocalBuffers, SharedSlot
+from rnb import cli
+from rnb.core.timecard import TimeCard
+from rnb.engines.buffers import LocalBuffers
+from rnb.engines.local.plumbing import SharedSlot
 from rnb.pipeline.dotted import load_object
-from rnb.harness.timecard import TimeCard
 
 REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO / "data" / "synthetic"

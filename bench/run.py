@@ -17,13 +17,14 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from bench.common import Effort, Goal, Report, Row, table_text, write_json
 
 if TYPE_CHECKING:
-    from episodes.testing_server import NginxServer
+    from episodes.testing.server import NginxServer
 
 DATA_CACHE = Path(__file__).resolve().parents[1] / "data" / "bench"
 
@@ -47,7 +48,7 @@ class Workspace:
 
     @functools.cached_property
     def server(self) -> NginxServer:
-        from episodes.testing_server import serve_directory
+        from episodes.testing.server import serve_directory
         return self.stack.enter_context(serve_directory(self.dataset, self.dir / "nginx"))
 
 
@@ -162,7 +163,7 @@ def run_benchmarks(names: list[str], effort: Effort) -> tuple[list[Row], bool]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from rnb.harness import joblog
+    from rnb.core import joblog
     effort = Effort.of(args.quick)
     started = time.time()
     rows, all_ran = run_benchmarks(args.only or list(BENCHMARKS), effort)

@@ -117,7 +117,7 @@ def _estimator(space: TuneSpace, profiles_root: Path, engine: str) -> Estimator:
     return Estimator(space, {k: v for k, v in profiles.items() if v is not None}, bench, BOUND_MS, PERCENTILE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _t1_t2(engine: str, quick: bool, config: Path = EXAMPLE) -> tuple[TuneRun, TuneRun, float, dict[Candidate, float], TuneSpace]:
     """The runs T1 and T2 share: the tuner (auto search), the tuner (quick search), the whole grid measured."""
     effort = Effort.of(quick)
@@ -211,5 +211,5 @@ def ray_example(work: Path, config: Path = EXAMPLE) -> Path:
 def t4(effort: Effort, config: Path = EXAMPLE) -> list[Row]:
     work = Path(tempfile.mkdtemp(prefix="rnb-T4-"))
     row = _t1_row("T4", "ray", effort, ray_example(work, config),
-                  f"T1 on the Ray engine (a simulated two-node cluster: loaders / the rest)")
+                  "T1 on the Ray engine (a simulated two-node cluster: loaders / the rest)")
     return [Row(row.id, row.what, None, row.a, row.b, row.ratio, row.low, row.high, row.reps, row.note)]

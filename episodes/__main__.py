@@ -4,23 +4,35 @@ verify: are the byte-range frames identical to a full-file decode? Exit
 status 0 when every episode-camera is identical, 1 when any differs (or
 fails), 2 for bad arguments or a dataset that cannot be opened.
 
-bench: LeRobot's episode-streaming tracks side by side (episodes.streaming),
+bench: LeRobot's episode-streaming tracks side by side (episodes.tools.streaming),
 one table. Exit status 0 when every track ran, 1 when one failed (its row
 says why, the others are still printed), 2 for bad arguments or a dataset
 that cannot be opened.
+
+Both keep MP4 indexes (and bench its usage-format copies) under
+--cache-dir, by default RnB's cache directory ($RNB_CACHE_DIR, else
+~/.cache/rnb): the command ships as RnB's `rnb-episodes`, and so shares
+the indexes RnB's runs made. The library itself has no default directory.
+
+The package's log records at INFO and above reach stderr as `episodes:
+message` while a command runs, the way RnB's commands show theirs; the
+handler is removed afterwards, so a call in-process leaves nothing behind.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
-from episodes.errors import EpisodeDataError
-from episodes.source import open_episodes
-from episodes.streaming import TRACKS, StreamingOptions, run_tracks, track_table
-from episodes.verify import EpisodeCheck, verify_dataset
-from rnb.console import terminal_logging
+from episodes import EpisodeDataError, open_episodes
+from episodes.tools.streaming import TRACKS, StreamingOptions, run_tracks, track_table
+from episodes.tools.verify import EpisodeCheck, verify_dataset
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("root", help="LeRobot v3.0 dataset root (path or fsspec URL), or a glob of MP4 files")
     verify.add_argument("--device", default="cpu", help="decode device: cpu or cuda:N (default cpu)")
     verify.add_argument("--cameras", nargs="+", metavar="KEY", help="video keys to check (default: all)")
-    _bench_arguments(commands.add_parser("bench", help="time LeRobot's episode-streaming tracks side by side"))
+    bench = commands.add_parser("bench", help="time LeRobot's episode-streaming tracks side by side")
+    _bench_arguments(bench)
+    cache_dir = Path(os.environ.get("RNB_CACHE_DIR") or Path.home() / ".cache" / "rnb")
+    for command in (verify, bench):
+        command.add_argument("--cache-dir", type=Path, default=cache_dir,
+                             help=f"where MP4 indexes and usage-format copies persist (default {cache_dir}: "
+                                  "$RNB_CACHE_DIR, else ~/.cache/rnb)")
     return parser
 
 
@@ -76,7 +94,7 @@ def _bench(args: argparse.Namespace) -> int:
             pool_size=args.pool_size, frames_per_episode=args.frames_per_episode,
             frame_pool_size=args.frame_pool_size, coalesce_gap_kb=args.coalesce_gap_kb, workers=args.workers,
             prefetch_ahead=args.prefetch_ahead, include_decode=args.include_decode, seed=args.seed,
-            use_sidecar=not args.no_sidecar)
+            use_sidecar=not args.no_sidecar, cache_dir=str(args.cache_dir))
         ds = open_episodes(args.root)
     except (EpisodeDataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -96,7 +114,8 @@ def _verify(args: argparse.Namespace) -> int:
     try:
         device = _device(args.device)
         ds = open_episodes(args.root)
-        report = verify_dataset(ds, device=device, cameras=args.cameras, on_check=_print_check)
+        report = verify_dataset(ds, device=device, cameras=args.cameras, cache_dir=args.cache_dir,
+                                on_check=_print_check)
     except (EpisodeDataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -105,9 +124,24 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.different == 0 and report.checks else 1
 
 
+@contextlib.contextmanager
+def _log_to_stderr() -> Iterator[None]:
+    """The package's records at INFO and above on the stderr of the moment, as `episodes: message`."""
+    logger, handler = logging.getLogger("episodes"), logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("episodes: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    with terminal_logging("episodes"):
+    with _log_to_stderr():
         return _bench(args) if args.command == "bench" else _verify(args)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rnb.harness.timecard import TimeCard
+from rnb.core.timecard import TimeCard
 
 
 class Aggregator:

@@ -11,7 +11,8 @@ items are never stuck waiting for company.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

@@ -18,28 +18,48 @@ waiting for a prefetch included) and decode_start/decode_finish, and fields
 episode, num_clips, frames_decoded, bytes_fetched (source bytes this item
 caused to be read: its own fetch, or a prefetch made for it) and
 bytes_reused (source bytes it used that an earlier item had paid for).
+
+MP4 indexes and usage-format columns persist under RnB's cache directory
+(cache_dir(): $RNB_CACHE_DIR, else ~/.cache/rnb), which the steps pass to
+the episodes library: it has no default directory of its own.
 """
 from __future__ import annotations
 
 import dataclasses
-import time
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from episodes import (EpisodeByteCache, EpisodeDataError, EpisodeDataset, FrameRequest, MiniRead, decode_frames,
-                      open_episodes)
-from episodes.cache import DEFAULT_COALESCE_GAP
-from rnb.harness.timecard import TimeCard
+from episodes import (
+    DEFAULT_COALESCE_GAP,
+    EpisodeByteCache,
+    EpisodeDataError,
+    EpisodeDataset,
+    Fetch,
+    FetchedFrames,
+    FrameRequest,
+    decode_mini_mp4,
+    open_episodes,
+)
+from rnb.core.timecard import TimeCard
 from rnb.pipeline.config import KeywordError
 from rnb.pipeline.dataset_source import EpisodeRequest
 
 FETCH = ("episode", "clips")
+CACHE_ENV = "RNB_CACHE_DIR"
 KINETICS_MEAN = (0.43216, 0.394666, 0.37645)
 KINETICS_STD = (0.22803, 0.22145, 0.216989)
+
+
+def cache_dir() -> Path:
+    """Where RnB keeps what it derives from datasets: `$RNB_CACHE_DIR`, else `~/.cache/rnb`."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rnb")
 
 
 @dataclass(frozen=True)
@@ -113,7 +133,7 @@ class EpisodeReader:
             raise ValueError(f"clip_length must be >= 1 and prefetch >= 0, got {clip_length} and {prefetch}")
         if fetch not in FETCH:
             raise ValueError(f"fetch must be \"episode\" or \"clips\", got {fetch!r}")
-        self.fetch_mode = fetch
+        self.fetch_mode: Fetch = "windows" if fetch == "clips" else "episode"
         self.coalesce_gap = coalesce_gap
         self.dataset = dataset
         self.camera = camera
@@ -131,9 +151,9 @@ class EpisodeReader:
 
     def _dataset(self, kind: str, root: str) -> tuple[EpisodeDataset, EpisodeByteCache]:
         if (kind, root) not in self._open:
-            ds = open_episodes(root, kind, usage_cache=self.usage_cache)
+            ds = open_episodes(root, kind, usage_cache_dir=cache_dir() if self.usage_cache else None)
             self._open[(kind, root)] = ds, EpisodeByteCache(ds, byte_budget=self.byte_budget, workers=self.workers,
-                                                            decode_threads=self.decode_threads,
+                                                            cache_dir=cache_dir(), decode_threads=self.decode_threads,
                                                             coalesce_gap=self.coalesce_gap)
         return self._open[(kind, root)]
 
@@ -156,14 +176,11 @@ class EpisodeReader:
         frames = sample_clip_frames(ds.episode_length(episode), self.clip_count.draw(rng), self.clip_length, rng)
         return ClipPlan(ds, cache, episode, camera, frames)
 
-    def fetch(self, plan: ClipPlan, card: TimeCard) -> MiniRead:
-        """The mini-MP4 the plan's frames decode from: the whole episode's, or one of just the clips' GOPs."""
+    def fetch(self, plan: ClipPlan, card: TimeCard) -> FetchedFrames:
+        """The plan's distinct frames fetched: in the whole episode's mini-MP4, or in one of just the clips' GOPs."""
         card.record("fetch_start")
-        if self.fetch_mode == "clips":
-            request = FrameRequest(plan.episode, plan.camera, frame_numbers=np.unique(plan.frames))
-            got = plan.cache.fetch_windows([request])[0]
-        else:
-            got = plan.cache.fetch_mini_mp4(plan.episode, plan.camera)
+        request = FrameRequest(plan.episode, plan.camera, frame_numbers=np.unique(plan.frames))
+        got = plan.cache.fetch_frames([request], fetch=self.fetch_mode)[0]
         card.record("fetch_finish")
         card.set_field("episode", plan.episode)
         card.set_field("num_clips", len(plan.frames))
@@ -172,13 +189,14 @@ class EpisodeReader:
         return got
 
 
-def decode_clips(frames: np.ndarray, decode: Any, size: int, card: TimeCard) -> torch.Tensor:
-    """Decode each distinct frame once (clips may overlap in a short episode), then build the clips."""
-    wanted, inverse = np.unique(frames, return_inverse=True)
+def decode_clips(frames: np.ndarray, decode: Callable[[], torch.Tensor], size: int, card: TimeCard) -> torch.Tensor:
+    """The clips from `decode()`, the distinct frames of `frames` in ascending order (clips may overlap in a
+    short episode, and each frame is decoded once)."""
+    _, inverse = np.unique(frames, return_inverse=True)
     card.record("decode_start")
-    decoded = decode(wanted)
+    decoded = decode()
     card.record("decode_finish")
-    card.set_field("frames_decoded", len(wanted))
+    card.set_field("frames_decoded", len(decoded))
     return to_clips(decoded[torch.from_numpy(inverse.reshape(-1))], len(frames), size)
 
 
@@ -219,7 +237,7 @@ class EpisodeLoader:
     names data columns (e.g. ["observation.state", "action"]) to
     pass on as (frames, dim) numpy arrays in non_tensors["tabular"]; with
     `tabular_cache` (the default) they are sliced from usage-format copies
-    of the data files (episodes.tabular) instead of decoded from Parquet.
+    of the data files (the episodes usage-format cache) instead of decoded from Parquet.
     """
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
@@ -248,8 +266,8 @@ class EpisodeLoader:
                  time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
         plan = self.reader.plan(non_tensors["request"], time_card.item_id)
         got = self.reader.fetch(plan, time_card)
-        clips = decode_clips(plan.frames, lambda wanted: plan.cache.decode(
-            got, plan.episode, plan.camera, wanted, self.device).frames, self.size, time_card)
+        clips = decode_clips(plan.frames, lambda: plan.cache.decode_frames(got, device=self.device).frames, self.size,
+                             time_card)
         out = {"request": non_tensors["request"], "episode": plan.episode, "num_clips": len(plan.frames)}
         if self.tabular:
             out["tabular"] = plan.ds.episode_columns(plan.episode, self.tabular)
@@ -268,7 +286,7 @@ class EpisodeFetcher:
     as non-tensors.
     """
 
-    output_device = "cpu"  # the decoder reads bytes from host memory (rnb.pipeline.plan.host_side)
+    output_device = "cpu"  # the decoder reads bytes from host memory (rnb.core.model.PlacesOutputs)
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
                  num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, prefetch: int = 2,
@@ -311,7 +329,7 @@ class EpisodeDecoder:
     too) reads them from there, so a copy to the GPU would only come back.
     """
 
-    input_device = "cpu"  # rnb.pipeline.plan.host_side
+    input_device = "cpu"  # rnb.core.model.PlacesInputs
 
     def __init__(self, device: torch.device, num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8,
                  size: int = 112) -> None:
@@ -326,7 +344,7 @@ class EpisodeDecoder:
     def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
                  time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
         mini = dataclasses.replace(non_tensors["mini"], data=tensors[0].cpu().numpy().tobytes())
-        clips = decode_clips(non_tensors["frames"], lambda wanted: decode_frames(mini, wanted, self.device),
-                             self.size, time_card)
+        frames = non_tensors["frames"]
+        clips = decode_clips(frames, lambda: decode_mini_mp4(mini, np.unique(frames), self.device), self.size, time_card)
         out = {key: value for key, value in non_tensors.items() if key not in ("mini", "frames")}
         return (clips,), out, time_card

@@ -10,14 +10,15 @@ does.  The job log's notes say which weights ran.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 from torchvision.models.video import r2plus1d_18
 
 from models.episode import ClipCount, EpisodeLoader, clip_shape
-from rnb.harness.timecard import TimeCard
+from rnb.core.timecard import TimeCard
 
 NUM_STAGES = 5
 DEFAULT_CLIPS = 10  # clips per item a network assumes when neither its input nor its keywords say

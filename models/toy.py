@@ -1,25 +1,25 @@
 """Tiny CPU models for tests and smoke runs, with switches to fail on purpose.
 
 They exercise every path of the harness (tensor outputs, segments, merging,
-failures) in seconds and without weights, data or a GPU.
+failures, work that runs asynchronously on a device) in seconds and without
+weights, data or a GPU.
 """
 from __future__ import annotations
 
-import gc
 import os
-import signal
-import struct
+import queue
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
 
-from rnb.harness import control
-from rnb.harness.control import Plumbing, Termination
-from rnb.harness.timecard import TimeCard, as_cards
+from rnb.core.device import DeviceMark
+from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
+from rnb.core.timecard import TimeCard, as_cards
 
 
 @dataclass(frozen=True)
@@ -144,46 +144,93 @@ class SegmentMerger:
         return merged, non_tensors, TimeCard.merge(card for card, _ in parts)
 
 
-class DiesHolding:
-    """A final step that, on item `at_item`, SIGKILLs itself while holding a piece of the job's shared plumbing.
+class SleepingDevice:
+    """A CPU stand-in for a GPU stream: work queued on it runs in order on a worker thread, each piece for its time.
 
-    `hold` says which: "flag" (in the middle of raising the termination
-    flag), "finished" (the lock of the finished-items count), "status" (the
-    write lock of the status queue), "results" (half a message written into
-    the results queue).  Whatever a dead child held, the main process must
-    still end the job with its log: nothing it waits on may be held by a child.
-    The plumbing is found among the process's objects, as a crash would find it.
+    `submit` returns at once, as a kernel launch does; the worker sleeps the
+    work's time and only then applies its effect (writes the output), so a
+    reader that does not wait for the device reads unfinished data, as it
+    would on a GPU.  `mark` (rnb.core.device.DeviceQueue) queues a marker
+    behind everything submitted so far; waiting on it blocks until the worker
+    reaches it, as a CUDA event's synchronize does.
     """
 
-    HOLDS = ("flag", "finished", "status", "results")
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue[tuple[float, Callable[[], None]]] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="sleeping-device", daemon=True).start()
 
-    def __init__(self, device: torch.device, hold: str = "flag", at_item: int = 3) -> None:
-        if hold not in self.HOLDS:
-            raise ValueError(f"hold must be one of {', '.join(self.HOLDS)}, not {hold!r}")
-        self.hold = hold
-        self.at_item = at_item
+    def submit(self, seconds: float, effect: Callable[[], None]) -> None:
+        self._work.put((seconds, effect))
+
+    def mark(self) -> SleepMark:
+        mark = SleepMark()
+        self._work.put((0.0, mark.reached))
+        return mark
+
+    def _run(self) -> None:
+        while True:
+            seconds, effect = self._work.get()
+            if seconds > 0:
+                time.sleep(seconds)
+            effect()
+
+
+class SleepMark:
+    """A marker in a SleepingDevice's queue: when the worker reached it (rnb.core.device.DeviceMark)."""
+
+    def __init__(self) -> None:
+        self._reached = threading.Event()
+        self.at = 0.0  # time.monotonic() when reached
+
+    def reached(self) -> None:
+        self.at = time.monotonic()
+        self._reached.set()
+
+    def wait(self) -> None:
+        self._reached.wait()
+
+    def ms_since(self, earlier: DeviceMark) -> float:
+        if not isinstance(earlier, SleepMark):
+            raise TypeError(f"a sleeping device's mark can only be timed against another, not a {type(earlier).__name__}")
+        return (self.at - earlier.at) * 1000.0
+
+
+class AsyncSleep:
+    """A step whose work runs on an emulated device for `ms + ms_per_item * batch` ms; the call itself returns at once.
+
+    It behaves as a network on a GPU does for the harness: the call queues
+    the work and returns, the work completes later (on a SleepingDevice), and
+    the output holds its values only then.  The runner reaches it through
+    the same seam as a CUDA stream (`device_queue`), so tests of how
+    asynchronous work is timed run on the CPU.  `batch` is the number of
+    items in the call (its time cards).  As step 0 it makes SyntheticFrames'
+    frames of the toy geometry; later it hands its input on unchanged.
+    """
+
+    def __init__(self, device: torch.device, ms: float = 0.0, ms_per_item: float = 0.0, clips: int = 2,
+                 frames: int = 4, height: int = 16, width: int = 16) -> None:
+        if ms < 0 or ms_per_item < 0:
+            raise ValueError(f"ms and ms_per_item must be >= 0, got {ms} and {ms_per_item}")
+        self.device = device
+        self.seconds = ms / 1000.0
+        self.seconds_per_item = ms_per_item / 1000.0
+        self.shape = (clips, 3, frames, height, width)
+        self.device_queue = SleepingDevice()
 
     @staticmethod
-    def output_shape(**kwargs: Any) -> None:
-        return None
+    def output_shape(clips: int = 2, frames: int = 4, height: int = 16, width: int = 16,
+                     input_shapes: tuple[tuple[int, ...], ...] | None = None,
+                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+        """Its input's shapes after step 0; there, (clips, 3, frames, height, width)."""
+        return input_shapes if input_shapes is not None else ((clips, 3, frames, height, width),)
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
-        if self.at_item in {card.item_id for card in as_cards(time_card)}:
-            self._die_holding(next(o for o in gc.get_objects() if isinstance(o, Plumbing)))
-        return (), non_tensors, time_card
-
-    def _die_holding(self, plumbing: Plumbing) -> None:
-        def die(*_: Any) -> None:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        if self.hold == "flag":  # the flag reads the clock once it has claimed the right to be raised
-            control.time = SimpleNamespace(time=die, sleep=time.sleep, monotonic=time.monotonic)
-            plumbing.flag.raise_(Termination.TARGET_REACHED)
-        elif self.hold == "finished":
-            plumbing.finished.get_lock().acquire()
-        elif self.hold == "status":
-            plumbing.status._wlock.acquire()
-        else:  # a header announcing 4096 bytes, then 16 of them
-            os.write(plumbing.results._writer.fileno(), struct.pack("!i", 4096) + b"\x80\x04" + b"\0" * 14)
-        die()
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        cards = as_cards(time_card)
+        if tensors:
+            result = tensors[0].clone()  # the input's buffer is the runner's again once the call returns
+        else:
+            result = torch.cat([SyntheticFrames.frames_for(card.item_id, self.shape) for card in cards]).to(self.device)
+        output = torch.zeros_like(result)
+        self.device_queue.submit(self.seconds + self.seconds_per_item * len(cards), lambda: output.copy_(result))
+        passed = non_tensors if tensors else {"request": non_tensors["request"]}
+        return StepOutput((output,), passed, time_card)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 PROJECT_LOGGERS = ("rnb", "models", "episodes")
 

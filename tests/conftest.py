@@ -11,16 +11,17 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from episodes.synthetic import make_dataset
-from episodes.testing_server import NGINX
-from rnb.harness.ray_cluster import use_loopback_if_local
+from episodes.testing.server import NGINX
+from episodes.testing.synthetic import make_dataset
+from rnb.engines.ray.cluster import use_loopback_if_local
 
 REPO = Path(__file__).resolve().parents[1]
 # Scripts the tests start (scripts/*.py, bench/run.py) import the project through the venv's

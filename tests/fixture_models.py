@@ -6,7 +6,8 @@ keywords may change; each class has just the surface that validation checks.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 

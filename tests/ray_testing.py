@@ -13,15 +13,16 @@ import re
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import ray
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
-from rnb.harness.ray_cluster import LOOPBACK, NAMESPACE, OWN_SYSTEM_CONFIG
+from rnb.engines.ray.cluster import LOOPBACK, NAMESPACE, OWN_SYSTEM_CONFIG
 
 LABELS = ("loaders", "nets")
 OBJECT_STORE_BYTES = 150 * 2**20  # per node: the tests' tensors are small, and the nodes share this machine

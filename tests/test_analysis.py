@@ -16,9 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from rnb.analysis.jobs import (
-    PERCENTILES, JobLogError, ValidityRules, load_jobs, read_job, stat_column, summarize_job,
+    PERCENTILES,
+    JobLogError,
+    ValidityRules,
+    load_jobs,
+    read_job,
+    stat_column,
+    summarize_job,
 )
-from rnb.harness.spool import SPOOL_DIR
+from rnb.core.joblog import SPOOL_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 ANALYZE = REPO / "scripts" / "analyze.py"

@@ -9,8 +9,8 @@ import pytest
 from bench import access_bench
 from bench.common import Effort
 from episodes import open_dataset
-from episodes.streaming import random_targets, windows_track
-from episodes.synthetic import make_dataset
+from episodes.testing.synthetic import make_dataset
+from episodes.tools.streaming import random_targets, windows_track
 
 EFFORT = Effort.of(quick=True)
 TINY = dict(episodes=6, episodes_per_file=3, min_length=24, max_length=40, width=64, height=64)
@@ -35,7 +35,7 @@ def test_random_frame_bytes_are_exact_counts(tiny: dict[int, Path], tmp_path: Pa
     assert [row.id for row in rows] == ["P2r", "P2re", "P2r2", "P2r2e"]
     assert [str(row.goal) for row in rows] == ["<= 1.2", "None", "None", "None"]
     ds = open_dataset(str(tiny[30]))
-    options = access_bench._options(60, sidecar_dir=str(tmp_path / "again"))
+    options = access_bench._options(60, cache_dir=str(tmp_path / "again"))
     again, _ = windows_track(ds, random_targets(ds, options), options)
     assert (rows[0].a.median, rows[0].b.median) == (again.bytes_fetched, again.bytes_useful)
     assert rows[0].b.median <= rows[0].a.median <= rows[1].a.median  # useful <= fetched <= whole episodes

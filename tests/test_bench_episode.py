@@ -9,11 +9,18 @@ import pytest
 
 from bench import episode_bench
 from bench.common import Effort
-from bench.episode_bench import (benchmark_seconds, bytes_rows, cached_dataset_name, ffmpeg_command, grainy_dataset,
-                                 remote_rows, sidecar_rows)
-from episodes import EpisodeByteCache, open_dataset
-from episodes.synthetic import SyntheticSpec, make_dataset
-from episodes.testing_server import serve_directory
+from bench.episode_bench import (
+    benchmark_seconds,
+    bytes_rows,
+    cached_dataset_name,
+    ffmpeg_command,
+    grainy_dataset,
+    remote_rows,
+    sidecar_rows,
+)
+from episodes import EpisodeByteCache, FrameRequest, open_dataset
+from episodes.testing.server import serve_directory
+from episodes.testing.synthetic import SyntheticSpec, make_dataset
 
 TINY = SyntheticSpec(codec="h264", gop=6, bframes=2, episodes=14, cameras=1, episodes_per_file=14,
                      min_length=9, max_length=12, width=64, height=64, seed=5)
@@ -44,8 +51,8 @@ def test_bytes_rows_count_every_episode_and_own_bytes_tile_the_file(root: Path) 
 
 
 def test_ffmpeg_decodes_every_sample_of_the_mini_mp4(root: Path, tmp_path: Path) -> None:
-    with EpisodeByteCache(open_dataset(str(root)), use_sidecar=False) as cache:
-        mini = cache.get_mini_mp4(3, "observation.images.cam0")
+    with EpisodeByteCache(open_dataset(str(root))) as cache:
+        mini = cache.fetch_frames([FrameRequest(3, "observation.images.cam0")])[0].mini
     path = tmp_path / "episode.mp4"
     path.write_bytes(mini.data)
     command = ffmpeg_command(path)
@@ -84,8 +91,9 @@ def test_grainy_dataset_is_generated_once_then_reused(tmp_path: Path, monkeypatc
     video = "videos/observation.images.cam0/chunk-000/file-000.mp4"
     assert (root / video).stat().st_size > 2 * (clean / video).stat().st_size
     ds = open_dataset(str(root))
-    with EpisodeByteCache(ds, use_sidecar=False) as cache:
-        frames = cache.get_episode_frames(2, "observation.images.cam0", range(ds.episode_length(2)))
+    with EpisodeByteCache(ds) as cache:
+        (read,) = cache.read_frames([FrameRequest(2, "observation.images.cam0")])
+    frames = read.frames
     assert frames.shape == (ds.episode_length(2), 3, 64, 64)
 
     def regenerate(*args: object) -> Path:

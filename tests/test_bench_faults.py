@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench.fault_inputs import check_config, hand_made, mutants
 from bench.faults import FaultRow, table
-from rnb.harness import cli
+from rnb import cli
 
 CONFIGS = sorted(Path("config").glob("*.json"))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rnb.harness import cli
+from rnb import cli
 
 
 def files_under(root: Path) -> list[str]:

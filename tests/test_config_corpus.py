@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rnb.harness import cli
+from rnb import cli
 from rnb.pipeline.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rnb.harness import cli
+from rnb import cli
 from rnb.pipeline.config import load_config
 from tests.test_models import tiny_dataset
 

@@ -1,7 +1,7 @@
 """Frames decoded from mini-MP4s are bit-identical to torchcodec's decode of the full file."""
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -9,10 +9,10 @@ import pytest
 import torch
 from torchcodec.decoders import VideoDecoder
 
+from episodes._decode import decode_mini_mp4, open_decoder
 from episodes._mp4.index import Mp4Index
 from episodes._mp4.span import episode_span
 from episodes._mp4.writer import MiniMp4, synthesize_mini_mp4
-from episodes.decode import decode_frames, open_decoder
 from tests.mp4_fixtures import ALL_KINDS, FPS, FRAMES, clip_dir, make_mp4, read_index
 
 __all__ = ["clip_dir"]
@@ -21,7 +21,7 @@ __all__ = ["clip_dir"]
 SPANS = [(0, 10), (5, 23), (13, FRAMES), (FRAMES - 1, FRAMES), (30, 31), (0, FRAMES)]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _full(path: Path, device: str = "cpu") -> VideoDecoder:
     return VideoDecoder(str(path), seek_mode="exact", device=device)
 
@@ -40,7 +40,7 @@ def test_mini_mp4_frames_are_bit_identical(clip_dir: Path, kind: str) -> None:
     for first, end in SPANS:
         mini = _mini(path, index, first, end)
         reference = _full(path).get_frames_at(list(range(first, end)))
-        frames = decode_frames(mini, range(end - first))
+        frames = decode_mini_mp4(mini, range(end - first))
         assert frames.dtype == torch.uint8 and frames.shape == (end - first, 3, 96, 128)
         assert torch.equal(frames, reference.data), (kind, first, end)
         ticks = np.round(reference.pts_seconds.numpy() * index.timescale).astype(np.int64)
@@ -55,7 +55,7 @@ def test_mini_mp4_is_smaller_than_the_source_and_self_consistent(clip_dir: Path)
     # torchcodec's own exact scan of the mini-MP4 agrees with the frame table we hand it.
     scanned = VideoDecoder(mini.data, seek_mode="exact")
     assert scanned.metadata.num_frames == len(mini.pts)
-    assert torch.equal(scanned.get_frames_at(mini.frame_index.tolist()).data, decode_frames(mini, range(15)))
+    assert torch.equal(scanned.get_frames_at(mini.frame_index.tolist()).data, decode_mini_mp4(mini, range(15)))
 
 
 def test_open_decoder_is_reusable_and_order_is_kept(clip_dir: Path) -> None:
@@ -63,8 +63,8 @@ def test_open_decoder_is_reusable_and_order_is_kept(clip_dir: Path) -> None:
     mini = _mini(path, read_index(path), 13, 50)
     decoder = open_decoder(mini)
     picks = [36, 0, 17, 17, 5]
-    first = decode_frames(mini, picks, decoder=decoder)
-    again = decode_frames(mini, [0, 36], decoder=decoder)
+    first = decode_mini_mp4(mini, picks, decoder=decoder)
+    again = decode_mini_mp4(mini, [0, 36], decoder=decoder)
     reference = _full(path).get_frames_at([13 + p for p in picks]).data
     assert torch.equal(first, reference)
     assert torch.equal(again, reference[[1, 0]])
@@ -75,7 +75,7 @@ def test_out_of_range_frame_number(clip_dir: Path, bad: int) -> None:
     path = make_mp4(clip_dir, "av1_gop2")
     mini = _mini(path, read_index(path), 13, 50)
     with pytest.raises(IndexError, match=rf"^episode frame {bad} is out of range: the episode has 37 frames$"):
-        decode_frames(mini, [0, bad])
+        decode_mini_mp4(mini, [0, bad])
 
 
 @pytest.mark.gpu
@@ -85,7 +85,7 @@ def test_nvdec_frames_equal_nvdec_full_file(clip_dir: Path, kind: str) -> None:
     index = read_index(path)
     for first, end in SPANS:
         mini = _mini(path, index, first, end)
-        frames = decode_frames(mini, range(end - first), device="cuda:0")
+        frames = decode_mini_mp4(mini, range(end - first), device="cuda:0")
         assert frames.device.type == "cuda"
         reference = _full(path, "cuda:0").get_frames_at(list(range(first, end))).data
         assert torch.equal(frames, reference), (kind, first, end)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from episodes import EpisodeByteCache, FetchError, Mp4FormatError, open_dataset
-from episodes.storage import Storage
-from episodes.synthetic import SyntheticSpec
-from episodes.testing_server import serve_directory
+from episodes import EpisodeByteCache, FetchError, FrameRequest, LeRobotDataset, Mp4FormatError, open_dataset
+from episodes._storage import Storage
+from episodes.testing.server import serve_directory
+from episodes.testing.synthetic import SyntheticSpec
 from tests.test_make_dataset import read_indices
 
 SPEC = SyntheticSpec(codec="h264", gop=6, bframes=2, episodes=4, cameras=1, episodes_per_file=2,
@@ -18,22 +18,21 @@ KEY = "observation.images.cam0"
 BROKEN = "videos/observation.images.cam0/chunk-000/file-001.mp4"  # episodes 2 and 3
 
 
-def expect_fault(cache: EpisodeByteCache, url: str, error: type, reason: str) -> None:
-    """Episode 2 fails with `error` naming `url` and the episode; episode 0 (another file) still decodes."""
+def expect_fault(ds: LeRobotDataset, cache: EpisodeByteCache, url: str, error: type, reason: str) -> None:
+    """Episode 2 fails with `error` naming `url` and the episode; episodes 0 and 1 (another file) still decode."""
     prefix = re.escape(f"{url}: episode 2, camera {KEY}: ")
     with pytest.raises(error, match=f"^{prefix}{reason}"):
-        cache.get_episode_frames(2, KEY, [0])
-    ds = cache.ds
-    assert read_indices(cache.get_episode_frames(0, KEY, [0, 1])) == [0, 1]
-    assert cache.get_episode_frames(1, KEY, [0]).shape[0] == 1
-    assert ds.episode(1).dataset_from_index == read_indices(cache.get_episode_frames(1, KEY, [0]))[0]
+        cache.read_frames([FrameRequest(2, KEY, frame_numbers=[0])])
+    zero, one = cache.read_frames([FrameRequest(0, KEY, frame_numbers=[0, 1]), FrameRequest(1, KEY, frame_numbers=[0])])
+    assert read_indices(zero.frames) == [0, 1] and read_indices(one.frames) == [ds.episode(1).dataset_from_index]
 
 
 def test_truncated_mp4(root: Path, tmp_path: Path) -> None:
     video = root / BROKEN
     video.write_bytes(video.read_bytes()[: video.stat().st_size // 2])
-    with EpisodeByteCache(open_dataset(str(root)), sidecar_dir=tmp_path) as cache:
-        expect_fault(cache, f"{root}/{BROKEN}", Mp4FormatError, r"box 'mdat' at byte \d+ declares \d+ bytes but only \d+ remain \(truncated")
+    ds = open_dataset(str(root))
+    with EpisodeByteCache(ds, cache_dir=tmp_path) as cache:
+        expect_fault(ds, cache, f"{root}/{BROKEN}", Mp4FormatError, r"box 'mdat' at byte \d+ declares \d+ bytes but only \d+ remain \(truncated")
 
 
 def test_corrupt_sample_tables(root: Path, tmp_path: Path) -> None:
@@ -41,23 +40,25 @@ def test_corrupt_sample_tables(root: Path, tmp_path: Path) -> None:
     data = video.read_bytes()
     assert data.count(b"stsz") == 1
     video.write_bytes(data.replace(b"stsz", b"xxxx"))
-    with EpisodeByteCache(open_dataset(str(root)), sidecar_dir=tmp_path) as cache:
-        expect_fault(cache, f"{root}/{BROKEN}", Mp4FormatError, "video track has neither 'stsz' nor 'stz2' box$")
+    ds = open_dataset(str(root))
+    with EpisodeByteCache(ds, cache_dir=tmp_path) as cache:
+        expect_fault(ds, cache, f"{root}/{BROKEN}", Mp4FormatError, "video track has neither 'stsz' nor 'stz2' box$")
 
 
 def test_missing_video_file(root: Path, tmp_path: Path) -> None:
     (root / BROKEN).unlink()
-    with EpisodeByteCache(open_dataset(str(root)), sidecar_dir=tmp_path) as cache:
-        expect_fault(cache, f"{root}/{BROKEN}", FetchError, "file not found$")
+    ds = open_dataset(str(root))
+    with EpisodeByteCache(ds, cache_dir=tmp_path) as cache:
+        expect_fault(ds, cache, f"{root}/{BROKEN}", FetchError, "file not found$")
         cache.prefetch(3)[0].exception(timeout=30)  # a failed prefetch is kept in its future, not raised
         with pytest.raises(FetchError, match=r": episode 3, camera .*: file not found$"):
-            cache.get_mini_mp4(3, KEY)
+            cache.fetch_frames([FrameRequest(3, KEY)])
 
 
 def test_short_read(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ds = open_dataset(str(root))
-    with EpisodeByteCache(ds, sidecar_dir=tmp_path) as cache:
-        cache.mp4_index(BROKEN)
+    with EpisodeByteCache(ds, cache_dir=tmp_path) as cache:
+        cache.index_files([BROKEN])
         original = ds.storage.fs.cat_file
 
         def short(path: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -65,7 +66,7 @@ def test_short_read(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             return data[:-3] if path.endswith(BROKEN) else data
 
         monkeypatch.setattr(ds.storage.fs, "cat_file", short)  # fsspec shares one instance: undo after
-        expect_fault(cache, f"{root}/{BROKEN}", FetchError, r"read of bytes \[\d+, \d+\) returned \d+ bytes, expected")
+        expect_fault(ds, cache, f"{root}/{BROKEN}", FetchError, r"read of bytes \[\d+, \d+\) returned \d+ bytes, expected")
 
 
 class RoutedStorage(Storage):
@@ -90,9 +91,9 @@ class RoutedStorage(Storage):
 def test_http_errors_are_retried_then_reported(root: Path, tmp_path: Path, location: str, reason: str) -> None:
     with serve_directory(root, tmp_path / "nginx") as server:
         ds = open_dataset(server.url)
-        with EpisodeByteCache(ds, sidecar_dir=tmp_path / "sidecar") as warm:
-            warm.mp4_index(BROKEN)  # at one byte per second the headers would take minutes; the sidecar has them
+        with EpisodeByteCache(ds, cache_dir=tmp_path / "sidecar") as warm:
+            warm.index_files([BROKEN])  # at one byte per second the headers would take minutes; the sidecar has them
         ds.storage = RoutedStorage(server.url, location)
-        with EpisodeByteCache(ds, sidecar_dir=tmp_path / "sidecar") as cache:
-            expect_fault(cache, f"{server.url}/{location}/{BROKEN}", FetchError, reason)
+        with EpisodeByteCache(ds, cache_dir=tmp_path / "sidecar") as cache:
+            expect_fault(ds, cache, f"{server.url}/{location}/{BROKEN}", FetchError, reason)
             assert server.requests(f"GET /{location}/{BROKEN}") == 2  # one retry, then the error

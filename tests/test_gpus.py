@@ -8,10 +8,17 @@ from types import TracebackType
 import pytest
 import torch
 
-from rnb.harness.job import with_main_memory
+from rnb.engines.local.driver import with_main_memory
 from rnb.pipeline.config import ConfigError, PipelineConfig, parse_config
-from rnb.pipeline.gpus import (DeviceState, GpuInfo, GpuRequestError, apply_cpu_override, busy_notes,
-                               device_memory_record, validate_gpus)
+from rnb.pipeline.gpus import (
+    DeviceState,
+    GpuInfo,
+    GpuRequestError,
+    apply_cpu_override,
+    busy_notes,
+    device_memory_record,
+    validate_gpus,
+)
 from rnb.pipeline.plan import plan_runners
 
 GIB = 2**30

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from rnb import cli
 from rnb.analysis import analyze_cli
-from rnb.harness import cli
 
 # A hang guard only: stopping itself is measured against the moment the job ended.
 STOP_BOUND_S = 10.0

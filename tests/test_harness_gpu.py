@@ -12,13 +12,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rnb.harness import cli
-from rnb.harness.control import Plumbing, SharedSlot
-from rnb.harness.job import allocate_slots
-from rnb.harness.local import LocalTransport, LocalWiring
-from rnb.harness.messages import Signal
-from rnb.harness.runner import RunnerSpec
-from rnb.harness.timecard import TimeCard
+from rnb import cli
+from rnb.core.messages import Signal
+from rnb.core.timecard import TimeCard
+from rnb.engines.local.driver import allocate_slots
+from rnb.engines.local.plumbing import Plumbing, SharedSlot
+from rnb.engines.local.transport import LocalTransport, LocalWiring
 from rnb.pipeline.config import parse_config
 from rnb.pipeline.gpus import Nvml
 from rnb.pipeline.plan import plan_runners
@@ -76,7 +75,7 @@ def test_split_loader_bytes_reach_a_gpu_decoder_in_host_memory():
     ctx = mp.get_context("spawn")
     slots = allocate_slots(ctx, fetch)
     plumbing = Plumbing.build(ctx, [{0}, {0}], 10, None)
-    transport = LocalTransport(RunnerSpec.from_placement(decode, target=1), LocalWiring((), {(0, 0): slots}), plumbing)
+    transport = LocalTransport(decode, 1, LocalWiring((), {(0, 0): slots}), plumbing)
     data = torch.arange(40, dtype=torch.uint8)
     slots[0].free.clear()
     slots[0].write((data,), "fetcher")

@@ -9,13 +9,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rnb.harness import cli, job
-from rnb.harness.control import LocalBuffers, SharedSlot
 from models.aggregator import Aggregator
 from models.batcher import Batcher
+from rnb import cli
+from rnb.core.timecard import TimeCard
+from rnb.engines.buffers import LocalBuffers
+from rnb.engines.local import driver
+from rnb.engines.local.plumbing import SharedSlot
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.plan import plan_runners
-from rnb.harness.timecard import TimeCard
 
 CTX = mp.get_context("spawn")
 
@@ -110,7 +112,7 @@ def test_a_setup_failure_writes_meta_and_exits_1_with_one_sentence(tmp_path, mon
                                                                    reported):
     def refuse(ctx, placement):
         raise failure
-    monkeypatch.setattr(job, "allocate_slots", refuse)
+    monkeypatch.setattr(driver, "allocate_slots", refuse)
     code = cli.main(["-c", _toy_config(tmp_path), "-v", "3", "--log-dir", str(tmp_path / "logs")])
     assert code == 1
     meta = job_log(tmp_path / "logs").meta

@@ -8,8 +8,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from rnb.analysis.stages import part_latencies
-from rnb.harness import cli
+from rnb import cli
+from rnb.core.stages import part_latencies
 
 SEGMENT_CHAIN = ["runner{k}_start", "inference{k}_start", "inference{k}_finish", "slot{k}_acquired", "runner{k}_finish"]
 STEP_COLUMNS = ["runner{k}_start", "inference{k}_start", "inference{k}_finish", "runner{k}_finish", "device{k}"]

@@ -12,16 +12,18 @@ import torch
 import torch.multiprocessing as mp
 
 from models.toy import SyntheticFrames
-from rnb.harness import cli, joblog
-from rnb.harness.control import (
-    HopQueue, LocalBuffers, Plumbing, SharedSlot, SlotFlag, StepQueue, Termination, TerminationFlag,
-)
-from rnb.harness import local
-from rnb.harness.local import LocalTransport, LocalWiring
-from rnb.harness.messages import Exited, Request, Signal
-from rnb.harness.runner import Runner, RunnerSpec
-from rnb.harness.timecard import TimeCard, as_cards
+from rnb import cli
+from rnb.core import joblog
+from rnb.core.messages import Exited, Request, Signal
+from rnb.core.termination import Termination
+from rnb.core.timecard import TimeCard, as_cards
+from rnb.engines.buffers import LocalBuffers
+from rnb.engines.local import transport as local
+from rnb.engines.local.plumbing import HopQueue, Plumbing, SharedSlot, SlotFlag, StepQueue, TerminationFlag
+from rnb.engines.local.transport import LocalTransport, LocalWiring
+from rnb.engines.runner import Runner
 from rnb.pipeline.config import ConfigError, parse_config
+from rnb.pipeline.plan import Placement
 from rnb.pipeline.sources import open_source
 
 CTX = mp.get_context("spawn")
@@ -248,9 +250,9 @@ class _TensorSpy(pickle.Pickler):
 
 
 def _runner(plumbing: Plumbing, step: int, model: str, slots, sources, out_queues, kwargs, target=2) -> Runner:
-    spec = RunnerSpec(name=f"step{step}-g0-r0", step=step, group=0, instance=0, device="cpu", model=model,
-                      model_kwargs=kwargs, in_queue=None if step == 0 else 0, out_queues=out_queues, target=target)
-    return Runner(spec, LocalTransport(spec, LocalWiring(slots, sources), plumbing))
+    spec = Placement(name=f"step{step}-g0-r0", step=step, group=0, instance=0, device="cpu", model=model,
+                     model_kwargs=kwargs, in_queue=None if step == 0 else 0, out_queues=out_queues)
+    return Runner(spec, LocalTransport(spec, target, LocalWiring(slots, sources), plumbing))
 
 
 def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
@@ -292,9 +294,9 @@ def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
 def test_the_final_step_ships_counted_cards_in_batches_and_holds_none_back(monkeypatch):
     monkeypatch.setattr(local, "RESULTS_WAIT_S", 3600.0)  # only size, idleness, the target and exit ship here
     plumbing = Plumbing.build(CTX, [], 10, None)
-    spec = RunnerSpec(name="step0-g0-r0", step=0, group=0, instance=0, device="cpu", model="models.toy.TinyConvNet",
-                      model_kwargs={}, in_queue=None, out_queues=(), target=151)
-    transport = LocalTransport(spec, LocalWiring((), {}), plumbing)
+    spec = Placement(name="step0-g0-r0", step=0, group=0, instance=0, device="cpu", model="models.toy.TinyConvNet",
+                     model_kwargs={}, in_queue=None, out_queues=())
+    transport = LocalTransport(spec, 151, LocalWiring((), {}), plumbing)
     cards = [TimeCard(item) for item in range(152)]
 
     def shipped() -> list[list[int]]:

@@ -10,24 +10,23 @@ import pytest
 import torch
 from torchvision.models.video import r2plus1d_18
 
-from rnb.harness.control import SharedSlot
-from rnb.harness.job import allocate_slots
-from episodes import EpisodeByteCache, open_dataset
+from episodes import DEFAULT_COALESCE_GAP, EpisodeByteCache, open_dataset
 from episodes._mp4.span import episode_span
 from episodes._mp4.windows import frame_windows
-from episodes.cache import DEFAULT_COALESCE_GAP
-from episodes.storage import coalesce_ranges
-from episodes.synthetic import make_dataset
+from episodes._storage import coalesce_ranges
+from episodes.testing.synthetic import make_dataset
 from models.aggregator import Aggregator
 from models.batcher import Batcher
-from models.episode import (EpisodeDecoder, EpisodeFetcher, EpisodeLoader, ClipCount, sample_clip_frames,
-                            to_clips)
+from models.episode import ClipCount, EpisodeDecoder, EpisodeFetcher, EpisodeLoader, sample_clip_frames, to_clips
 from models.r2p1d import R2P1DRunner, input_rows, stage_shape, warm_up_rows
+from rnb.core.timecard import TimeCard
+from rnb.engines.local.driver import allocate_slots
+from rnb.engines.local.plumbing import SharedSlot
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.dataset_source import EpisodeRequest, SourceOptions, parse_options, requests
 from rnb.pipeline.plan import plan_runners
-from rnb.harness.timecard import TimeCard
 from selector import LargeSmallSelector
+from tests.mp4_fixtures import read_index
 
 CPU = torch.device("cpu")
 
@@ -79,7 +78,7 @@ def test_loader_frames_equal_the_cache_frames_at_the_sampled_timestamps(dataset)
     ds = open_dataset(dataset)
     rng = np.random.default_rng([7, 5])
     numbers = sample_clip_frames(ds.episode_length(2), ClipCount.parse(3).draw(rng), 4, rng)
-    with EpisodeByteCache(ds, use_sidecar=False) as cache:
+    with EpisodeByteCache(ds) as cache:
         raw = cache.get_frames(2, ds.video_keys[0], numbers.reshape(-1) / ds.fps)
     assert torch.equal(clips, to_clips(raw, 3, 32))
     assert not torch.equal(raw[0], raw[-1])  # the check would be weak if every frame looked alike
@@ -122,8 +121,7 @@ def episode_range_bytes(root: str, ep: int) -> int:
     """The size of the episode's one byte range, worked out from its MP4 index."""
     ds = open_dataset(root)
     segment = ds.episode(ep).videos[ds.video_keys[0]]
-    with EpisodeByteCache(ds, use_sidecar=False) as cache:
-        index = cache.mp4_index(segment.path)
+    index = read_index(Path(root) / segment.path)
     return episode_span(index, segment.from_timestamp, segment.to_timestamp).num_bytes
 
 
@@ -131,8 +129,7 @@ def clip_window_bytes(root: str, ep: int, frames: np.ndarray) -> int:
     """What fetching only the GOPs of `frames` reads: their windows' runs, coalesced as the cache does."""
     ds = open_dataset(root)
     segment = ds.episode(ep).videos[ds.video_keys[0]]
-    with EpisodeByteCache(ds, use_sidecar=False) as cache:
-        index = cache.mp4_index(segment.path)
+    index = read_index(Path(root) / segment.path)
     runs = frame_windows(index, episode_span(index, segment.from_timestamp, segment.to_timestamp), frames).runs
     return sum(e - s for s, e in coalesce_ranges([(r.byte_start, r.byte_end) for r in runs], DEFAULT_COALESCE_GAP))
 

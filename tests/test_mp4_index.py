@@ -9,13 +9,21 @@ import numpy as np
 import pytest
 from torchcodec.decoders import VideoDecoder
 
+from episodes._errors import Mp4FormatError
 from episodes._mp4 import sample_table
 from episodes._mp4.index import Mp4Index, build_index
 from episodes._mp4.span import episode_span
 from episodes._mp4.writer import synthesize_mini_mp4
-from episodes.errors import Mp4FormatError
 from tests.mp4_fixtures import (
-    ALL_KINDS, FRAMES, VIDEO_STBL, box_path, clip_dir, make_mp4, read_index, replace_box, top_level,
+    ALL_KINDS,
+    FRAMES,
+    VIDEO_STBL,
+    box_path,
+    clip_dir,
+    make_mp4,
+    read_index,
+    replace_box,
+    top_level,
 )
 
 __all__ = ["clip_dir"]

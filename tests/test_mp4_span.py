@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from episodes._errors import Mp4FormatError
 from episodes._mp4.span import episode_span
 from episodes._mp4.writer import synthesize_mini_mp4
-from episodes.errors import Mp4FormatError
 from tests.mp4_fixtures import ALL_KINDS, FPS, FRAMES, clip_dir, make_mp4, read_index, top_level
 
 __all__ = ["clip_dir"]

@@ -10,8 +10,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from episodes.testing_network import NetworkProfile
-from episodes.testing_server import serve_directory
+from episodes.testing.network import NetworkProfile
+from episodes.testing.server import serve_directory
 
 pytestmark = pytest.mark.nginx
 

@@ -22,7 +22,7 @@ import pytest
 import ray
 import torch
 
-from rnb.harness import cli
+from rnb import cli
 from tests.test_models import tiny_dataset
 
 pytestmark = pytest.mark.slow

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from rnb.harness import cli
-from rnb.harness.ray_actors import Outstanding
-from rnb.harness.ray_cluster import NodeInfo, is_loopback_address, resolve_address, split_label, use_loopback_if_local
-from rnb.harness.ray_engine import measure_offset, paths_every_node_sees
-from rnb.harness.ray_placement import RESOURCE_SLIVER, seat_runners
+from rnb import cli
+from rnb.engines.ray.actors import Outstanding
+from rnb.engines.ray.cluster import NodeInfo, is_loopback_address, resolve_address, split_label, use_loopback_if_local
+from rnb.engines.ray.driver import measure_offset, paths_every_node_sees
+from rnb.engines.ray.placement import RESOURCE_SLIVER, seat_runners
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.plan import plan_runners
 

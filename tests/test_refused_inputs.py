@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rnb.harness import cli
+from rnb import cli
 
 TOY = json.loads(Path("config/toy.json").read_text())
 

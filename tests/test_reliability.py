@@ -74,7 +74,7 @@ def job_log(tmp_path: Path) -> tuple[dict, list[dict]]:
 def test_a_child_killed_holding_shared_plumbing_cannot_wedge_the_job(tmp_path, hold):
     """The dead child held the flag mid-raise, the status queue's write lock, or had written half a message."""
     config = write_config(tmp_path, {"source": {"synthetic": True}, "pipeline": [  # one step, two replicas
-        {"model": "models.toy.DiesHolding", "queue_groups": [{"gpus": [-1, -1]}], "hold": hold, "at_item": 3}]})
+        {"model": "bench.fault_models.DiesHolding", "queue_groups": [{"gpus": [-1, -1]}], "hold": hold, "at_item": 3}]})
     job, mark = start_job(tmp_path, config, "-v", "200", "-mi", "2", "--warmup", "0")
     out, err = finish(job)
     assert job.returncode == 1, err

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from episodes import EpisodeByteCache, open_dataset, open_video_files
+from episodes import EpisodeByteCache, FrameRequest, open_dataset, open_video_files
 from episodes.__main__ import main
-from episodes.synthetic import SyntheticSpec, make_dataset
-from episodes.testing_server import serve_directory
+from episodes.testing.server import serve_directory
+from episodes.testing.synthetic import SyntheticSpec, make_dataset
 
 SPEC = SyntheticSpec(codec="h264", gop=6, bframes=2, episodes=5, cameras=2, episodes_per_file=3,
                      min_length=8, max_length=16, width=64, height=64, seed=4)
@@ -26,13 +26,12 @@ def test_http_frames_equal_local_frames(root: Path, tmp_path: Path) -> None:
     local_ds = open_dataset(str(root))
     with serve_directory(root, tmp_path / "nginx") as server:
         remote_ds = open_dataset(f"{server.url}/nolist")
-        with EpisodeByteCache(remote_ds, sidecar_dir=tmp_path / "c1") as remote, \
-                EpisodeByteCache(local_ds, use_sidecar=False) as local:
+        with EpisodeByteCache(remote_ds, cache_dir=tmp_path / "c1") as remote, \
+                EpisodeByteCache(local_ds) as local:
             for key in local_ds.video_keys:
                 for ep in range(local_ds.num_episodes):
-                    numbers = range(local_ds.episode_length(ep))
-                    assert torch.equal(remote.get_episode_frames(ep, key, numbers),
-                                       local.get_episode_frames(ep, key, numbers)), (key, ep)
+                    every = [FrameRequest(ep, key)]  # every frame of the episode
+                    assert torch.equal(remote.read_frames(every)[0].frames, local.read_frames(every)[0].frames), (key, ep)
             stats = remote.stats()
         video_gets = server.requests("GET /nolist/videos/")
         # Per file: a few header probes; per episode-camera: exactly one payload range.
@@ -49,10 +48,12 @@ def test_http_verifier_and_plain_video_urls(root: Path, tmp_path: Path, capsys: 
         videos = open_video_files([url])
         assert videos.root == f"{server.url}/videos/observation.images.cam0/chunk-000"
         assert videos.episode_length(0) == sum(open_dataset(str(root)).episode_length(e) for e in (3, 4))
-        with EpisodeByteCache(videos, sidecar_dir=tmp_path / "c2") as cache:
-            frames = cache.get_episode_frames(0, "video", [0, videos.episode_length(0) - 1])
-        with EpisodeByteCache(open_dataset(str(root)), use_sidecar=False) as local:
-            expected = torch.cat([local.get_episode_frames(3, "observation.images.cam0", [0]),
-                                  local.get_episode_frames(4, "observation.images.cam0",
-                                                           [local.ds.episode_length(4) - 1])])
+        with EpisodeByteCache(videos, cache_dir=tmp_path / "c2") as cache:
+            (read,) = cache.read_frames([FrameRequest(0, "video", frame_numbers=[0, videos.episode_length(0) - 1])])
+        local_ds = open_dataset(str(root))
+        with EpisodeByteCache(local_ds) as local:
+            first, last = local.read_frames([
+                FrameRequest(3, "observation.images.cam0", frame_numbers=[0]),
+                FrameRequest(4, "observation.images.cam0", frame_numbers=[local_ds.episode_length(4) - 1])])
+        frames, expected = read.frames, torch.cat([first.frames, last.frames])
         assert torch.equal(frames, expected)

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from episodes.synthetic import SyntheticSpec, encode_video
+from episodes.testing.synthetic import SyntheticSpec, encode_video
 from models.episode import ClipCount
-from rnb.harness import cli
+from rnb import cli
 from rnb.pipeline.config import ConfigError, load_config, parse_config
 from rnb.pipeline.original import RNB_CLIPS
 from rnb.pipeline.plan import plan_runners

@@ -10,7 +10,7 @@ from types import TracebackType
 
 import pyarrow.parquet as pq
 
-from rnb.harness.sampler import SCHEMA, SampledGpu, Sampler
+from rnb.engines.sampler import SCHEMA, SampledGpu, Sampler
 from rnb.pipeline.gpus import GpuUtilisation
 
 

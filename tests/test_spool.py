@@ -5,9 +5,9 @@ import random
 
 import pyarrow.parquet as pq
 
-from rnb.harness.joblog import timings_table
-from rnb.harness.spool import SPOOL_DIR, TimingsSpool
-from rnb.harness.timecard import TimeCard
+from rnb.core.joblog import SPOOL_DIR, timings_table
+from rnb.core.timecard import TimeCard
+from rnb.engines.spool import TimingsSpool
 
 
 def cards(count: int) -> list[TimeCard]:

@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 
 from rnb.analysis.stats import (
-    ThroughputSeries, binomial_cdf, min_items_for_upper_bound, order_statistic_ranks, percentile_bounds,
-    steady_state, window_count, windowed_throughput,
+    ThroughputSeries,
+    binomial_cdf,
+    min_items_for_upper_bound,
+    order_statistic_ranks,
+    percentile_bounds,
+    steady_state,
+    window_count,
+    windowed_throughput,
 )
 
 

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from episodes.errors import DatasetFormatError, FetchError
-from episodes.storage import FileInfo, Storage, coalesce_ranges, relative_path
-from episodes.testing_server import serve_directory
+from episodes._errors import DatasetFormatError, FetchError
+from episodes._storage import FileInfo, Storage, coalesce_ranges, relative_path
+from episodes.testing.server import serve_directory
 
 PAYLOAD = bytes(range(256)) * 40  # 10240 bytes, every offset identifiable
 

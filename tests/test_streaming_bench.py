@@ -8,9 +8,10 @@ import pytest
 
 from episodes import open_dataset
 from episodes.__main__ import main
-from episodes.streaming import TRACKS, StreamingOptions, random_targets, run_tracks
-from episodes.synthetic import SyntheticSpec, make_dataset
-from episodes.testing_server import serve_directory
+from episodes._sidecar import sidecar_path
+from episodes.testing.server import serve_directory
+from episodes.testing.synthetic import SyntheticSpec, make_dataset
+from episodes.tools.streaming import TRACKS, StreamingOptions, random_targets, run_tracks
 
 SPEC = SyntheticSpec(episodes=8, cameras=2, episodes_per_file=4, min_length=30, max_length=60, width=64, height=64,
                      gop=10, bframes=2, seed=2)
@@ -76,3 +77,14 @@ def test_over_http_with_a_failing_track_the_others_still_report(root: Path, tmp_
 def test_bad_knobs_exit_2(root: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     assert main(["bench", str(root), *args]) == 2
     assert capsys.readouterr().err.strip() == f"error: {message}"
+
+
+def test_indexes_persist_under_cache_dir_unless_no_sidecar(root: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", str(root), *SMALL, "--strategy", "indexed", "--cache-dir", str(tmp_path)]
+    sources = []
+    for extra in ([], [], ["--no-sidecar"]):
+        assert main([*args, *extra]) == 0
+        sources.append(table_rows(capsys.readouterr().out)["indexed"]["index s"].split()[-1])
+    assert sources == ["(headers)", "(sidecar)", "(headers)"]
+    assert sidecar_path(open_dataset(str(root)).storage, tmp_path).is_file()

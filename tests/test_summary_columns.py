@@ -6,12 +6,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import pytest
 
 from rnb.analysis.jobs import read_job
-from rnb.analysis.stages import END_TO_END, PARTS, part_key, part_latencies
 from rnb.analysis.summary import summary_text, utilisation_text
 from rnb.analysis.utilisation import utilisation_columns
+from rnb.core.stages import END_TO_END, PARTS, part_key, part_latencies
 from tests.test_trace import handmade  # noqa: F401  (the fixture is used by name)
 
 

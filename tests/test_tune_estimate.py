@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rnb.tune.estimate import (POLL_S, Arrivals, Service, SimGroup, SimPipeline, Simulation, peak_rate, simulate)
+from rnb.tune.estimate import POLL_S, Arrivals, Service, SimGroup, SimPipeline, Simulation, peak_rate, simulate
 
 
 def chain(*services: Service, replicas: tuple[int, ...] = (), slots: int = 10, batch_at: dict[int, int] | None = None,
@@ -77,7 +77,8 @@ def test_a_closed_loop_of_one_request_runs_the_steps_one_after_the_other() -> No
 def test_the_batcher_hands_over_full_batches_under_load() -> None:
     # Batcher (batch 4, no cost) then a network of 6 + 1.5 x 4 = 12 ms per batch: 4 items per 12 ms in bulk.
     network = Service((0.012,), inside=(0.012,), partial=(7.5 / 12, 9 / 12, 10.5 / 12, 1.0))
-    prediction = simulate(chain(ms(0.01), Service.constant(0.0), network, batch_at={1: 4}), Arrivals("bulk"), items=4000, warmup=0)
+    pipeline = chain(ms(0.01), Service.constant(0.0), network, batch_at={1: 4})
+    prediction = simulate(pipeline, Arrivals("bulk"), items=4000, warmup=0)
     assert prediction.throughput_items_per_s == pytest.approx(1000 * 4 / 12, rel=0.005)
 
 

@@ -110,7 +110,8 @@ def test_the_devices_objective_finds_the_fewest_slots_that_serve_the_target(spac
     assert quick.quick()[0].devices == 5
 
 
-def test_memory_prunes_what_the_host_cannot_hold(space: TuneSpace, profiles: dict[ProfileKey, Profile], estimator: Estimator) -> None:
+def test_memory_prunes_what_the_host_cannot_hold(space: TuneSpace, profiles: dict[ProfileKey, Profile],
+                                                 estimator: Estimator) -> None:
     best = space.candidate({(0, 0): 4, (2, 0): 1, (3, 0): 1}, {(1, 0): 8})
     # 7 runners of 100 MiB each (the Batcher's included) and their slots: 700 MiB and a little
     assert memory_problem(space, best, profiles, BENCH, Memory({}, 2**30)) is None
@@ -134,7 +135,8 @@ def test_a_batch_list_must_hold_positive_integers() -> None:
     document["pipeline"][1]["batch"] = [1, 0]
     with pytest.raises(ConfigError) as error:
         read_space(document, "x.json", Budget(cpu_slots=6))
-    assert str(error.value) == "x.json: pipeline[1].batch: expected a non-empty list of integers >= 1 to choose from, found [1, 0]"
+    assert str(error.value) == ("x.json: pipeline[1].batch: expected a non-empty list of integers >= 1 to choose from, "
+                                "found [1, 0]")
 
 
 def test_the_batch_flag_and_a_segments_list_widen_the_space() -> None:

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
-from episodes import DatasetFormatError, EpisodeByteCache, FetchError, Mp4FormatError, open_dataset
-from episodes.synthetic import SyntheticSpec
-from episodes.testing_faults import serve_with_faults
-from rnb.harness import cli
+from episodes import DatasetFormatError, EpisodeByteCache, FetchError, FrameRequest, Mp4FormatError, open_dataset
+from episodes._sidecar import sidecar_path
+from episodes.testing.faults import serve_with_faults
+from episodes.testing.synthetic import SyntheticSpec
+from rnb import cli
 from tests.test_make_dataset import read_indices
 
 SPEC = SyntheticSpec(codec="h264", gop=4, episodes=3, cameras=1, episodes_per_file=2, min_length=6, max_length=8,
@@ -73,16 +74,17 @@ def test_a_server_that_ignores_range_is_refused_by_the_start_up_probe(root, tmp_
 
 def test_a_wrong_content_range_is_retried_and_then_blamed_on_the_server(root, tmp_path):
     with serve_with_faults(root, first(2, "shift")) as url:  # two wrong answers, then right ones: retries absorb them
-        with EpisodeByteCache(open_dataset(url, backoff_s=0.01), sidecar_dir=tmp_path) as cache:
-            assert read_indices(cache.get_episode_frames(1, KEY, [0, 1])) == [
-                cache.ds.episode(1).dataset_from_index + i for i in (0, 1)]
+        ds = open_dataset(url, backoff_s=0.01)
+        with EpisodeByteCache(ds, cache_dir=tmp_path) as cache:
+            (read,) = cache.read_frames([FrameRequest(1, KEY, frame_numbers=[0, 1])])
+            assert read_indices(read.frames) == [ds.episode(1).dataset_from_index + i for i in (0, 1)]
     with serve_with_faults(root, first(10**6, "shift")) as url:
-        with EpisodeByteCache(open_dataset(url, backoff_s=0.01), sidecar_dir=tmp_path / "fresh") as cache:
+        with EpisodeByteCache(open_dataset(url, backoff_s=0.01), cache_dir=tmp_path / "fresh") as cache:
             with pytest.raises(FetchError, match=(
                     rf"^{re.escape(url)}/{VIDEO}: episode 0, camera {KEY}: read of bytes \[0, \d+\) failed after 4 "
                     rf"attempts \(the server answered Content-Range 'bytes 1-\d+/\d+' to a request for bytes "
                     rf"0-\d+\)$")):
-                cache.get_episode_frames(0, KEY, [0])
+                cache.read_frames([FrameRequest(0, KEY, frame_numbers=[0])])
 
 
 def test_a_path_template_leaving_the_root_is_refused_when_the_dataset_opens(root, tmp_path, capsys):
@@ -113,21 +115,21 @@ def test_a_video_symlinked_out_of_the_root_is_refused_and_never_read(root, tmp_p
 
 def test_errors_never_echo_the_bytes_of_a_file_that_is_not_an_mp4(root, tmp_path):
     (root / VIDEO).write_text("root:x:0:0:root:/root:/bin/bash\n" * 50)  # inside the root, so it is read
-    with EpisodeByteCache(open_dataset(str(root)), sidecar_dir=tmp_path) as cache:
+    with EpisodeByteCache(open_dataset(str(root)), cache_dir=tmp_path) as cache:
         with pytest.raises(Mp4FormatError) as caught:
-            cache.get_episode_frames(0, KEY, [0])
+            cache.read_frames([FrameRequest(0, KEY, frame_numbers=[0])])
     assert str(caught.value) == (f"{root}/{VIDEO}: episode 0, camera {KEY}: the bytes at 0 are not an MP4 box header "
                                  "(an unknown type and a size that does not fit): not an MP4 file, or a corrupt one")
 
 
-def test_nothing_is_written_into_the_dataset(root, tmp_path, monkeypatch):
-    monkeypatch.setenv("RNB_CACHE_DIR", str(tmp_path / "cache"))
+def test_nothing_is_written_into_the_dataset(root, tmp_path):
     before = sorted((p.relative_to(root), p.stat().st_mtime_ns) for p in root.rglob("*"))
-    ds = open_dataset(str(root), usage_cache=True)
-    with EpisodeByteCache(ds) as cache:
-        assert read_indices(cache.get_episode_frames(2, KEY, [0])) == [ds.episode(2).dataset_from_index]
+    ds = open_dataset(str(root), usage_cache_dir=tmp_path / "cache")
+    with EpisodeByteCache(ds, cache_dir=tmp_path / "cache") as cache:
+        (read,) = cache.read_frames([FrameRequest(2, KEY, frame_numbers=[0])])
+        assert read_indices(read.frames) == [ds.episode(2).dataset_from_index]
         assert ds.episode_columns(2, ["index"])["index"][0] == ds.episode(2).dataset_from_index
-        assert cache.sidecar_path.is_file() and (tmp_path / "cache") in cache.sidecar_path.parents
+    assert sidecar_path(ds.storage, tmp_path / "cache").is_file()
     assert sorted((p.relative_to(root), p.stat().st_mtime_ns) for p in root.rglob("*")) == before
 
 

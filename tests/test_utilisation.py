@@ -6,18 +6,17 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from rnb import cli
 from rnb.analysis.jobs import load_jobs, read_job
 from rnb.analysis.report import format_utilisation, load_curves, stage_colours
-from rnb.analysis.stages import PARTS
 from rnb.analysis.utilisation import bottleneck, busy_fractions, union_seconds
-from rnb.harness import cli
+from rnb.core.stages import PARTS
 from tests.test_trace import handmade, run_analyze  # noqa: F401  (the fixture is used by name)
-
-import numpy as np
 
 
 def test_union_counts_overlapping_intervals_once() -> None:

@@ -1,58 +1,21 @@
-"""A stand-in for models.toy.AsyncSleep until it reaches main (issue 18), and the tuner tests' shared helpers.
-
-`SleepStep` has AsyncSleep's interface and costs: a call of n items (time
-cards) takes `ms + ms_per_item * n` milliseconds of emulated device time
-(here a plain sleep, which holds no CPU either) and outputs the toy
-geometry of models.toy.SyntheticFrames, (clips, 3, frames, height, width)
-per item, stacked for a batch as the Batcher does.
-"""
+"""What the tuner's tests share: the example config, profiles made by hand, a headless browser."""
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-import models.toy
-from rnb.harness.timecard import as_cards
 from rnb.tune.profile import Bench, Profile, ProfileKey, plan_profiles
 from rnb.tune.space import TuneSpace
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "config" / "tune-example.json"
-ASYNC_SLEEP = "models.toy.AsyncSleep"
-SLEEP_MODEL = ASYNC_SLEEP if hasattr(models.toy, "AsyncSleep") else "tests.tune_support.SleepStep"
-
-
-class SleepStep:
-    def __init__(self, device: torch.device, ms: float = 0.0, ms_per_item: float = 0.0, clips: int = 2,
-                 frames: int = 4, height: int = 16, width: int = 16,
-                 input_shapes: tuple[tuple[int, ...], ...] | None = None) -> None:
-        self.ms, self.ms_per_item, self.clips = ms, ms_per_item, clips
-        rows = SleepStep.output_shape(clips, frames, height, width, input_shapes)[0][0]
-        self.output = torch.zeros((rows, 3, frames, height, width), device=device)
-
-    @staticmethod
-    def output_shape(clips: int = 2, frames: int = 4, height: int = 16, width: int = 16,
-                     input_shapes: tuple[tuple[int, ...], ...] | None = None, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
-        rows = clips if input_shapes is None else max(clips, input_shapes[0][0])
-        return ((rows, 3, frames, height, width),)
-
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> tuple:
-        items = len(as_cards(time_card))
-        time.sleep((self.ms + self.ms_per_item * items) / 1000.0)
-        return (self.output[: items * self.clips],), non_tensors, time_card
 
 
 def example_document(path: Path = EXAMPLE) -> dict[str, Any]:
-    """config/tune-example.json, its sleeping steps run by SleepStep where AsyncSleep is not there yet."""
-    document = json.loads(path.read_text())
-    for step in document["pipeline"]:
-        if step["model"] == ASYNC_SLEEP:
-            step["model"] = SLEEP_MODEL
+    """config/tune-example.json as a JSON document."""
+    document: dict[str, Any] = json.loads(path.read_text())
     return document
 
 

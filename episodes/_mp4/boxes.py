@@ -10,7 +10,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from episodes.errors import Mp4FormatError
+from episodes._errors import Mp4FormatError
 
 ReadRange = Callable[[int, int], bytes]
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from episodes._errors import Mp4FormatError
 from episodes._mp4 import sample_table as st
 from episodes._mp4.boxes import Box, ReadRange, child_boxes, find_child, read_exact, require_child, top_level_boxes
-from episodes.errors import Mp4FormatError
 
 _ARRAYS = ("dts", "pts", "duration", "size", "offset", "is_sync")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from episodes.errors import Mp4FormatError
+from episodes._errors import Mp4FormatError
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from episodes._errors import Mp4FormatError
 from episodes._mp4.index import Mp4Index
-from episodes.errors import Mp4FormatError
 
 
 @dataclass(frozen=True)

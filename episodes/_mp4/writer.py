@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from episodes._errors import Mp4FormatError
 from episodes._mp4.index import Mp4Index
 from episodes._mp4.span import EpisodeSpan
-from episodes.errors import Mp4FormatError
 
 _MATRIX = struct.pack(">9I", 0x10000, 0, 0, 0, 0x10000, 0, 0, 0, 0x40000000)
 _U32_MAX = 0xFFFFFFFF

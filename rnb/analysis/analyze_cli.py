@@ -14,17 +14,25 @@ import json
 import sys
 from pathlib import Path
 
-
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import (JSON_COLUMNS, JobLogError, JobTables, ValidityRules, find_job_dirs, incomplete_job,
-                               is_complete, load_jobs, read_job)
-from rnb.harness.spool import SPOOL_DIR
+from rnb.analysis.jobs import (
+    JSON_COLUMNS,
+    JobLogError,
+    JobTables,
+    ValidityRules,
+    find_job_dirs,
+    incomplete_job,
+    is_complete,
+    load_jobs,
+    read_job,
+)
 from rnb.analysis.report import format_compare, format_report, plot_jobs
 from rnb.analysis.html import write_job_page
 from rnb.analysis.trace import write_trace
 from rnb.console import terminal_logging
+from rnb.core.joblog import SPOOL_DIR
 
 DEFAULTS = ValidityRules()
 

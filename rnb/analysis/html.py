@@ -11,16 +11,18 @@ from __future__ import annotations
 import functools
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rnb.analysis.jobs import ValidityRules, load_jobs, stat_column
 from rnb.analysis.report import STAGE_HEADER, device_spread, format_percentiles, stage_rows, utilisation_lines
-from rnb.analysis.stages import PARTS, part_key
+from rnb.core.stages import PARTS, part_key
 
 # Inline scripts and styles only; data: and blob: images are what plotly's own toolbar draws with.
 POLICY = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
           "img-src data: blob:; font-src data:")
+DEFAULT_RULES = ValidityRules()
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; } h3 { font-size: 1.05em; }
@@ -126,7 +128,7 @@ def job_section(job: dict[str, Any], heading: str, anchor: str) -> list[str]:
     return parts
 
 
-def write_job_page(job_dir: str | Path, path: str | Path, rules: ValidityRules = ValidityRules()) -> None:
+def write_job_page(job_dir: str | Path, path: str | Path, rules: ValidityRules = DEFAULT_RULES) -> None:
     """analyze.py JOB --html FILE: one job's page."""
     job = load_jobs([job_dir], rules=rules).jobs.to_pylist()[0]
     Path(path).write_text(page(f"RnB job {job['job_id']}", job_section(job, f"job {job['job_id']}", "job")),

@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.analysis.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
 from rnb.analysis.utilisation import utilisation_columns
-from rnb.harness.sampler import SAMPLES_FILE
-from rnb.harness.spool import SPOOL_DIR
+from rnb.core.joblog import CONFIG_FILE, META_FILE, SAMPLES_FILE, SPOOL_DIR, TIMINGS_FILE, read_meta
+from rnb.core.records import JobLogError, JobMeta
+from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 
 TARGET_REACHED = "target reached"
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
@@ -33,15 +34,11 @@ ARG_KEYS: tuple[str, ...] = (
     "mean_interval_ms", "videos", "batch_size", "queue_size",
     "concurrency", "warmup", "seed", "cpu", "log_dir",
 )
-JOB_FILES: tuple[str, ...] = ("meta.json", "config.json", "timings.parquet", SPOOL_DIR)
+JOB_FILES: tuple[str, ...] = (META_FILE, CONFIG_FILE, TIMINGS_FILE, SPOOL_DIR)
 JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
     "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows",
     "busy_fraction", "cpu_percent")
 BOUNDED_PERCENTILE = 99.0   # VALID needs enough items to bound this percentile from above
-
-
-class JobLogError(ValueError):
-    """A log directory or job that cannot be analysed; `str()` is one sentence naming the file."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +56,7 @@ class Job:
 
     job_id: str
     path: Path
-    meta: dict[str, Any]
+    meta: JobMeta
     config: dict[str, Any]
     timings: pa.Table
     num_steps: int
@@ -118,7 +115,7 @@ def _is_job_dir(path: Path) -> bool:
 
 def is_complete(path: Path) -> bool:
     """Whether a job directory holds meta.json, the last file a job writes."""
-    return (path / "meta.json").is_file()
+    return (path / META_FILE).is_file()
 
 
 def incomplete_job(path: Path) -> IncompleteJob:
@@ -140,13 +137,10 @@ def read_job(path: str | Path, columns: Callable[[int], Iterable[str]] | None = 
     that needs a few columns of a long job holds is those, not every row.
     """
     path = Path(path)
-    meta = _read_json(path / "meta.json")
-    config = _read_json(path / "config.json")
-    timings_path = path / "timings.parquet"
-    try:
-        num_steps = int(meta["num_steps"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise JobLogError(f"{path / 'meta.json'}: needs an integer 'num_steps'.") from exc
+    meta = read_meta(path)
+    config = _read_json(path / CONFIG_FILE)
+    timings_path = path / TIMINGS_FILE
+    num_steps = meta.num_steps
     try:
         if columns is None:
             timings = pq.read_table(timings_path)
@@ -160,7 +154,7 @@ def read_job(path: str | Path, columns: Callable[[int], Iterable[str]] | None = 
     for column in ("item_id", "is_warmup", ENQUEUE, *_step_columns(num_steps)):
         if column not in timings.column_names:
             raise JobLogError(f"{timings_path}: lacks the column {column!r}.")
-    return Job(str(meta.get("job_id", path.name)), path, meta, config, timings, num_steps, _read_samples(path))
+    return Job(meta.job_id or path.name, path, meta, config, timings, num_steps, _read_samples(path))
 
 
 def _read_samples(path: Path) -> pa.Table | None:
@@ -231,7 +225,7 @@ def e2e_percentile_ms(job: Job, percentile: float) -> float:
     as infinitely slow for anyone comparing it against a latency bound.
     """
     measured = measured_rows(job)
-    if job.meta.get("termination_reason") != TARGET_REACHED or measured.num_rows == 0:
+    if job.meta.termination_reason != TARGET_REACHED or measured.num_rows == 0:
         return math.inf
     return float(np.nanpercentile(part_latencies(measured, job.num_steps)[END_TO_END.key] * 1000.0, percentile))
 
@@ -243,7 +237,7 @@ def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
     items after warm-up; throughput, data rates and latencies use only those.
     """
     meta = job.meta
-    args = meta.get("args") or {}
+    args = meta.args
     measured = measured_rows(job)
     latencies = part_latencies(measured, job.num_steps)
     count = measured.num_rows
@@ -251,22 +245,22 @@ def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
     if count:
         last_finish = np.nanmax(_column(measured, StepEvents(job.num_steps - 1).handed_over))
         duration = float(last_finish - np.nanmin(_column(measured, ENQUEUE)))
-    reason = str(meta.get("termination_reason"))
+    reason = meta.termination_reason
     invalid = check_validity(reason, count, duration, rules)
     row: dict[str, Any] = {
         "job_id": job.job_id,
         "job_dir": str(job.path),
-        "config_path": meta.get("config_path"),
+        "config_path": meta.config_path,
         **{key: args.get(key) for key in ARG_KEYS},
         **({"mean_interval_ms": None} if args.get("concurrency") else {}),   # closed loop ignores -mi
-        "start_time": meta.get("start_time"),
-        "end_time": meta.get("end_time"),
-        "elapsed_s": meta.get("elapsed_s"),
-        "finished_items": meta.get("finished_items"),
-        "throughput_items_per_s": meta.get("throughput_items_per_s"),
+        "start_time": meta.start_time,
+        "end_time": meta.end_time,
+        "elapsed_s": meta.elapsed_s,
+        "finished_items": meta.finished_items,
+        "throughput_items_per_s": meta.throughput_items_per_s,
         "termination_reason": reason,
-        "failed_process": meta.get("failed_process"),
-        "error": meta.get("error"),
+        "failed_process": meta.failed_process,
+        "error": meta.error,
         "validity": "INVALID" if invalid else "VALID",
         "invalid_because": invalid,
         "num_steps": job.num_steps,
@@ -280,14 +274,13 @@ def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
     for field in ("bytes_fetched", "bytes_reused", "frames_decoded"):
         row[f"{field}_per_s"] = _rate(measured, field, duration)
     row["items_per_device"] = json.dumps(_items_per_device(job))
-    processes = meta.get("processes") or []
-    rss = {p["name"]: p.get("peak_rss_bytes") for p in processes if p.get("peak_rss_bytes") is not None}
-    device_bytes = {p["name"]: p["peak_device_bytes"] for p in processes if p.get("peak_device_bytes") is not None}
+    rss = {p.name: p.peak_rss_bytes for p in meta.processes if p.peak_rss_bytes is not None}
+    device_bytes = {p.name: p.peak_device_bytes for p in meta.processes if p.peak_device_bytes is not None}
     row["peak_rss_bytes"] = json.dumps(rss)
     row["max_peak_rss_bytes"] = max(rss.values(), default=None)
     row["peak_device_bytes"] = json.dumps(device_bytes)
     row["max_peak_device_bytes"] = max(device_bytes.values(), default=None)
-    row["notes"] = json.dumps(meta.get("notes") or [])
+    row["notes"] = json.dumps(list(meta.notes))
     row.update(percentile_columns(latencies[END_TO_END.key], rules.confidence))
     row.update(throughput_columns(job))
     row.update(utilisation_columns(job))
@@ -311,10 +304,10 @@ def percentile_columns(e2e_s: np.ndarray, confidence: float) -> dict[str, float 
 
 def throughput_columns(job: Job) -> dict[str, Any]:
     """Finished items per second over windows of the job's elapsed time, and the steady stretch among them."""
-    start, end = job.meta.get("start_time"), job.meta.get("end_time")
+    start, end = job.meta.start_time, job.meta.end_time
     row: dict[str, Any] = dict.fromkeys(("throughput_window_s", "throughput_windows", "steady_start_s",
                                          "steady_end_s", "steady_throughput_items_per_s"))
-    if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end <= start:
+    if start is None or end is None or end <= start:
         return row
     series = windowed_throughput(_column(job.timings, StepEvents(job.num_steps - 1).handed_over).astype(float), start, end)
     steady = steady_state(series)

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rnb.harness.sampler import SAMPLES_FILE
 from rnb.analysis.jobs import STAT_NAMES, bound_column, stat_column
-from rnb.analysis.stages import END_TO_END, PARTS, part_key
+from rnb.core.joblog import SAMPLES_FILE
+from rnb.core.stages import END_TO_END, PARTS, part_key
 
 E2E = END_TO_END.key
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (

@@ -22,21 +22,21 @@ def replicas(job: Job, step: int) -> list[str]:
     replicas on one device, which cannot be told apart, share one track
     named as such.
     """
-    runners = [p for p in job.meta.get("processes") or [] if p.get("role") == "runner" and p.get("step") == step]
+    runners = [p for p in job.meta.processes if p.role == "runner" and p.step == step]
     unknown = f"step {step}: {UNKNOWN}"
     if len(runners) == 1:
-        return [str(runners[0]["name"])] * job.timings.num_rows
+        return [runners[0].name] * job.timings.num_rows
     group, instance = f"group{step}", f"instance{step}"
     if group in job.timings.column_names and instance in job.timings.column_names:
-        by_replica = {(p.get("group"), p.get("instance")): str(p["name"]) for p in runners}
+        by_replica = {(p.group, p.instance): p.name for p in runners}
         pairs = zip(job.timings.column(group).to_pylist(), job.timings.column(instance).to_pylist())
         return [by_replica.get(pair, unknown) for pair in pairs]
     column = f"device{step}"
     devices = job.timings.column(column).to_pylist() if column in job.timings.column_names else []
     names = []
     for device in devices or [None] * job.timings.num_rows:
-        matching = [p for p in runners if p.get("device") == device]
-        names.append(str(matching[0]["name"]) if len(matching) == 1 else unknown)
+        matching = [p for p in runners if p.device == device]
+        names.append(matching[0].name if len(matching) == 1 else unknown)
     return names
 
 
@@ -46,7 +46,7 @@ def queue_labels(job: Job, step: int, replica_names: list[str]) -> list[str]:
         return ["requests → step 0"] * len(replica_names)
     groups = (job.config.get("pipeline") or [{}] * job.num_steps)[step].get("queue_groups") or []
     by_group = {g: group.get("in_queue") for g, group in enumerate(groups)}
-    group_of = {str(p["name"]): p.get("group") for p in job.meta.get("processes") or [] if p.get("name")}
+    group_of = {p.name: p.group for p in job.meta.processes}
     queues = set(by_group.values())
     single = next(iter(queues)) if len(queues) == 1 else None
     labels = []

@@ -2,14 +2,14 @@
 
 It reads the timings file that goes to the job log, one step's columns at a
 time, so what it holds per item is a few numbers, not a row; it names the
-stages as every other view does (rnb.analysis.stages); the busy fractions
+stages as every other view does (rnb.core.stages); the busy fractions
 and the bottleneck are `analyze.py`'s own lines over the log just written, so
 what is printed and what is logged or analysed later cannot disagree.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -18,8 +18,17 @@ import pyarrow.parquet as pq
 
 from rnb.analysis.jobs import read_job
 from rnb.analysis.report import format_utilisation
-from rnb.analysis.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, event_seconds, part_key, step_columns, step_latencies
 from rnb.analysis.utilisation import busy_columns, utilisation_columns
+from rnb.core.joblog import TIMINGS_FILE, read_meta
+from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, event_seconds, part_key, step_columns, step_latencies
+
+
+def job_summary(job_dir: Path) -> str:
+    """The summary printed at the end of a run, from its log: stage latencies, then busy runners."""
+    meta = read_meta(job_dir)
+    text = summary_text(job_dir / TIMINGS_FILE, meta.num_steps, meta.setting("warmup", 0), meta.finished_items,
+                        meta.elapsed_s, meta.termination_reason)
+    return "\n".join(filter(None, (text, utilisation_text(job_dir))))
 
 
 def summary_text(timings: Path, num_steps: int, warmup: int, finished: int, elapsed: float | None,

@@ -12,12 +12,18 @@ import math
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Sequence
+from typing import IO
 
 from rnb.analysis.jobs import (
-    BOUNDED_PERCENTILE, TARGET_REACHED, ValidityRules, e2e_percentile_ms, read_job, summarize_job,
+    BOUNDED_PERCENTILE,
+    TARGET_REACHED,
+    ValidityRules,
+    e2e_percentile_ms,
+    read_job,
+    summarize_job,
 )
 from rnb.analysis.stats import min_items_for_upper_bound
 
@@ -91,7 +97,8 @@ def run_benchmark(
         returncode = child.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _interrupt(child)
-        raise SweepError(f"{benchmark} -mi {format_interval(mean_interval_ms)} ran past {timeout_s:g} s and was stopped.")
+        raise SweepError(f"{benchmark} -mi {format_interval(mean_interval_ms)} ran past {timeout_s:g} s "
+                         "and was stopped.") from None
     except KeyboardInterrupt:
         _interrupt(child)   # a Ctrl-C that reached this process alone must still stop the job, which keeps its log
         raise
@@ -140,13 +147,12 @@ def measure_valid(run: Callable[[float, int | None], RunOutcome], rate_per_s: fl
     for _ in range(max_reruns + 1):
         outcome = run(1000.0 / rate_per_s, videos)
         job = read_job(outcome.job_dir)
-        if job.meta.get("termination_reason") != TARGET_REACHED:
+        if job.meta.termination_reason != TARGET_REACHED:
             return Trial(rate_per_s, math.inf, outcome.job_dir)
         row = summarize_job(job, rules)
         if row["validity"] == "VALID":
             return Trial(rate_per_s, e2e_percentile_ms(job, percentile), outcome.job_dir)
-        args = job.meta.get("args") or {}
-        videos = longer_run(int(args.get("videos") or row["finished_items"]), int(args.get("warmup") or 0),
+        videos = longer_run(job.meta.setting("videos", row["finished_items"]), job.meta.setting("warmup", 0),
                             row["measured_duration_s"], rules)
         log.info("%s is INVALID (%s); running -mi %s again with -v %d", job.job_id, row["invalid_because"],
                  format_interval(1000.0 / rate_per_s), videos)

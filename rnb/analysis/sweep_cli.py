@@ -15,11 +15,17 @@ import argparse
 import sys
 from pathlib import Path
 
-
 from rnb.analysis.jobs import JobLogError, ValidityRules, load_jobs
 from rnb.analysis.report import format_summary, plot_jobs
 from rnb.analysis.sweep import (
-    BENCHMARK, RunOutcome, SweepError, Trial, bisect_rate, format_bisection, measure_valid, run_benchmark,
+    BENCHMARK,
+    RunOutcome,
+    SweepError,
+    Trial,
+    bisect_rate,
+    format_bisection,
+    measure_valid,
+    run_benchmark,
 )
 from rnb.console import terminal_logging
 

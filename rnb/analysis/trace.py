@@ -9,7 +9,7 @@ Layout, read top to bottom in the viewer:
     queue: requests → step 0 (one trace process per queue)   counter: depth
       queue             one async slice per item waiting in it
 
-Slices are named by the stage parts of rnb.analysis.stages, so the trace and
+Slices are named by the stage parts of rnb.core.stages, so the trace and
 every table speak alike; what a model records itself as `<name>_start` /
 `<name>_finish` (a loader's fetch and decode) nests inside its step's inside
 slice. Flow arrows follow each item from the client through every queue and
@@ -24,16 +24,18 @@ enqueue if earlier), rounded per event so that nesting survives rounding.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from rnb.analysis.jobs import Job
 from rnb.analysis.routing import queue_labels, replicas
-from rnb.analysis.stages import COPY, ENQUEUE, INSIDE, QUEUE, SIBLING_WAIT, SLOT_WAIT, StepEvents
+from rnb.core.records import ProcessRecord
+from rnb.core.stages import COPY, ENQUEUE, INSIDE, QUEUE, SIBLING_WAIT, SLOT_WAIT, StepEvents
 
 CATEGORY = "item"
 LANE_STRIDE = 1000           # tid of lane j of a process: the process's tid + j * LANE_STRIDE
@@ -110,22 +112,21 @@ class Tracks:
 
     def __post_init__(self) -> None:
         processes = self.processes()
-        self.nodes = sorted({self.node(p) for p in processes} or {self.node({})})
-        ordered = sorted(processes, key=lambda p: (p.get("role") != "client", p.get("step") or 0,
-                                                   p.get("group") or 0, p.get("instance") or 0))
+        self.nodes = sorted({self.node(p) for p in processes} or {self.node(None)})
+        ordered = sorted(processes, key=lambda p: (p.role != "client", p.step or 0, p.group or 0, p.instance or 0))
         for process in ordered:
-            self.thread(str(process["name"]), process)
+            self.thread(process.name, process)
 
-    def processes(self) -> list[dict[str, Any]]:
-        return [p for p in self.job.meta.get("processes") or [] if isinstance(p, dict) and p.get("name")]
+    def processes(self) -> tuple[ProcessRecord, ...]:
+        return self.job.meta.processes
 
-    def node(self, process: dict[str, Any]) -> str:
-        return str(process.get("node") or self.job.meta.get("host") or "local")
+    def node(self, process: ProcessRecord | None) -> str:
+        return (process.node if process else None) or self.job.meta.host or "local"
 
-    def thread(self, name: str, process: dict[str, Any] | None = None) -> tuple[int, Lanes]:
+    def thread(self, name: str, process: ProcessRecord | None = None) -> tuple[int, Lanes]:
         """The process's node pid and lanes, made on first use (a track for unlogged replicas, too)."""
         if name not in self.threads:
-            pid = 1 + self.nodes.index(self.node(process or {})) if process else 1
+            pid = 1 + self.nodes.index(self.node(process)) if process else 1
             self.threads[name] = (pid, Lanes(len(self.threads) + 1), len(self.threads))
         pid, lanes, _ = self.threads[name]
         return pid, lanes
@@ -160,9 +161,9 @@ class Timeline:
         self.job = job
         seconds = {name: table.column(name).to_numpy(zero_copy_only=False).astype(float)
                    for name in table.column_names if pa.types.is_floating(table.schema.field(name).type)}
-        start = job.meta.get("start_time")
+        start = job.meta.start_time
         candidates = [float(np.nanmin(seconds[ENQUEUE]))] if table.num_rows else []
-        candidates += [float(start)] if isinstance(start, (int, float)) else []
+        candidates += [start] if start is not None else []
         self.origin = min(candidates, default=0.0)
         self.us = {name: np.round((values - self.origin) * 1e6) for name, values in seconds.items()}
         self.items = table.column("item_id").to_pylist()

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rnb.analysis.routing import replicas
-from rnb.analysis.stages import StepEvents
+from rnb.core.stages import StepEvents
 
 if TYPE_CHECKING:  # jobs.py builds its table from this module's columns
     from rnb.analysis.jobs import Job
@@ -48,8 +48,8 @@ def busy_columns(num_steps: int) -> list[str]:
 
 def busy_fractions(job: Job) -> dict[str, float]:
     """Each runner's time inside its model over the elapsed time, clipped to [start, end]; {} without both."""
-    start, end = job.meta.get("start_time"), job.meta.get("end_time")
-    if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end <= start:
+    start, end = job.meta.start_time, job.meta.end_time
+    if start is None or end is None or end <= start:
         return {}
     busy: dict[str, float] = {}
     for k in range(job.num_steps):
@@ -57,10 +57,10 @@ def busy_fractions(job: Job) -> dict[str, float]:
         began = np.clip(job.timings.column(events.started).to_numpy(zero_copy_only=False).astype(float), start, end)
         ended = np.clip(job.timings.column(events.finished).to_numpy(zero_copy_only=False).astype(float), start, end)
         names = np.array(replicas(job, k), dtype=object)
-        for process in job.meta.get("processes") or []:
-            if process.get("role") == "runner" and process.get("step") == k:
-                mine = (names == process["name"]) & ~np.isnan(began) & ~np.isnan(ended)
-                busy[str(process["name"])] = union_seconds(began[mine], ended[mine]) / (end - start)
+        for process in job.meta.processes:
+            if process.role == "runner" and process.step == k:
+                mine = (names == process.name) & ~np.isnan(began) & ~np.isnan(ended)
+                busy[process.name] = union_seconds(began[mine], ended[mine]) / (end - start)
     return busy
 
 
@@ -68,8 +68,7 @@ def bottleneck(job: Job, busy: dict[str, float]) -> Bottleneck | None:
     """The step whose runners were busiest on average (the earlier step on a tie); None when nothing was measured."""
     best = None
     for k in range(job.num_steps):
-        names = tuple(str(p["name"]) for p in job.meta.get("processes") or []
-                      if p.get("role") == "runner" and p.get("step") == k and str(p["name"]) in busy)
+        names = tuple(p.name for p in job.meta.processes if p.role == "runner" and p.step == k and p.name in busy)
         if names:
             mean = sum(busy[name] for name in names) / len(names)
             if best is None or mean > best.busy:
@@ -95,11 +94,11 @@ def utilisation_columns(job: Job) -> dict[str, Any]:
     """The jobs-table columns of this module: busy fractions, the bottleneck, sampled CPU use."""
     busy = busy_fractions(job)
     neck = bottleneck(job, busy)
-    start, end = job.meta.get("start_time"), job.meta.get("end_time")
-    timed = job.samples is not None and isinstance(start, (int, float)) and isinstance(end, (int, float))
+    start, end = job.meta.start_time, job.meta.end_time
     return {
         "busy_fraction": json.dumps(busy),
         "bottleneck_step": None if neck is None else neck.step,
         "bottleneck_busy_fraction": None if neck is None else neck.busy,
-        "cpu_percent": json.dumps(cpu_percent(job.samples, start, end) if timed else {}),
+        "cpu_percent": json.dumps(cpu_percent(job.samples, start, end)
+                                  if job.samples is not None and start is not None and end is not None else {}),
     }

@@ -15,10 +15,12 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, NoReturn
+from typing import Any, NoReturn
 
+from rnb.core.model import merges_segments as model_merges_segments
 from rnb.pipeline.dotted import load_object
 from rnb.pipeline.original import translate
 
@@ -420,7 +422,7 @@ def _check_segments_merged(check: _Checker, steps: tuple[Step, ...]) -> None:
 
 def merges_segments(model: str) -> bool:
     """Whether a model class (already imported by validation) declares that it merges an item's segments."""
-    return getattr(load_object(model), "merges_segments", False) is True
+    return model_merges_segments(load_object(model))
 
 
 def _set(values: set[Any]) -> str:

@@ -17,14 +17,15 @@ import itertools
 import logging
 import random
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from rnb.pipeline.config import ConfigError, PipelineConfig, describe
 
 if TYPE_CHECKING:
-    from episodes.source import EpisodeDataset
+    from episodes import EpisodeDataset
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def check_source(source: Mapping[str, Any], config_path: str, may_write: bool = 
         if not may_write:
             log.info("dataset %s is missing: a run (without --check) generates it there", options.root)
             return None
-        from episodes.synthetic import make_dataset
+        from episodes.testing.synthetic import make_dataset
 
         log.info("dataset %s is missing: generating the synthetic dataset there "
                  "(scripts/make_dataset.py with default options)", options.root)

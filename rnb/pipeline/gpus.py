@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Iterator
 
 from rnb.pipeline.config import ConfigError, PipelineConfig
 

@@ -16,8 +16,9 @@ files; it becomes a videos source over that directory's glob, which
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 RNB_CLIPS = {"choices": [1, 15], "weights": [10, 1]}
 RNB_GEOMETRY: Mapping[str, Any] = {"num_clips": RNB_CLIPS, "clip_length": 8, "size": 112}

@@ -9,11 +9,13 @@ import dataclasses
 import inspect
 import math
 import os
-from dataclasses import dataclass
-from typing import Any, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from rnb.core.model import ChecksDataset, DeclaresDtypes, input_side, output_side
 from rnb.pipeline.config import ConfigError, KeywordError, PipelineConfig, QueueGroup
 from rnb.pipeline.dotted import load_object
 
@@ -26,36 +28,31 @@ class Placement:
     step: int
     group: int
     instance: int
-    device: str
-    model: str
-    model_kwargs: Mapping[str, Any]
-    selector: str | None
-    selector_kwargs: Mapping[str, Any]
-    in_queue: int | None
-    out_queues: tuple[int, ...]
-    num_segments: int
-    num_slots: int
-    output_shapes: tuple[tuple[int, ...], ...]  # empty for the final step
+    device: str                       # "cpu" or "cuda:N"
+    model: str                        # dotted class path
+    model_kwargs: Mapping[str, Any]   # the model's keywords: whatever its constructor takes
+    in_queue: int | None              # None = the request queue (step 0)
+    out_queues: tuple[int, ...]       # empty for the final step
+    selector: str | None = None       # dotted class path; None = round robin
+    selector_kwargs: Mapping[str, Any] = field(default_factory=dict)  # keywords of the selector's constructor
+    num_segments: int = 1
+    num_slots: int = 0                # output slots (num_shared_tensors); 0 on the final step
+    output_shapes: tuple[tuple[int, ...], ...] = ()  # empty for the final step
     output_dtypes: tuple[torch.dtype, ...] = ()  # empty = all float32
     input_shapes: tuple[tuple[int, ...], ...] | None = None  # the largest input; None for step 0
     threads: int | None = None  # torch intra-op and inter-op threads; None = torch's default
-    input_device: str = ""      # where the runner receives its inputs; "" = its device (see host_side)
+    input_device: str = ""      # where the runner receives its inputs; "" = its device (rnb.core.model.input_side)
     output_device: str = ""     # where its output slots live; "" = its device
 
     def __post_init__(self) -> None:
-        for name in ("input_device", "output_device"):
-            if not getattr(self, name):
-                object.__setattr__(self, name, self.device)
+        if not self.input_device:
+            object.__setattr__(self, "input_device", self.device)
+        if not self.output_device:
+            object.__setattr__(self, "output_device", self.device)
 
-
-def host_side(model: Any, attribute: str, device: str) -> str:
-    """"cpu" where a model declares it (`input_device` or `output_device` = "cpu"), else the runner's device.
-
-    Some data only passes through a GPU runner on its way to host code: the
-    bytes of a mini-MP4 go to the decoder library from host memory, NVDEC
-    included. Keeping them on the host spares a copy to the GPU and back.
-    """
-    return "cpu" if getattr(model, attribute, None) == "cpu" else device
+    @property
+    def is_final(self) -> bool:
+        return not self.out_queues
 
 
 def cpu_threads(config: PipelineConfig) -> int:
@@ -120,8 +117,7 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
                 outputs.setdefault(q, []).append(_per_segment(shapes, step.num_segments))
             placements.extend(Placement(
                 name=runner_name(k, g, i), step=k, group=g, instance=i, device=_device(gpu),
-                input_device=host_side(model, "input_device", _device(gpu)),
-                output_device=host_side(model, "output_device", _device(gpu)),
+                input_device=input_side(model, _device(gpu)), output_device=output_side(model, _device(gpu)),
                 model=step.model, model_kwargs=kwargs, selector=group.queue_selector,
                 selector_kwargs=dict(group.queue_selector_kwargs), in_queue=group.in_queue,
                 out_queues=tuple(group.out_queues), num_segments=step.num_segments,
@@ -178,11 +174,11 @@ def check_against_dataset(config: PipelineConfig, placements: list[Placement], d
     a failure at the first item.
     """
     for p in placements:
-        check = getattr(load_object(p.model), "check_dataset", None)
-        if check is None or p.instance > 0:  # replicas of a group share its keywords
+        model = load_object(p.model)
+        if not isinstance(model, ChecksDataset) or p.instance > 0:  # replicas of a group share its keywords
             continue
         try:
-            check(dataset, **p.model_kwargs)
+            model.check_dataset(dataset, **p.model_kwargs)
         except KeywordError as error:
             group = config.raw["pipeline"][p.step]["queue_groups"][p.group]
             place = f"pipeline[{p.step}].queue_groups[{p.group}]" if error.keyword.split("[")[0] in group else f"pipeline[{p.step}]"
@@ -268,7 +264,7 @@ def _output_shapes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str,
 def _output_dtypes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str, Any], inputs: Shapes | None,
                    count: int) -> tuple[torch.dtype, ...]:
     """The optional `output_dtypes(**kwargs)` of a model whose outputs are not float32 (e.g. raw bytes)."""
-    if not callable(getattr(model, "output_dtypes", None)):
+    if not isinstance(model, DeclaresDtypes):
         return ()
     where = f"pipeline[{k}].model"
     try:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from rnb.pipeline.config import ConfigError
 from rnb.pipeline.dotted import load_object

@@ -24,8 +24,9 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Iterator, Mapping, NoReturn, Sequence
+from typing import IO, NoReturn
 
 import psutil
 from tqdm import tqdm
@@ -37,8 +38,7 @@ from rnb.console import terminal_logging
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.gpus import GpuRequestError, validate_gpus
 from rnb.tune.estimate import DEFAULT_ITEMS, EstimateError, Estimator
-from rnb.tune.profile import (Bench, Profile, ProfileCache, ProfileError, ProfileJob, ProfileKey, plan_profiles,
-                               profile_all)
+from rnb.tune.profile import Bench, Profile, ProfileCache, ProfileError, ProfileJob, ProfileKey, plan_profiles, profile_all
 from rnb.tune.report import BEST, REPORT, Outcome, Request, winner_of, write_report
 from rnb.tune.search import Evaluated, Goal, Memory, choose_mode, finalists, search
 from rnb.tune.space import Budget, TuneRequestError, TuneSpace, read_space
@@ -301,7 +301,8 @@ def _impossible(space: TuneSpace, verified: Sequence[Verified], args: argparse.N
     if near is None:
         return f"no finalist met {bound}, and none was measured."
     finalist, trial = near
-    latency = "did not reach its target" if math.isinf(trial.latency_ms) else f"had p{args.percentile:g} {trial.latency_ms:.3g} ms"
+    latency = ("did not reach its target" if math.isinf(trial.latency_ms)
+               else f"had p{args.percentile:g} {trial.latency_ms:.3g} ms")
     job = f" (job {trial.job_dir})" if trial.job_dir is not None else ""
     return (f"no candidate meets {bound} on {space.budget.describe()}: the closest measured, "
             f"{space.short_label(finalist.candidate)}, {latency} at {trial.rate_per_s:.4g} req/s{job}.")

@@ -27,17 +27,18 @@ import itertools
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from rnb.analysis.sweep import Trial, bisect_rate
+from rnb.core.termination import POLL_S  # the runner's receive timeout: an idle Batcher may flush after it
 from rnb.pipeline.config import merges_segments
 from rnb.tune.profile import Bench, Form, Profile, ProfileKey, forms_of, profile_key, unit_plan
 from rnb.tune.space import Candidate, TuneSpace
 
-POLL_S = 0.05          # the runner's receive timeout: how long an idle Batcher waits before it may flush
 DEFAULT_ITEMS = 3000   # items per simulation: enough to read a p99 off
 LATENCY_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
 

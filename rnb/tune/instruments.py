@@ -9,11 +9,12 @@ measured step is the one that sets the pace.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from rnb.harness.timecard import TimeCard, as_cards
+from rnb.core.timecard import TimeCard, as_cards
 
 
 def _dtype(name: str) -> torch.dtype:

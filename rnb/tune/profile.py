@@ -30,17 +30,18 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from rnb.analysis.jobs import Job, JobLogError, TARGET_REACHED, read_job
-from rnb.analysis.stages import ENQUEUE, StepEvents
+from rnb.analysis.jobs import TARGET_REACHED, Job, JobLogError, read_job
 from rnb.analysis.sweep import RunOutcome, SweepError
-from rnb.harness.joblog import host
+from rnb.core.joblog import host
+from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.pipeline.config import merges_segments, parse_config
 from rnb.pipeline.plan import Placement, plan_runners, runner_name
 from rnb.tune.space import Candidate, GroupChoices, TuneSpace
@@ -49,7 +50,6 @@ log = logging.getLogger(__name__)
 
 FEEDER = "rnb.tune.instruments.Feeder"
 SINK = "rnb.tune.instruments.Sink"
-BATCHER = "models.batcher.Batcher"
 TRIM_FRACTION = 0.1     # calls dropped at each end of a profiling job: start-up and the last partial batch
 PROFILE_SLOTS = 4       # output slots of the feeder and the Batcher in a profiling job
 MIN_CALLS = 5           # fewer measured calls than this make no distribution
@@ -246,12 +246,13 @@ def _profile_job(space: TuneSpace, plan: Sequence[Placement], g: GroupChoices, f
         pipeline.append({"model": FEEDER, "queue_groups": [{"gpus": device, "out_queues": [0]}],
                          "num_shared_tensors": PROFILE_SLOTS, "shapes": [list(s) for s in shapes],
                          "dtypes": [_dtype_name(d) for d in producer.output_dtypes]})
-        if batcher is not None or form.cards > 1:
-            # A group further down a batched pipeline gets its batches from a Batcher that borrows the
-            # nearest upstream Batcher's keywords (its timeout).
-            lender = batcher or next((b for b in reversed(space.batcher_groups) if b.step < g.step), None)
-            kwargs = {} if lender is None else dict(config.steps[lender.step].queue_groups[lender.group].model_kwargs)
-            pipeline.append({"model": BATCHER, "queue_groups": [{"gpus": device, "in_queue": 0, "out_queues": [0]}],
+        # A group further down a batched pipeline gets its batches from a Batcher like the nearest one upstream
+        # (its model and keywords, its timeout among them).
+        lender = batcher or next((b for b in reversed(space.batcher_groups) if b.step < g.step), None)
+        if lender is not None and (batcher is not None or form.cards > 1):
+            kwargs = dict(config.steps[lender.step].queue_groups[lender.group].model_kwargs)
+            pipeline.append({"model": config.steps[lender.step].model,
+                             "queue_groups": [{"gpus": device, "in_queue": 0, "out_queues": [0]}],
                              "num_shared_tensors": PROFILE_SLOTS, **kwargs, "batch": form.cards})
         pipeline[-1]["num_segments"] = form.segments
     measured: dict[str, Any] = {"model": step.model, **dict(group.model_kwargs),
@@ -359,9 +360,9 @@ def read_profile(job: Job, key: ProfileKey, position: int, cards: int | None = N
     the last partial batch); `cards` keeps only emitting calls of that many
     items (a batch filled), where the group takes batches.
     """
-    if job.meta.get("termination_reason") != TARGET_REACHED:
-        raise ProfileError(f"its job {job.path} ended with {job.meta.get('termination_reason')!r}: "
-                           f"{job.meta.get('error') or 'no error recorded'}")
+    if job.meta.termination_reason != TARGET_REACHED:
+        raise ProfileError(f"its job {job.path} ended with {job.meta.termination_reason!r}: "
+                           f"{job.meta.error or 'no error recorded'}")
     replica = calls_of(job, position).get(0, [])
     cut = int(len(replica) * TRIM_FRACTION)
     emit, held, inside, sizes = occupancy(replica[cut: len(replica) - cut] if cut else replica)
@@ -369,11 +370,11 @@ def read_profile(job: Job, key: ProfileKey, position: int, cards: int | None = N
     if len(kept) < MIN_CALLS:
         raise ProfileError(f"its job {job.path} left {len(kept)} full calls of step {position}, fewer than the "
                            f"{MIN_CALLS} a profile needs; give a larger --profile-calls.")
-    process: dict[str, Any] = next(
-        (p for p in job.meta.get("processes") or [] if p.get("name") == runner_name(position, 0, 0)), {})
+    process = next((p for p in job.meta.processes if p.name == runner_name(position, 0, 0)), None)
+    rss = None if process is None else process.peak_rss_bytes
+    device = None if process is None else process.device_process_bytes or process.peak_device_bytes
     return Profile(key, tuple(emit[i] for i in kept), tuple(held), tuple(inside[i] for i in kept),
-                   _slot_bytes(job, position), process.get("peak_rss_bytes"),
-                   process.get("device_process_bytes") or process.get("peak_device_bytes"), str(job.path))
+                   _slot_bytes(job, position), rss, device, str(job.path))
 
 
 def _slot_bytes(job: Job, position: int) -> int:

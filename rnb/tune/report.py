@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -372,7 +373,7 @@ def _finalist(space: TuneSpace, estimator: Estimator, verified: Verified, index:
     parts.append(table(["-mi", "req/s", f"p{q:g} ms", "job"], trials))
     best = verified.best
     if best is None or best.job_dir is None:
-        parts.append(paragraph(f"No measured rate met the bound; the lowest tried is in the table.", "bounds"))
+        parts.append(paragraph("No measured rate met the bound; the lowest tried is in the table.", "bounds"))
         return parts
     job = load_jobs([best.job_dir], rules=rules).jobs.to_pylist()[0]
     parts.append(paragraph(bounding_sentence(space, estimator, verified, job), "bounds"))

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Literal, Mapping, Sequence
+from typing import Literal
 
 from rnb.tune.estimate import Estimator, PeakEstimate
 from rnb.tune.profile import Bench, Profile, ProfileKey, forms_of, profile_key, unit_plan

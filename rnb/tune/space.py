@@ -8,7 +8,8 @@ keywords, queues, selectors, slots) stays as written.  A candidate has the
 shape of the config itself, step by step and group by group, so turning it
 back into a runnable config is a substitution, never a rebuild.
 
-Batchers: batching in RnB is a step of its own (`models.batcher.Batcher`)
+Batchers: batching in RnB is a step of its own (`models.batcher.Batcher`,
+or any model that flushes what it holds and takes a `batch` keyword)
 placed before the step that takes batches.  Its batch is a setting of the
 Batcher's group; the replicas are the following step's.  A Batcher group
 keeps exactly one runner (one batcher fills batches fastest: several would
@@ -20,12 +21,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import inspect
 import itertools
 import json
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal, Mapping, Sequence
+from typing import Any, Literal
 
-from models.batcher import Batcher
+from rnb.core.model import Flushes
 from rnb.pipeline.config import ConfigError, PipelineConfig, merges_segments, parse_config
 from rnb.pipeline.dotted import load_object
 
@@ -295,6 +298,12 @@ class TuneSpace:
         return document
 
 
+def is_batcher(model: str) -> bool:
+    """A batching step: its model holds inputs and flushes them (rnb.core.model.Flushes), and takes `batch`."""
+    cls = load_object(model)
+    return issubclass(cls, Flushes) and "batch" in inspect.signature(cls).parameters
+
+
 def _devices(devices: tuple[int, ...]) -> str:
     if all(d < 0 for d in devices):
         return "cpu"
@@ -376,7 +385,7 @@ def _space(config: PipelineConfig, plain: dict[str, Any], budget: Budget,
     groups: list[GroupChoices] = []
     last = len(config.steps) - 1
     for k, step in enumerate(config.steps):
-        batcher = issubclass(load_object(step.model), Batcher)
+        batcher = is_batcher(step.model)
         if batcher and k == last:
             raise TuneRequestError(f"{config.path}: pipeline[{k}] is a Batcher on the final step, which has no "
                                    "step after it to take its batches.")

@@ -18,13 +18,14 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Sequence
+from typing import IO
 
 from rnb.analysis.jobs import BOUNDED_PERCENTILE, ValidityRules
 from rnb.analysis.stats import min_items_for_upper_bound
-from rnb.analysis.sweep import (RunOutcome, Trial, bisect_rate, format_interval, measure_valid, run_benchmark)
+from rnb.analysis.sweep import RunOutcome, Trial, bisect_rate, format_interval, measure_valid, run_benchmark
 from rnb.tune.profile import write_json_atomic
 from rnb.tune.space import Candidate, TuneSpace
 

@@ -1,4 +1,0 @@
-"""RnB's load generator, now `rnb.harness.client`."""
-from rnb.harness.client import ClientSpec, generate
-
-__all__ = ["ClientSpec", "generate"]

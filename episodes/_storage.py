@@ -1,0 +1,377 @@
+"""Byte access to a dataset root through fsspec, with retries for flaky remotes.
+
+Every read of the episodes package goes through `Storage`, so local disk, HTTP,
+S3 and the Hugging Face hub behave alike: exact byte ranges, transient errors
+(HTTP 5xx, timeouts, dropped connections) retried with exponential backoff, and
+every failure reported as one `FetchError` that names the URL.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import io
+import os
+import posixpath
+import re
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import fsspec
+import pyarrow.parquet as pq
+
+from episodes._errors import DatasetFormatError, FetchError
+
+try:  # aiohttp backs fsspec's HTTP filesystem; without it HTTP roots cannot work anyway.
+    import aiohttp
+except ImportError:  # pragma: no cover - aiohttp is a pinned requirement
+    aiohttp = None
+
+T = TypeVar("T")
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+# The protocols whose paths are files on this machine, where a symlink could lead out of the dataset.
+_LOCAL = ("file", "local")
+
+
+class ServerFault(Exception):
+    """A server's answer that cannot be the bytes asked for; `str()` says what it sent instead."""
+
+
+class RangeIgnored(ServerFault):
+    """The server answered a Range request with the whole file (HTTP 200): it does not serve ranges."""
+
+
+class RangeMismatch(ServerFault):
+    """The server's Content-Range is not the range asked for: a misbehaving cache or server, maybe transient."""
+
+
+def open_filesystem(url: str, **options: Any) -> tuple[Any, str]:
+    """fsspec's filesystem and path for `url`; a protocol whose package is missing is one FetchError saying which."""
+    try:
+        return fsspec.core.url_to_fs(url, **options)
+    except ImportError as exc:
+        protocol = fsspec.utils.get_protocol(url)
+        raise FetchError(f"{url}: the {protocol}:// filesystem needs a package that is not installed ({exc}); "
+                         "install it into the environment, or use a local path or an http(s):// URL") from None
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """What a sidecar needs to tell whether a remote file changed under it."""
+
+    size: int
+    version: str | None
+
+
+def relative_path(rel: str) -> str:
+    """Normalise a path relative to the root; refuse one that leaves the root.
+
+    Templates in info.json come from the dataset, so a hostile or broken one
+    must not be able to reach files outside the dataset.
+    """
+    if not rel or "://" in rel or rel.startswith("/") or "\\" in rel:
+        raise DatasetFormatError(f"path {rel!r} is not a relative path inside the dataset root")
+    norm = posixpath.normpath(rel)
+    if norm == "." or norm == ".." or norm.startswith("../"):
+        raise DatasetFormatError(f"path {rel!r} resolves outside the dataset root")
+    return norm
+
+
+def coalesce_ranges(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) sorted and merged wherever at most `gap` bytes separate them.
+
+    Overlapping and touching ranges always merge; the result is what one
+    request per element would fetch.
+    """
+    if gap < 0:
+        raise ValueError(f"the coalescing gap must be >= 0 bytes, not {gap}")
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if not 0 <= start <= end:
+            raise ValueError(f"bad byte range [{start}, {end})")
+        if merged and start - merged[-1][1] <= gap:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _is_transient(exc: BaseException) -> bool:
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return status >= 500 or status == 429
+    if isinstance(exc, (TimeoutError, ConnectionError, RangeMismatch)):
+        return True
+    return aiohttp is not None and isinstance(exc, aiohttp.ClientError)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ServerFault):
+        return str(exc)
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return f"HTTP {status} {getattr(exc, 'message', '')}".rstrip()
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class Storage:
+    """One dataset root on any fsspec filesystem.
+
+    Picklable: only the root and options travel to a spawned process, which
+    opens its own filesystem (fsspec HTTP sessions cannot cross processes).
+    With `confine` (the default) a local file that resolves, through
+    symlinks, outside the root is refused: a dataset's metadata names its
+    files, and must not be able to make us read /etc/passwd.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        timeout_s: float = 30.0,
+        confine: bool = True,
+    ) -> None:
+        if retries < 0 or backoff_s < 0 or timeout_s <= 0:
+            raise ValueError("retries and backoff_s must be >= 0 and timeout_s > 0")
+        self.root = str(root).rstrip("/") or "/"
+        self.storage_options = dict(storage_options or {})
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
+        self.confine = confine
+        self._open_fs()
+
+    def _open_fs(self) -> None:
+        options = dict(self.storage_options)
+        protocol = fsspec.utils.get_protocol(self.root)
+        if protocol in ("http", "https") and aiohttp is not None:
+            client_kwargs = dict(options.get("client_kwargs", {}))
+            client_kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=self.timeout_s))
+            options["client_kwargs"] = client_kwargs
+        self.fs, self._base = open_filesystem(self.root, **options)
+        self._base = self._base.rstrip("/")
+        self._http = protocol in ("http", "https")
+        self._confined = _confinement(self._base) if self.confine and protocol in _LOCAL else ()
+        self._checked: set[str] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for derived in ("fs", "_base", "_http", "_confined", "_checked"):
+            del state[derived]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open_fs()
+
+    def __repr__(self) -> str:
+        return f"Storage({self.root!r})"
+
+    def path(self, rel: str) -> str:
+        """The filesystem path of `rel`, checked to stay inside the root, through symlinks too on local disk."""
+        path = f"{self._base}/{relative_path(rel)}"
+        if self._confined and path not in self._checked:
+            real = os.path.realpath(path)
+            if not any(real == base or real.startswith(base + os.sep) for base in self._confined):
+                raise DatasetFormatError(f"{self.url(rel)}: is a symbolic link to a file outside the dataset root "
+                                         f"({self.root}); refusing to read it")
+            self._checked.add(path)
+        return path
+
+    def url(self, rel: str) -> str:
+        """The user-facing address of `rel`, for error messages."""
+        return f"{self.root}/{relative_path(rel)}"
+
+    def _call(self, rel: str, what: str, fn: Callable[[str], T]) -> T:
+        path, url = self.path(rel), self.url(rel)
+        for attempt in range(self.retries + 1):
+            try:
+                return fn(path)
+            except Exception as exc:
+                # fsspec's HTTP info reports any failed HEAD+GET (a 503 too) as FileNotFoundError
+                # raised from the server's answer: judge by that answer.
+                cause = exc.__cause__ if isinstance(exc, FileNotFoundError) and exc.__cause__ else exc
+                if not _is_transient(cause):
+                    if isinstance(exc, FileNotFoundError):
+                        raise FetchError(f"{url}: file not found") from exc
+                    raise FetchError(f"{url}: {what} failed ({_describe(exc)})") from exc
+                if attempt == self.retries:
+                    raise FetchError(
+                        f"{url}: {what} failed after {attempt + 1} attempts ({_describe(cause)})"
+                    ) from exc
+                time.sleep(self.backoff_s * 2**attempt)
+        raise AssertionError("unreachable")  # the loop always returns or raises
+
+    def read_bytes(self, rel: str) -> bytes:
+        """A whole (small) file, such as info.json or an episodes Parquet."""
+        return self._call(rel, "read", self.fs.cat_file)
+
+    def read_range(self, rel: str, start: int, end: int) -> bytes:
+        """Exactly bytes [start, end) of `rel`; fewer bytes is a FetchError."""
+        if not 0 <= start <= end:
+            raise ValueError(f"bad byte range [{start}, {end}) for {self.url(rel)}")
+        if start == end:
+            return b""
+        if self._http:
+            data = self._call(rel, f"read of bytes [{start}, {end})",
+                              lambda p: fsspec.asyn.sync(self.fs.loop, _http_range, self.fs, p, start, end))
+        else:
+            data = self._call(rel, f"read of bytes [{start}, {end})",
+                              lambda p: self.fs.cat_file(p, start=start, end=end))
+        if len(data) != end - start:
+            raise FetchError(
+                f"{self.url(rel)}: read of bytes [{start}, {end}) returned {len(data)} bytes,"
+                f" expected {end - start}"
+            )
+        return data
+
+    def probe_ranges(self, rel: str) -> None:
+        """One small range read of `rel`, so a server that ignores Range requests is found before a job starts."""
+        if self._http:
+            self.read_range(rel, 0, 1)
+
+    def read_ranges(
+        self, rel: str, ranges: Sequence[tuple[int, int]], *, coalesce_gap: int = 64 * 1024,
+        executor: Executor | None = None,
+    ) -> list[bytes]:
+        """Several ranges of one file, merging those closer than `coalesce_gap` into one request.
+
+        Round trips dominate remote reads; fetching a small gap costs less than
+        another request. With an `executor` the merged requests run concurrently.
+        """
+        merged = coalesce_ranges(ranges, coalesce_gap)
+        read = functools.partial(self.read_range, rel)
+        if executor is None:
+            blobs = [read(start, end) for start, end in merged]
+        else:
+            blobs = list(executor.map(lambda r: read(*r), merged))
+        starts = [start for start, _ in merged]
+        out = []
+        for start, end in ranges:
+            k = bisect.bisect_right(starts, start) - 1
+            out.append(blobs[k][start - starts[k] : end - starts[k]])
+        return out
+
+    def info(self, rel: str) -> FileInfo:
+        """Size and a change marker (ETag, else mtime or Last-Modified) of `rel`."""
+        raw = self._call(rel, "info", self.fs.info)
+        size = raw.get("size")
+        if size is None:
+            raise FetchError(f"{self.url(rel)}: the server did not report the file size")
+        version = None
+        for key in ("ETag", "etag", "mtime", "LastModified", "last_modified", "Last-Modified"):
+            if raw.get(key) is not None:
+                version = str(raw[key])
+                break
+        return FileInfo(size=int(size), version=version)
+
+    def exists(self, rel: str) -> bool:
+        """Whether `rel` exists; errors other than "not found" still raise FetchError."""
+        try:
+            self.info(rel)
+        except FetchError as exc:
+            if isinstance(exc.__cause__, FileNotFoundError):
+                return False
+            raise
+        return True
+
+    def glob(self, pattern: str) -> list[str]:
+        """Paths relative to the root matching `pattern`, sorted.
+
+        Empty when nothing matches or when the server refuses directory
+        listings (HTTP 403/404/405), which most static HTTP servers do.
+        """
+        try:
+            full = self._call(pattern, "listing", self.fs.glob)
+        except FetchError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, FileNotFoundError) or getattr(cause, "status", None) in (403, 404, 405):
+                return []
+            raise
+        prefix = self._base + "/"
+        return sorted(p[len(prefix) :] if p.startswith(prefix) else p for p in full)
+
+    def open_parquet(self, rel: str) -> pq.ParquetFile:
+        """A ParquetFile over `rel` whose every read is a retried range read.
+
+        pyarrow then fetches only the footer and the row groups and columns
+        asked for, and a flaky server mid-read gives a FetchError, not a raw
+        client exception.
+        """
+        return pq.ParquetFile(_RangeFile(self, rel, self.info(rel).size))
+
+
+def _confinement(base: str) -> tuple[str, ...]:
+    """Real directories a local root's files may resolve into: the root, and a Hugging Face cache's blobs.
+
+    huggingface_hub's cache keeps a snapshot's files as symlinks from
+    `snapshots/<revision>/...` to `../../blobs/<hash>`: a dataset opened
+    there leads out of its root by design, but only into its repository.
+    """
+    real = Path(os.path.realpath(base or "/"))
+    for folder in (real, *real.parents):
+        if folder.parent.name == "snapshots" and (folder.parent.parent / "blobs").is_dir():
+            return str(real), str(folder.parent.parent / "blobs")
+    return (str(real),)
+
+
+async def _http_range(fs: Any, path: str, start: int, end: int) -> bytes:
+    """GET bytes [start, end) of `path`, insisting that the answer is exactly that range.
+
+    fsspec's own range read returns whatever body comes back; a server that
+    ignores Range (200 and the whole file) or answers another range would
+    hand wrong bytes to the MP4 parser, which would then blame the file.
+    """
+    options = fs.kwargs.copy()
+    headers = {**options.pop("headers", {}), "Range": f"bytes={start}-{end - 1}"}
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(path), headers=headers, **options) as response:
+        if response.status == 404:
+            raise FileNotFoundError(path)
+        response.raise_for_status()
+        if response.status == 200:
+            raise RangeIgnored("the server ignores Range requests: it answered HTTP 200 with the whole file")
+        answered = response.headers.get("Content-Range", "")
+        match = _CONTENT_RANGE.fullmatch(answered.strip())
+        if match is None or (int(match[1]), int(match[2])) != (start, end - 1):
+            raise RangeMismatch(f"the server answered Content-Range {answered or '(none)'!r} to a request for "
+                                f"bytes {start}-{end - 1}")
+        return await response.read()
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only, seekable file whose reads are `Storage.read_range` calls."""
+
+    def __init__(self, storage: Storage, rel: str, size: int) -> None:
+        super().__init__()
+        self._storage, self._rel, self._size, self._pos = storage, rel, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        end = min(self._pos + len(buffer), self._size)
+        if end <= self._pos:
+            return 0
+        data = self._storage.read_range(self._rel, self._pos, end)
+        buffer[: len(data)] = data
+        self._pos = end
+        return len(data)

@@ -1,0 +1,101 @@
+"""A real HTTP server for a dataset directory: Debian's nginx on a free loopback port.
+
+It lives in `episodes/testing/`, beside the storage layer it exercises but
+outside the library, because both the tests and the benchmarks (bench/)
+serve datasets with it: benchmark code must not import the test tree, and
+tests must not import bench/.
+
+Byte ranges are nginx's default for static files. Extra locations inject
+faults: `/fault503/...` always answers 503, and `/slow/...` serves the same
+files at one byte per second, so a client timeout fires. `/nolist/...`
+serves the files without directory listings, like most CDNs.
+
+With a NetworkProfile (episodes.testing.network) the server is reached
+through a relay that gives it that bandwidth and round-trip time.
+"""
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from episodes.testing.network import NetworkProfile, free_port, slow_link, stop_process
+
+NGINX = "/usr/sbin/nginx"
+
+_CONFIG = """\
+daemon off;
+master_process off;
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log {tmp}/access.log;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    types {{ application/json json; video/mp4 mp4; }}
+    default_type application/octet-stream;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ root {root}; autoindex on; }}
+        location /fault503/ {{ return 503; }}
+        location /slow/ {{ alias {root}/; limit_rate 1; }}
+        location /nolist/ {{ alias {root}/; autoindex off; }}
+    }}
+}}
+"""
+
+
+@dataclass(frozen=True)
+class NginxServer:
+    """A running server: `url` ends without a slash; `access_log` lists every request."""
+
+    url: str
+    access_log: Path
+
+    def requests(self, path_part: str) -> int:
+        """How many requests so far had `path_part` in their request line."""
+        if not self.access_log.exists():
+            return 0
+        return sum(path_part in line for line in self.access_log.read_text().splitlines())
+
+
+@contextlib.contextmanager
+def serve_directory(root: Path, tmp: Path, timeout_s: float = 10.0,
+                    profile: NetworkProfile | None = None) -> Iterator[NginxServer]:
+    """Run nginx on a free loopback port serving `root` until the block exits; its files go under `tmp`.
+
+    With `profile`, the yielded url leads through a relay with that bandwidth and round-trip time.
+    """
+    if not Path(NGINX).exists():
+        raise FileNotFoundError(f"{NGINX} does not exist: install Debian's nginx package to serve datasets over HTTP")
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = tmp / "nginx.conf"
+    config.write_text(_CONFIG.format(tmp=tmp, port=port, root=Path(root).resolve()))
+    proc = subprocess.Popen([NGINX, "-c", str(config), "-p", str(tmp), "-e", str(tmp / "error.log")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"nginx exited at start-up: {proc.stderr.read().decode(errors='replace')}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nginx did not listen on port {port} within {timeout_s} s")
+            time.sleep(0.05)
+        with contextlib.ExitStack() as link:
+            if profile is not None:
+                port = link.enter_context(slow_link(port, profile))
+            yield NginxServer(url=f"http://127.0.0.1:{port}", access_log=tmp / "access.log")
+    finally:
+        stop_process(proc)

@@ -1,0 +1,188 @@
+"""The benchmark's command line: parse, validate config and GPUs, plan, then run the job.
+
+    python benchmark.py -c config/toy.json -mi 3 -v 2000      (or: rnb-benchmark ...)
+
+Exit codes: 0 target reached, 1 failed job (a process failed, a queue was
+full, or the queues and shared tensors could not be set up), 2 invalid config,
+arguments or GPU request, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+
+CUDA_DEVICE_ORDER is set to PCI_BUS_ID (unless the environment already sets
+it) before anything touches CUDA, so CUDA numbers GPUs as NVML does and the
+GPU checked free by rnb.pipeline.gpus is the GPU the runner then uses.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rnb.analysis.summary import job_summary
+from rnb.console import terminal_logging
+from rnb.core import joblog
+from rnb.engines.job import JobResult, RunArgs, request_queue_note
+from rnb.engines.local.driver import run_job
+from rnb.engines.ray import cluster as ray_cluster
+from rnb.engines.sampler import DEFAULT_INTERVAL_MS
+from rnb.pipeline.config import RUN_CHOICES, RUN_KEYS, ConfigError, PipelineConfig, load_config
+from rnb.pipeline.dataset_source import with_dataset
+from rnb.pipeline.gpus import apply_cpu_override, busy_notes, validate_gpus, visible_gpu_count
+from rnb.pipeline.plan import Placement, check_against_dataset, check_slot_memory, limit_replicas, plan_runners
+from rnb.pipeline.sources import check_source
+
+# What applies when neither the command line nor the config's "run" object sets a value.
+DEFAULTS: dict[str, Any] = {"mean_interval_ms": 3, "videos": 2000, "batch_size": 1, "queue_size": 50000,
+                            "concurrency": None, "warmup": 10, "seed": 0}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One sentence, not a usage dump: the flags are in --help.
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = _Parser(prog="benchmark.py", description="Benchmark a multi-step, multi-process video inference pipeline.")
+    parser.add_argument("-c", "--config_file_path", help="pipeline config JSON (default: the embedded default config)")
+    parser.add_argument("-mi", "--mean_interval_ms", type=float, help="Poisson mean inter-arrival in ms; 0 = bulk (default 3)")
+    parser.add_argument("-v", "--videos", type=int, help="number of requests to finish (default 2000)")
+    parser.add_argument("-b", "--batch_size", type=int, help="default batch of batching steps (default 1)")
+    parser.add_argument("-qs", "--queue_size", type=int, help="capacity of every queue (default 50000)")
+    parser.add_argument("--check", action="store_true", help="verify imports, environment and config, then exit")
+    parser.add_argument("--cpu", action="store_true", help="run every runner on the CPU whatever the config's gpus say")
+    parser.add_argument("--concurrency", type=int, help="closed loop: keep N requests in flight (-mi is then ignored)")
+    parser.add_argument("--warmup", type=int, help="first N items excluded from latency statistics (default 10)")
+    parser.add_argument("--log-dir", dest="log_dir", default="logs", help="where job logs go (default logs/)")
+    parser.add_argument("--seed", type=int, help="seed of the Poisson arrivals and of a random episode order (default 0)")
+    parser.add_argument("--sample-interval-ms", dest="sample_interval_ms", type=float, default=DEFAULT_INTERVAL_MS,
+                        help="how often CPU, memory and GPU use are sampled into samples.parquet "
+                             f"(default {DEFAULT_INTERVAL_MS:g})")
+    parser.add_argument("--dataset", help="replace the root (or video glob) of the config's dataset or videos source")
+    parser.add_argument("--allow-busy-gpus", dest="allow_busy_gpus", action="store_true",
+                        help="run on GPUs that other processes use (said in the job log) instead of refusing")
+    parser.add_argument("--max-replicas", dest="max_replicas", type=int,
+                        help="at most N runners per queue group (the first N of its gpus), to try a many-GPU config")
+    parser.add_argument("--engine", choices=RUN_CHOICES["engine"],
+                        help="local: processes on this host (default); ray: actors on a Ray cluster")
+    parser.add_argument("--ray-address", dest="ray_address",
+                        help="the Ray cluster to run on (default: RAY_ADDRESS if set, else a Ray started for the job)")
+    return parser.parse_args(argv)
+
+
+def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
+    """Command line over config "run" over DEFAULTS; a bad command-line value raises ConfigError."""
+    values = {}
+    flags = {"mean_interval_ms": "-mi/--mean_interval_ms", "videos": "-v/--videos", "batch_size": "-b/--batch_size",
+             "queue_size": "-qs/--queue_size", "concurrency": "--concurrency", "warmup": "--warmup", "seed": "--seed"}
+    for key, default in DEFAULTS.items():
+        given = getattr(ns, key)
+        _, minimum, maximum = RUN_KEYS[key]
+        if given is not None and (not math.isfinite(given) or given < minimum):
+            raise ConfigError("command line", flags[key], f"expected a number >= {minimum}, found {given:g}")
+        if given is not None and maximum is not None and given > maximum:
+            raise ConfigError("command line", flags[key], f"expected at most {maximum}, found {given}")
+        values[key] = given if given is not None else config.run.get(key, default)
+    if not (math.isfinite(ns.sample_interval_ms) and ns.sample_interval_ms > 0):
+        raise ConfigError("command line", "--sample-interval-ms", f"expected a positive number, found {ns.sample_interval_ms:g}")
+    engine = ns.engine or config.run.get("engine", RUN_CHOICES["engine"][0])
+    if ns.ray_address is not None and engine != "ray":
+        raise ConfigError("command line", "--ray-address", f"expected the Ray engine (--engine ray or the config's "
+                                                          f"\"run\": {{\"engine\": \"ray\"}}), found the {engine} engine")
+    return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms, engine=engine,
+                   ray_address=ns.ray_address)
+
+
+def prepare_log_dir(log_dir: str) -> None:
+    """Create the log directory before anything starts, so a bad --log-dir costs one sentence and exit 2."""
+    path = Path(log_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError("command line", "--log-dir", f"expected a directory for the job logs, found a file at {log_dir}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError("command line", "--log-dir", f"expected a directory that exists or can be created, "
+                          f"found that {error.filename} cannot be created ({error.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError("command line", "--log-dir", f"expected a directory this user may write, found {log_dir} read-only")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The whole command: its exit code (0 done, 1 failed job, 2 invalid request, 130 interrupted)."""
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    try:
+        ns = parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    with terminal_logging("benchmark.py"):
+        return _run(ns)
+
+
+def _run(ns: argparse.Namespace) -> int:
+    try:
+        config = load_config(ns.config_file_path)
+        if ns.dataset is not None:
+            config = with_dataset(config, ns.dataset)
+        if ns.max_replicas is not None:
+            if ns.max_replicas < 1:
+                raise ConfigError("command line", "--max-replicas", f"expected an integer >= 1, found {ns.max_replicas}")
+            config = limit_replicas(config, ns.max_replicas)
+        args = resolve_args(ns, config)
+        config = dataclasses.replace(config, notes=(*config.notes, *filter(None, [request_queue_note(args)])))
+        # On Ray the GPUs are the cluster's: rnb.engines.ray.driver checks each on its node.
+        gpus = validate_gpus(config, cpu_only=args.cpu or args.engine == "ray", allow_busy=ns.allow_busy_gpus)
+        config = dataclasses.replace(config, notes=(*config.notes, *busy_notes(gpus)))
+        dataset = check_source(config.source, config.path, may_write=not ns.check)
+        placements = plan_runners(apply_cpu_override(config) if args.cpu else config, args.batch_size)
+        check_against_dataset(config, placements, dataset)
+        check_slot_memory(config, placements, {gpu.logical_index: gpu.memory_total_bytes for gpu in gpus})
+        if not ns.check:
+            prepare_log_dir(args.log_dir)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    for note in config.notes:
+        print(f"benchmark.py: {note}", file=sys.stderr)
+    if ns.check:
+        versions = ", ".join(f"{name} {version}" for name, version in joblog.versions().items())
+        print(f"ready: {versions}; {config.path} is valid ({len(config.steps)} steps, {len(placements)} runners)")
+        return 0
+    if args.engine == "ray":
+        return _run_on_ray(config, args, placements, ns.allow_busy_gpus)
+    return _reported(run_job(config, args, placements, [dataclasses.asdict(gpu) for gpu in gpus]))
+
+
+def _run_on_ray(config: PipelineConfig, args: RunArgs, placements: list[Placement], allow_busy_gpus: bool) -> int:
+    """The job on the Ray engine: what the cluster cannot host is exit 2, a cluster out of reach exit 1."""
+    address = ray_cluster.resolve_address(args.ray_address)
+    ray_cluster.use_loopback_if_local(address)
+    from rnb.engines.ray.driver import run_ray_job  # only now: Ray reads the line above when first imported
+
+    try:
+        result = run_ray_job(config, args, placements, address, machine_gpus=visible_gpu_count() if address is None else 0,
+                             allow_busy_gpus=allow_busy_gpus)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    except ray_cluster.ClusterStartError as error:
+        print(f"benchmark.py: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("benchmark.py: interrupted before the job started", file=sys.stderr)
+        return 130
+    return _reported(result)
+
+
+def _reported(result: JobResult) -> int:
+    """Print the end-of-run summary of the job just logged; its exit code.
+
+    The summary reads the log back, so what is printed and what is analysed
+    later cannot disagree; it is part of the run, so main's peak memory is
+    recorded in meta.json after it.
+    """
+    print(job_summary(result.job_dir))
+    joblog.record_main_peak_rss(result.job_dir)
+    print(f"job log: {result.job_dir}")
+    return result.exit_code

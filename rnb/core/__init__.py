@@ -1,0 +1,1 @@
+"""Engine-neutral records and vocabulary shared by every engine and by the analysis; imports nothing else of rnb."""

@@ -1,0 +1,173 @@
+"""The ends of a job that every engine shares: its settings, how it ended, and its log written.
+
+Each engine's driver (rnb.engines.local.driver, rnb.engines.ray.driver)
+opens the job's log directory with `open_job_dir`, runs the job its own way,
+and hands how it ended (`JobEnding`) to `close_job`, which writes
+timings.parquet and meta.json the same way for both.  The end-of-run summary
+is the command line's business (rnb.cli), read back from the written log.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rnb.core import joblog
+from rnb.core.messages import Failed, Ready, Status
+from rnb.core.records import JobMeta, JsonObject, ProcessRecord
+from rnb.core.termination import Termination
+from rnb.engines.sampler import DEFAULT_INTERVAL_MS
+from rnb.engines.spool import TimingsSpool
+from rnb.pipeline.config import MAX_SEMAPHORE_VALUE, PipelineConfig
+
+log = logging.getLogger(__name__)
+
+EXIT_CODES = {Termination.TARGET_REACHED: 0, Termination.INTERRUPTED: 130, Termination.TERMINATED: 143}
+# What stops a job from outside: Ctrl-C, and SIGTERM (kill, schedulers, containers); children ignore both.
+STOP_SIGNALS = {signal.SIGINT: Termination.INTERRUPTED, signal.SIGTERM: Termination.TERMINATED}
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """The job's settings after command line, config "run" object and defaults are combined."""
+
+    mean_interval_ms: float
+    videos: int
+    batch_size: int
+    queue_size: int
+    concurrency: int | None
+    warmup: int
+    seed: int
+    cpu: bool
+    log_dir: str
+    sample_interval_ms: float = DEFAULT_INTERVAL_MS
+    engine: str = "local"             # "local" (spawned processes) or "ray" (rnb.engines.ray)
+    ray_address: str | None = None    # --ray-address as given
+    request_queue_size: int = field(init=False)  # -qs, or in bulk mode at least -v (see __post_init__)
+
+    def __post_init__(self) -> None:
+        # Bulk mode sends every request at once, so the request queue must hold all -v of them whatever -qs
+        # says, as RnB sized it; -qs still bounds the inter-step queues.
+        bulk = self.mean_interval_ms == 0 and self.concurrency is None
+        size = min(max(self.queue_size, self.videos), MAX_SEMAPHORE_VALUE) if bulk else self.queue_size
+        object.__setattr__(self, "request_queue_size", size)
+
+
+def request_queue_note(args: RunArgs) -> str | None:
+    """The job-log note of a request queue that bulk mode made larger than -qs."""
+    if args.request_queue_size == args.queue_size:
+        return None
+    return (f"bulk mode (-mi 0): the request queue holds all {args.request_queue_size} requests, more than "
+            f"-qs {args.queue_size} (which still bounds the inter-step queues), as RnB sized it")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first process that failed, and why in one sentence."""
+
+    process: str
+    error: str
+
+
+class JobBook:
+    """What a driver keeps of its job's processes, whatever the engine: their records, who is ready, notes, the first failure.
+
+    Both engines' processes report the same messages (Ready, Failed, Exited:
+    rnb.core.messages), so both drivers take them in here; what differs is
+    only how each engine learns that a process ended.
+    """
+
+    def __init__(self) -> None:
+        self._records: dict[str, ProcessRecord] = {}
+        self.ready: set[str] = set()
+        self.notes: list[str] = []
+        self.failure: Failure | None = None
+
+    def add(self, record: ProcessRecord) -> None:
+        self._records[record.name] = record
+
+    def __getitem__(self, name: str) -> ProcessRecord:
+        return self._records[name]
+
+    def update(self, name: str, **changes: object) -> ProcessRecord:
+        """Replace the named record's fields (ProcessRecord's names); the new record."""
+        record = self._records[name] = dataclasses.replace(self._records[name], **changes)  # type: ignore[arg-type]
+        return record
+
+    @property
+    def records(self) -> tuple[ProcessRecord, ...]:
+        """Every record, in the order the processes were added (spawned or created)."""
+        return tuple(self._records.values())
+
+    def on_status(self, status: Status) -> None:
+        if isinstance(status, Ready):
+            self.ready.add(status.name)
+            self.notes.extend(note for note in status.notes if note not in self.notes)
+        elif isinstance(status, Failed):
+            self.update(status.name, status="failed", error=status.error)
+            self.first_failure(status.name, status.error)
+        else:
+            self.update(status.name, **{k: v for k, v in dataclasses.asdict(status).items() if k != "name"})
+
+    def first_failure(self, process: str, error: str) -> None:
+        """Keep `process` as the job's failure unless another came first."""
+        if self.failure is None:
+            self.failure = Failure(process, error)
+
+
+@dataclass(frozen=True)
+class JobEnding:
+    """How a job ended, as its log records it, whatever the engine."""
+
+    start: float | None               # the start barrier passed; None if it never did
+    end: float
+    reason: Termination
+    error: str | None                 # one sentence, for the user and meta.json
+    spool: TimingsSpool               # finished items, streamed to disk as they came
+    book: JobBook                     # the processes, their notes and the first failure
+    engine: JsonObject = field(default_factory=lambda: {"name": "local"})  # meta.json's `engine`
+
+
+@dataclass(frozen=True)
+class JobResult:
+    exit_code: int
+    job_dir: Path
+
+
+def open_job_dir(config: PipelineConfig, args: RunArgs) -> Path:
+    """The job's new log directory, holding a copy of its config."""
+    job = joblog.job_id(time.time(), args.mean_interval_ms, args.batch_size, args.videos, args.queue_size, args.concurrency)
+    job_dir = joblog.create_job_dir(args.log_dir, job)
+    joblog.write_json(job_dir / joblog.CONFIG_FILE, config.raw)
+    return job_dir
+
+
+def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: list[JsonObject],
+              ending: JobEnding) -> JobResult:
+    """Write timings.parquet and meta.json, and report the error if any: what was measured is on disk."""
+    ending.spool.close()
+    failure = ending.book.failure
+    meta = JobMeta(
+        job_id=job_dir.name, config_path=config.path, args=dataclasses.asdict(args), start_time=ending.start,
+        end_time=ending.end, finished_items=ending.spool.rows, termination_reason=ending.reason.reason,
+        num_steps=len(config.steps), failed_process=failure.process if failure else None, error=ending.error,
+        processes=ending.book.records, main_peak_rss_bytes=joblog.main_peak_rss_bytes(), versions=joblog.versions(),
+        host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine)
+    joblog.write_meta(job_dir, meta)
+    if ending.error:
+        log.error("%s", ending.error)
+    return JobResult(EXIT_CODES.get(ending.reason, 1), job_dir)
+
+
+def error_sentence(reason: Termination, failure: Failure | None, args: RunArgs) -> str | None:
+    if reason == Termination.PROCESS_FAILED and failure:
+        return f"process {failure.process} failed: {failure.error}"
+    if reason == Termination.REQUEST_QUEUE_FULL:
+        return (f"the request queue was full (capacity {args.request_queue_size}, -qs): the pipeline could not keep up "
+                "with the requests")
+    if reason == Termination.INTER_STEP_QUEUE_FULL:
+        return f"an inter-step queue was full (capacity {args.queue_size}, -qs): a step could not keep up with the one before it"
+    return None

@@ -1,0 +1,220 @@
+"""The local engine's transport: one host, spawned processes, shared slots and torch.multiprocessing queues.
+
+A runner's outputs go into its own preallocated `SharedSlot`s (CUDA tensors
+for a GPU runner, shared-memory tensors on the CPU); the queue to the next
+step carries only a `Signal` naming the slot.  The consumer copies the data
+out into its own reused buffers, then sets the slot's `free` event so the
+producer may write it again.  Requests, results and status messages travel
+on plain queues; the flag and the start gate are shared objects
+(rnb.engines.local.plumbing.Plumbing).
+
+This module also holds the two process entry points the main process spawns.
+"""
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rnb.core.messages import Exited, Request, Signal, Status
+from rnb.core.stages import StepEvents
+from rnb.core.termination import POLL_S, Termination
+from rnb.core.timecard import TimeCard, as_cards
+from rnb.engines import client
+from rnb.engines.buffers import LocalBuffers
+from rnb.engines.local.child import child_main
+from rnb.engines.local.plumbing import Plumbing, SharedSlot
+from rnb.engines.runner import Runner
+from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
+from rnb.pipeline.plan import Placement
+
+# A finished card waits at most this long for company in its batch to the main process (and not at all
+# once the inbox is idle, the target is reached or the runner exits).
+RESULTS_WAIT_S = POLL_S
+
+
+@dataclass(frozen=True)
+class LocalWiring:
+    """A runner's own output slots and, by (group, instance) of each producer, the slots it reads."""
+
+    slots: tuple[SharedSlot, ...]
+    sources: Mapping[tuple[int, int], tuple[SharedSlot, ...]]
+
+
+class _LocalParticipant:
+    """What the client's and the runners' transports do alike (rnb.engines.transport.Participant)."""
+
+    def __init__(self, plumbing: Plumbing) -> None:
+        self.plumbing = plumbing
+
+    @property
+    def stopped(self) -> bool:
+        return self.plumbing.flag.is_set
+
+    def stop(self, reason: Termination) -> None:
+        self.plumbing.flag.raise_(reason)
+
+    def report(self, status: Status) -> None:
+        self.plumbing.status.put(status)
+
+    def wait_for_start(self) -> bool:
+        return self.plumbing.wait_for_start()
+
+
+class LocalTransport(_LocalParticipant):
+    """A runner's transport (rnb.engines.transport.Transport) over slots and queues."""
+
+    def __init__(self, spec: Placement, target: int, wiring: LocalWiring, plumbing: Plumbing) -> None:
+        super().__init__(plumbing)
+        self.spec = spec
+        self.target = target  # -v: items the final step must finish
+        self.wiring = wiring
+        self.device = torch.device(spec.device)
+        self._cuda = self.device.type == "cuda"  # asked twice per hop; a torch.device attribute is not free
+        self.input_device = torch.device(spec.input_device)
+        self.events = StepEvents(spec.step)
+        self.inputs = LocalBuffers(self.input_device)
+        self.inbox = plumbing.requests if spec.in_queue is None else plumbing.step_queues[spec.step - 1][spec.in_queue]
+        self.outboxes = [plumbing.step_queues[spec.step][q] for q in spec.out_queues]
+        self._next_slot = 0
+        self.finished = FinishedCards(plumbing.results.put)
+
+    def _sync(self) -> None:
+        """Wait for copies queued on the current CUDA stream (the runner's own)."""
+        if self._cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def receive(self, timeout: float) -> Input | None:
+        try:
+            message = self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            self.finished.send()
+            return None
+        arrived = time.time()
+        if isinstance(message, Request):
+            return Input((), {"request": message.payload}, message.card, arrived)
+        slot = self.wiring.sources[(message.group, message.instance)][message.slot]
+        tensors = slot.read(self.input_device, self.inputs)
+        self._sync()
+        slot.free.set()
+        return Input(tensors, message.non_tensors, message.time_card, arrived)
+
+    def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> bool:
+        index = self._acquire_slot()
+        if index is None:
+            return False
+        cards = as_cards(time_card)
+        # Separates waiting for a free slot (back-pressure from the next step) from the copy itself.
+        for card in cards:
+            card.record(self.events.slot_acquired)
+        slot = self.wiring.slots[index]
+        slot.write(tensors, f"{self.spec.name} ({self.spec.model})")
+        self._sync()
+        for card in cards:
+            card.record(self.events.handed_over)
+        signal = Signal(self.spec.step, self.spec.group, self.spec.instance, index, non_tensors, time_card)
+        try:
+            self.outboxes[queue_index].put_nowait(signal)
+        except queue.Full:
+            slot.free.set()
+            self.stop(Termination.INTER_STEP_QUEUE_FULL)
+            return False
+        return True
+
+    def _acquire_slot(self) -> int | None:
+        """The next free output slot, taken; None if the job ends while every slot is busy."""
+        slots = self.wiring.slots
+        while not self.stopped:
+            for offset in range(len(slots)):
+                index = (self._next_slot + offset) % len(slots)
+                if slots[index].free.is_set():
+                    slots[index].free.clear()
+                    self._next_slot = (index + 1) % len(slots)
+                    return index
+            slots[self._next_slot].free.wait(POLL_S)
+        return None
+
+    def finish(self, cards: tuple[TimeCard, ...]) -> bool:
+        finished = self.plumbing.finished
+        lock = finished.get_lock()
+        while not lock.acquire(timeout=POLL_S):  # a replica killed holding it must not wedge this one
+            if self.stopped:
+                return False
+        try:
+            accepted = cards[: max(0, self.target - finished.value)]
+            finished.value += len(accepted)
+            reached = finished.value >= self.target
+        finally:
+            lock.release()
+        self.finished.add(accepted)
+        if reached or len(self.finished) >= RESULTS_BATCH or time.monotonic() - self.finished.oldest >= RESULTS_WAIT_S:
+            self.finished.send()
+        if self.plumbing.in_flight is not None:
+            for _ in cards:
+                self.plumbing.in_flight.release()
+        return reached
+
+    def report(self, status: Status) -> None:
+        if isinstance(status, Exited):  # a runner's last word comes after every card it counted
+            self.finished.send()
+        super().report(status)
+
+
+class LocalClientTransport(_LocalParticipant):
+    """The client's transport (rnb.engines.transport.ClientTransport): the request queue and the in-flight bound."""
+
+    def wait_for_room(self) -> bool:
+        in_flight = self.plumbing.in_flight
+        if in_flight is not None:
+            while not in_flight.acquire(timeout=POLL_S):
+                if self.stopped:
+                    return False
+        return not self.stopped
+
+    def submit(self, request: Request) -> bool:
+        try:
+            self.plumbing.requests.put_nowait(request)
+        except queue.Full:
+            self.stop(Termination.REQUEST_QUEUE_FULL)
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class DeviceFirst:
+    """A runner's device, passed as its first spawn argument so that it is selected while unpickling.
+
+    Unpickling the producers' CUDA slots opens their IPC handles, and with
+    no current device chosen CUDA would also make a context on GPU 0 for
+    every runner: hundreds of MB of GPU 0 per process, and a busy GPU 0 for
+    jobs that never asked for it. Arguments are unpickled in order, so
+    selecting the device as this one is rebuilt comes before any slot.
+    """
+
+    device: str
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return select_device, (self.device,)
+
+
+def select_device(device: str) -> str:
+    """Make a CUDA `device` this process's current one (nothing to do for the CPU); returns it."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    return device
+
+
+def runner_main(device: str, spec: Placement, target: int, wiring: LocalWiring, plumbing: Plumbing) -> None:
+    """Entry point of a spawned runner process; `device` comes first (DeviceFirst) and is already current."""
+    transport = LocalTransport(spec, target, wiring, plumbing)
+    child_main(spec.name, plumbing, transport, lambda: Runner(spec, transport).run(), torch.device(spec.device))
+
+
+def client_main(spec: client.ClientSpec, plumbing: Plumbing) -> None:
+    """Entry point of the spawned client process."""
+    transport = LocalClientTransport(plumbing)
+    child_main("client", plumbing, transport, lambda: client.generate(spec, transport))

@@ -1,0 +1,42 @@
+"""What every process of a job (client or runner, on any engine) does around its own work.
+
+Centralised so that failure reporting behaves identically everywhere: the
+job's counter learns the error as one line, the job stops at once, and the
+process's peak memory and the torch thread counts it ran with reach the job
+log even when it failed.  Each engine wraps `run_and_report` in what its
+processes need besides (rnb.engines.local.child, rnb.engines.ray.actors).
+"""
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Callable
+
+import torch
+
+from rnb.core.messages import Exited, Failed
+from rnb.core.termination import Termination
+from rnb.engines.transport import Participant
+from rnb.pipeline.gpus import device_memory_record
+
+
+def run_and_report(name: str, transport: Participant, work: Callable[[], None],
+                   device: torch.device | None = None) -> int:
+    """Run `work`, report how it ended (Failed if it raised, then Exited) and return 0 (ok) or 1 (failed)."""
+    code = 0
+    try:
+        work()
+    except BaseException as error:  # the job must learn of any failure, whatever its type
+        code = 1
+        transport.report(Failed(name, f"{type(error).__name__}: {error}"))
+        transport.stop(Termination.PROCESS_FAILED)
+    peak_device, held = None, {}
+    if device is not None and device.type == "cuda":
+        peak_device = torch.cuda.max_memory_allocated(device)
+        held = device_memory_record(str(torch.cuda.get_device_properties(device).uuid), os.getpid(),
+                                    torch.cuda.memory_reserved(device))
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    transport.report(Exited(name, peak_rss_bytes=peak_rss, peak_device_bytes=peak_device,
+                            intra_op_threads=torch.get_num_threads(),
+                            interop_threads=torch.get_num_interop_threads(), **held))
+    return code

@@ -1,0 +1,415 @@
+"""The Ray engine's driver: one job on a Ray cluster, with the local engine's barriers, timing and log.
+
+    run_ray_job ── connects (rnb.engines.ray.cluster), seats the runners (rnb.engines.ray.placement),
+      │            reserves and checks GPUs, creates the actors (rnb.engines.ray.actors)
+      ▼
+    JobControl ◀── Ready, Failed, Exited, finished cards ── client actor, runner actors
+      │
+    driver: every actor ready -> clock offsets per node -> start; flag raised -> halt, kill, log
+
+The start time is taken when every actor has reported ready, the end time is
+when the JobControl raised the flag; both on the driver's clock, on which
+every time card is stamped too (each actor shifts its stamps by its node's
+measured offset).  A failed or lost actor ends the job within a poll
+interval of Ray noticing; whatever way the job ends, every actor it created
+is killed and its placement group removed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+from tqdm import tqdm
+
+from rnb.core.records import ProcessRecord
+from rnb.core.termination import POLL_S, Termination
+from rnb.engines.client import ClientSpec
+from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
+from rnb.engines.ray.actors import ACTOR_ENV, ClientActor, ControlState, JobControl, RayWiring, RunnerActor
+from rnb.engines.ray.cluster import JobRay, NodeInfo
+from rnb.engines.ray.placement import NodeChoice, Seat, seat_runners
+from rnb.engines.sampler import Sampler
+from rnb.engines.spool import TimingsSpool
+from rnb.pipeline.config import ConfigError, PipelineConfig
+from rnb.pipeline.dataset_source import KINDS
+from rnb.pipeline.gpus import GpuInfo, GpuRequestError, busy_notes, check_assigned_gpu
+from rnb.pipeline.plan import Placement
+
+log = logging.getLogger(__name__)
+
+PLACE_TIMEOUT_S = 120.0   # an actor or GPU bundle not placed by then will not be: the cluster lacks room
+GRACE_S = 4.0             # how long halted actors get to finish on their own before they are killed
+CLOCK_ROUND_TRIPS = 5     # per node; the shortest round trip gives the offset
+
+
+@dataclass(frozen=True)
+class ClockOffset:
+    """How far a node's clock runs ahead of the driver's, from the shortest of a few round trips."""
+
+    offset_s: float
+    round_trip_s: float
+
+
+def measure_offset(remote_clock: Callable[[], float], round_trips: int = CLOCK_ROUND_TRIPS,
+                   local_clock: Callable[[], float] = time.time) -> ClockOffset:
+    """Ask `remote_clock()` (blocking, returns the remote time) a few times; keep the tightest bracket."""
+    best: ClockOffset | None = None
+    for _ in range(round_trips):
+        sent = local_clock()
+        remote = remote_clock()
+        back = local_clock()
+        if best is None or back - sent < best.round_trip_s:
+            best = ClockOffset(remote - (sent + back) / 2, back - sent)
+    assert best is not None
+    return best
+
+
+def run_ray_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], address: str | None,
+                machine_gpus: int = 0, allow_busy_gpus: bool = False) -> JobResult:
+    """Run the job on Ray.  Raises ConfigError (exit 2) for what the cluster cannot host, before any log exists."""
+    labels = tuple(dict.fromkeys(g.node for s in config.steps for g in s.queue_groups if g.node))
+    gpu_labels = frozenset(config.steps[p.step].queue_groups[p.group].node for p in placements
+                           if p.device.startswith("cuda"))
+    config = paths_every_node_sees(config)
+    with JobRay(address, labels, gpu_labels, machine_gpus) as cluster:
+        nodes = cluster.nodes()
+        seats, bundles = seat_runners(config, placements, nodes)
+        job = RayJob(config, args, seats, nodes, cluster)
+        try:
+            gpus = job.reserve_gpus(bundles, allow_busy_gpus)
+            config = dataclasses.replace(config, notes=(*config.notes, *busy_notes(gpus)))
+            job_dir = open_job_dir(config, args)
+            ending = job.run(job_dir)
+        finally:
+            job.clean_up()
+    return close_job(job_dir, config, args, [dataclasses.asdict(gpu) for gpu in gpus], ending)
+
+
+@dataclass
+class Member:
+    """One actor of the job as the driver follows it; its meta.json record is in the job's book under `name`."""
+
+    name: str
+    actor: Any                          # a Ray actor handle
+    run: ray.ObjectRef | None = None    # its run() call
+    node: NodeInfo | None = None
+    killed_by_driver: bool = False
+
+
+@dataclass
+class RayJob:
+    config: PipelineConfig
+    args: RunArgs
+    seats: list[Seat]
+    nodes: list[NodeInfo]
+    cluster: JobRay
+    group: Any = None                                   # the placement group of the GPU bundles
+    control: Any = None
+    members: list[Member] = field(default_factory=list)
+    spool: TimingsSpool | None = None                   # finished items, streamed to disk as they come
+    book: JobBook = field(default_factory=JobBook)
+    state: ControlState | None = None
+    offsets: dict[str, ClockOffset] = field(default_factory=dict)
+    interrupted: threading.Event = field(default_factory=threading.Event)   # Ctrl-C or SIGTERM came
+    outside: Termination = Termination.INTERRUPTED      # which of them, once `interrupted` is set
+
+    def reserve_gpus(self, bundles: Sequence[NodeChoice], allow_busy: bool) -> list[GpuInfo]:
+        """The placement group of the GPU bundles, each GPU checked free by NVML on its node (GpuRequestError)."""
+        if not bundles:
+            return []
+        shapes = [choice.bundle() for choice in bundles]
+        self.group = placement_group([s for s, _ in shapes], strategy="PACK", bundle_label_selector=[label for _, label in shapes])
+        ready, _ = ray.wait([self.group.ready()], timeout=PLACE_TIMEOUT_S)
+        if not ready:
+            first = next(seat for seat in self.seats if seat.bundle is not None)
+            raise ConfigError(self.config.path, first.gpus_path, f"expected the Ray cluster to give the job "
+                              f"{len(bundles)} GPUs, found them not free within {PLACE_TIMEOUT_S:.0f} s")
+        firsts = [next(seat for seat in self.seats if seat.bundle == index) for index in range(len(bundles))]
+        checks = [ray.remote(_check_gpu_here).options(num_cpus=0, num_gpus=1, scheduling_strategy=(
+            PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)))
+            .remote(self.config.path, seat.gpus_path, allow_busy) for index, seat in enumerate(firsts)]
+        infos = []
+        for seat, found in zip(firsts, ray.get(checks)):
+            if isinstance(found, str):
+                raise ConfigError(self.config.path, seat.gpus_path, found)
+            infos.append(found)
+        return infos
+
+    def run(self, job_dir: Path) -> JobEnding:
+        """Create the actors, start them together, wait for the flag, stop them; how the job ended."""
+        previous = {number: signal.signal(number, lambda number, _: self.stopped_from_outside(STOP_SIGNALS[number]))
+                    for number in STOP_SIGNALS}
+        start, setup_error = None, None
+        job = job_dir.name
+        self.spool = TimingsSpool(job_dir, len(self.config.steps), self.args.warmup)
+        sampler = Sampler(self.args.sample_interval_ms / 1000.0)
+        try:
+            self.launch(job)
+            self.sample_here(sampler)
+            if self.wait_until(lambda: len(self.book.ready) == len(self.members)):
+                start = self.start_together(job)
+                self.follow()
+        except (RuntimeError, ray.exceptions.RayError) as error:  # placement timed out, an actor could not start
+            if not self.interrupted.is_set():
+                setup_error = f"could not set up the job on Ray ({type(error).__name__}: {_one_line(error)})"
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+            self.stop(self.outside if self.interrupted.is_set() or start is not None else Termination.SETUP_FAILED)
+            sampler.stop()
+            sampler.write(job_dir)
+        reason = self.state.reason
+        return JobEnding(start=start, end=self.state.raised_at if reason != Termination.RUNNING else time.time(), reason=reason,
+                         error=setup_error or error_sentence(reason, self.book.failure, self.args), spool=self.spool,
+                         book=self.book, engine=self.engine_record())
+
+    def stopped_from_outside(self, reason: Termination) -> None:
+        """A signal handler's whole work: the driver's loop raises the flag at its next look."""
+        self.outside = reason
+        self.interrupted.set()
+
+    def launch(self, job: str) -> None:
+        """The JobControl and client on the driver's node, one actor per runner on its seat; then their run() calls."""
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.control = ray.remote(JobControl).options(
+            name=f"{job}/control", num_cpus=0, scheduling_strategy=here).remote(self.args.videos)
+        self._add("client", "client", None, ray.remote(ClientActor).options(
+            name=f"{job}/client", num_cpus=0, scheduling_strategy=here, runtime_env={"env_vars": ACTOR_ENV}
+        ).remote(self.control, self.args.concurrency))
+        for seat in self.seats:
+            step = seat.placement.step
+            inbox = self.args.request_queue_size if step == 0 else self.args.queue_size  # as the local engine's queues
+            self._add(seat.placement.name, "runner", seat.placement, ray.remote(RunnerActor).options(
+                name=f"{job}/{seat.placement.name}", **self._seat_options(seat)).remote(self.control, step, inbox))
+        self._locate()
+        client = self.members[0].actor if self.args.concurrency else None
+        self.control.attach.remote([m.actor for m in self.members], client)
+        by_name = {m.name: m.actor for m in self.members}
+        step0 = tuple(by_name[s.placement.name] for s in self.seats if s.placement.step == 0)
+        spec = ClientSpec(self.config.source, self.config.path, self.args.videos, self.args.mean_interval_ms,
+                          self.args.concurrency, self.args.seed)
+        self.members[0].run = self.members[0].actor.run.remote(spec, step0, self.args.request_queue_size)
+        for member, seat in zip(self.members[1:], self.seats):
+            self._start_runner(member, seat, by_name)
+
+    def sample_here(self, sampler: Sampler) -> None:
+        """Sample the driver and the actors on its machine (the others' processes are out of its reach)."""
+        sampler.watch("main", os.getpid())
+        here = ray.util.get_node_ip_address()
+        for member in self.members:
+            record = self.book[member.name]
+            if record.node_ip == here and record.pid is not None:
+                sampler.watch(member.name, record.pid)
+        sampler.start()
+
+    def _seat_options(self, seat: Seat) -> dict[str, Any]:
+        options: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "runtime_env": {"env_vars": ACTOR_ENV}}
+        if seat.bundle is None:
+            return {**options, **seat.choice.actor_options()}
+        strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=seat.bundle)
+        return {**options, "num_gpus": seat.gpu_share, "scheduling_strategy": strategy}
+
+    def _add(self, name: str, role: str, p: Placement | None, actor: Any) -> None:
+        self.book.add(ProcessRecord(name, role, p and p.step, p and p.group, p and p.instance, p and p.device))
+        self.members.append(Member(name, actor))
+
+    def _locate(self) -> None:
+        """Wait for every actor to be placed (or Ctrl-C); record its node, pid and GPUs."""
+        where = {m.actor.where.remote(): m for m in self.members}
+        deadline = time.time() + PLACE_TIMEOUT_S
+        pending = list(where)
+        while pending and time.time() < deadline and not self.interrupted.is_set():
+            _, pending = ray.wait(list(where), num_returns=len(where), timeout=POLL_S)
+        if pending:
+            names = ", ".join(where[ref].name for ref in pending)
+            why = "before Ctrl-C" if self.interrupted.is_set() else f"within {PLACE_TIMEOUT_S:.0f} s"
+            raise RuntimeError(f"the Ray cluster did not place {names} {why}")
+        nodes = {n.node_id: n for n in self.nodes}
+        for ref in where:
+            member, found = where[ref], ray.get(ref)
+            member.node = nodes.get(found.node_id)
+            self.book.update(member.name, pid=found.pid, node=found.node_id, node_ip=member.node and member.node.ip,
+                             gpu_ids=found.gpu_ids)
+
+    def _start_runner(self, member: Member, seat: Seat, by_name: Mapping[str, Any]) -> None:
+        p = seat.placement
+        threads = self._threads(member, seat)
+        self.book.update(member.name, threads=threads)
+        spec = dataclasses.replace(p, device=_own_gpu(p.device), output_device=_own_gpu(p.output_device),
+                                   input_device=_own_gpu(p.input_device), threads=threads)
+        consumers = tuple(tuple(by_name[s.placement.name] for s in self.seats
+                                if s.placement.step == p.step + 1 and s.placement.in_queue == q) for q in p.out_queues)
+        wiring = RayWiring(self.control, consumers, max(1, p.num_slots))
+        member.run = member.actor.run.remote(spec, wiring)
+
+    def _threads(self, member: Member, seat: Seat) -> int | None:
+        """A CPU runner's share of its node's cores (like rnb.pipeline.plan, per node); its "threads" keyword wins."""
+        p = seat.placement
+        explicit = self.config.steps[p.step].queue_groups[p.group].model_kwargs.get("threads")
+        if explicit is not None or seat.bundle is not None or member.node is None:
+            return explicit
+        neighbours = sum(1 for m, s in zip(self.members[1:], self.seats) if m.node is member.node and s.bundle is None)
+        return max(1, member.node.cpus // max(1, neighbours))
+
+    def start_together(self, job: str) -> float:
+        """Measure each node's clock offset, then open every actor's start gate; the start time."""
+        for member in self.members:
+            node = self.book[member.name].node
+            if node not in self.offsets:
+                self.offsets[node] = measure_offset(lambda: ray.get(member.actor.clock.remote()))
+        start = time.time()
+        for member in self.members:
+            member.actor.start.remote(self.offsets[self.book[member.name].node].offset_s)
+        log.info("started %s on Ray: client and %d runners ready on %d nodes", job, len(self.seats), len(self.offsets))
+        return start
+
+    def follow(self) -> None:
+        """Until the flag is raised: take in statuses and cards, notice failures, show progress."""
+        with tqdm(total=self.args.videos, unit="item", file=sys.stderr, disable=None, leave=False) as bar:
+            self.wait_until(lambda: False, bar)
+
+    def wait_until(self, done: Any, bar: tqdm | None = None) -> bool:
+        """Poll until done() (True) or the flag is raised (False); a failure or Ctrl-C raises the flag."""
+        while True:
+            self.poll()
+            if bar is not None:
+                bar.update(self.spool.rows - bar.n)
+            if self.state.reason != Termination.RUNNING:
+                return False
+            if done():
+                return True
+
+    def poll(self, timeout: float = POLL_S) -> None:
+        runs = {m.run: m for m in self._running()}
+        finished, _ = ray.wait(list(runs), num_returns=len(runs), timeout=timeout) if runs else ([], [])
+        self.collect()
+        for ref in finished:
+            self._ended(runs[ref], ref)
+        if self.interrupted.is_set():
+            self.raise_flag(self.outside)
+
+    def raise_flag(self, reason: Termination) -> None:
+        """Have the JobControl raise the flag (the first reason wins) and halt everyone; then look."""
+        if self.state is None or self.state.reason == Termination.RUNNING:
+            self.control.stop.remote(reason)
+            self.collect()
+
+    def collect(self) -> None:
+        """Take what the JobControl gathered.  If it is gone, the job is over: it failed, now."""
+        if self.state is not None and self.book.failure is not None and self.book.failure.process == "control":
+            return
+        try:
+            state = ray.get(self.control.collect.remote())
+        except ray.exceptions.RayActorError as error:
+            self.book.first_failure("control", _death_sentence(error))
+            state = ControlState(Termination.PROCESS_FAILED, time.time(), (), ())
+            for member in self.members:
+                member.actor.halt.remote()
+        self.state = state
+        self.spool.add(state.cards)
+        for status in state.statuses:
+            self.book.on_status(status)
+
+    def _ended(self, member: Member, ref: Any) -> None:
+        """A run() call returned or its actor died: record it; a death while the job runs fails the job."""
+        try:
+            code = ray.get(ref)
+            status = self.book[member.name].status or ("ok" if code == 0 else "failed")
+            self.book.update(member.name, exitcode=code, status=status)
+            return
+        except ray.exceptions.RayActorError as error:
+            death = _death_sentence(error)
+        except ray.exceptions.RayError as error:  # run() raised before its loop could report (a RayTaskError)
+            death = f"{type(error).__name__}: {_one_line(error)}"
+        if member.killed_by_driver:
+            self.book.update(member.name, status="killed")
+            return
+        self.book.update(member.name, status="failed", error=death)
+        self.raise_flag(Termination.PROCESS_FAILED)
+        if self.state is not None and self.state.reason == Termination.PROCESS_FAILED:
+            self.book.first_failure(member.name, death)
+
+    def stop(self, reason: Termination) -> None:
+        """Raise the flag (a no-op if raised), give the actors GRACE_S to finish, then kill what is left."""
+        if self.control is None:
+            self.state = ControlState(reason, time.time(), (), ())
+            return
+        self.raise_flag(reason)
+        deadline = time.time() + GRACE_S
+        while self._running() and time.time() < deadline:
+            self.poll()
+        for member in self._running():
+            member.killed_by_driver = True
+            ray.kill(member.actor, no_restart=True)
+        deadline = time.time() + GRACE_S
+        while self._running() and time.time() < deadline:
+            self.poll()
+        self.collect()
+        for member in self.members:
+            if self.book[member.name].status is None:
+                self.book.update(member.name, status="killed" if member.run is not None else "not started")
+
+    def _running(self) -> list[Member]:
+        return [m for m in self.members if m.run is not None and self.book[m.name].status is None]
+
+    def clean_up(self) -> None:
+        """Nothing of the job stays on the cluster: every actor killed, the placement group removed."""
+        for actor in [m.actor for m in self.members] + ([self.control] if self.control is not None else []):
+            ray.kill(actor, no_restart=True)
+        if self.group is not None:
+            remove_placement_group(self.group)
+
+    def engine_record(self) -> dict[str, Any]:
+        """meta.json's `engine`: Ray, where, and every node the job used with its clock offset."""
+        used = {record.node for record in self.book.records}
+        return {"name": "ray", "address": self.cluster.address,
+                "cluster": "simulated" if self.cluster.simulated else "own" if self.cluster.own else "given",
+                "nodes": {n.node_id: {"ip": n.ip, "labels": dict(n.labels), "cpus": n.cpus, "gpus": n.gpus,
+                                      **(dataclasses.asdict(self.offsets[n.node_id]) if n.node_id in self.offsets else {})}
+                          for n in self.nodes if n.node_id in used}}
+
+
+def _own_gpu(device: str) -> str:
+    """A placement's device as its actor sees it: Ray shows an actor only its own GPU, as cuda:0."""
+    return "cuda:0" if device.startswith("cuda") else "cpu"
+
+
+def paths_every_node_sees(config: PipelineConfig) -> PipelineConfig:
+    """A relative local dataset root or video glob made absolute here: an actor's working directory is its node's."""
+    kind = next(iter(config.source), None)
+    where = config.source.get(kind) if kind in KINDS else None
+    if not isinstance(where, str) or "://" in where or os.path.isabs(where):
+        return config
+    return dataclasses.replace(config, source={**config.source, kind: os.path.abspath(where)})
+
+
+def _check_gpu_here(file: str, json_path: str, allow_busy: bool) -> GpuInfo | str:
+    """A Ray task on a GPU bundle's node: the GPU Ray gave it, checked; or what is wrong with it.
+
+    What is wrong comes back as a value: Ray cannot carry a ConfigError back raised.
+    """
+    try:
+        return check_assigned_gpu(file, json_path, allow_busy=allow_busy)
+    except GpuRequestError as error:
+        return f"{error.expected} (on the Ray node at {ray.util.get_node_ip_address()})"
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300]
+
+
+def _death_sentence(error: Exception) -> str:
+    """Ray's multi-paragraph account of an actor's death, as one line."""
+    return f"its Ray actor died ({type(error).__name__}: {_one_line(error)})"

@@ -1,0 +1,116 @@
+"""Utilisation over time: a thread of the main process samples every child and every GPU in use.
+
+Every `interval_s` it records, for each child process, its cumulative CPU
+time and its resident memory (psutil), and for each GPU the job uses, NVML's
+utilisation, memory in use and NVDEC utilisation. The rows become
+`samples.parquet` in the job directory; rnb.analysis turns them into CPU
+percentages, plots and the summary. Sampling reads /proc and NVML only, so
+it costs the children nothing, and a child that has exited is simply no
+longer sampled.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rnb.core.joblog import SAMPLES_FILE
+from rnb.pipeline.gpus import Nvml
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_MS = 100.0
+SCHEMA = pa.schema([
+    ("time", pa.float64()),                 # epoch seconds
+    ("process", pa.string()),               # a child's name; null on GPU rows
+    ("pid", pa.int64()),
+    ("cpu_s", pa.float64()),                # user + system CPU seconds since the process started
+    ("rss_bytes", pa.int64()),
+    ("gpu", pa.int64()),                    # the config's logical GPU index; null on process rows
+    ("gpu_util_percent", pa.int64()),
+    ("gpu_memory_used_bytes", pa.int64()),
+    ("nvdec_util_percent", pa.int64()),
+])
+
+
+@dataclass(frozen=True)
+class SampledGpu:
+    logical_index: int
+    physical_index: int
+
+
+@dataclass
+class Sampler:
+    """Samples until stopped; `rows` grows in time order and is read after `stop()`."""
+
+    interval_s: float
+    gpus: tuple[SampledGpu, ...] = ()
+    nvml: Callable[[], Any] = Nvml
+    clock: Callable[[], float] = time.time
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    _processes: dict[str, psutil.Process] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def watch(self, name: str, pid: int) -> None:
+        """Sample this process from the next tick on; one that is already gone is skipped."""
+        try:
+            self._processes[name] = psutil.Process(pid)
+        except psutil.Error:
+            log.debug("not sampling %s (pid %d): it is gone", name, pid)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rnb-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        with ExitStack() as stack:
+            session = stack.enter_context(self.nvml()) if self.gpus else None
+            next_tick = self.clock()
+            while not self._stop.is_set():
+                self.sample(session)
+                next_tick += self.interval_s
+                self._stop.wait(max(0.0, next_tick - self.clock()))
+
+    def sample(self, nvml: Any | None) -> None:
+        """One row per live process and per GPU, all stamped with one time."""
+        now = self.clock()
+        for name, process in list(self._processes.items()):
+            try:
+                with process.oneshot():
+                    times, memory = process.cpu_times(), process.memory_info()
+            except psutil.Error:
+                del self._processes[name]   # it exited; its last sample stands
+                continue
+            self.rows.append({"time": now, "process": name, "pid": process.pid,
+                              "cpu_s": times.user + times.system, "rss_bytes": memory.rss})
+        for gpu in self.gpus if nvml is not None else ():
+            try:
+                state = nvml.utilisation(gpu.physical_index)
+            except Exception as exc:  # NVML reports unsupported queries and lost GPUs through assorted types
+                log.warning("GPU %d is no longer sampled: NVML failed (%s)", gpu.logical_index, exc)
+                self.gpus = tuple(other for other in self.gpus if other != gpu)
+                continue
+            self.rows.append({"time": now, "gpu": gpu.logical_index, "gpu_util_percent": state.gpu_percent,
+                              "gpu_memory_used_bytes": state.memory_used_bytes,
+                              "nvdec_util_percent": state.decoder_percent})
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_pylist(self.rows, schema=SCHEMA)
+
+    def write(self, job_dir: Path) -> None:
+        pq.write_table(self.table(), job_dir / SAMPLES_FILE)

@@ -1,1 +1,0 @@
-"""The process model: who spawns whom (`job.py`) and what each process runs (`runner.py`, `client.py`)."""
