@@ -51,3 +51,10 @@ def test_the_cache_returns_a_profile_only_under_its_own_key(tmp_path: Path) -> N
     assert json.loads(cache.path(key).read_text())["key"]["form"] == {"cards": 4, "segments": 1, "splits": 1, "batch": 1}
     cache.path(key).write_text("{")                          # damaged: measured again, not a crash
     assert cache.get(key) is None
+
+
+def test_a_batch_handed_on_by_flush_counts_its_call_as_held_and_not_the_idle_wait() -> None:
+    # Batch of 4, but only 2 items came: the second call returned at 2.2 ms, the flush wrote the batch at 60 ms.
+    calls = [call(0.0, 0.0010, 0.0012, 0.0600, 0.0610), call(0.0020, 0.0021, 0.0022, 0.0600, 0.0610)]
+    emit, held, _, _ = occupancy(calls)
+    assert emit == [] and held == pytest.approx([0.0012, 0.0002])   # the second: from its arrival to its start

@@ -42,6 +42,7 @@ from rnb.analysis.jobs import TARGET_REACHED, Job, JobLogError, read_job
 from rnb.analysis.sweep import RunOutcome, SweepError
 from rnb.core.joblog import host
 from rnb.core.stages import ENQUEUE, StepEvents
+from rnb.core.termination import POLL_S
 from rnb.pipeline.config import merges_segments, parse_config
 from rnb.pipeline.plan import Placement, plan_runners, runner_name
 from rnb.tune.space import Candidate, GroupChoices, TuneSpace
@@ -331,20 +332,31 @@ def calls_of(job: Job, step: int) -> dict[int, list[Call]]:
 def occupancy(calls: Sequence[Call]) -> tuple[list[float], list[float], list[float], list[int]]:
     """Each call's occupancy of its runner, split into emitting and held calls (see the module's docstring).
 
+    A replica that holds inputs (a Batcher) also hands some batches on from
+    `flush`, once its input has been idle for a poll interval: the output
+    then leaves long after the last call returned, and the runner was idle,
+    not busy, meanwhile.  Such a call counts as a held call (its copy-in),
+    and the flush itself as no call: the estimator plays the Batcher's policy.
+
     Returns (emit seconds, held seconds, inside seconds of the emitting calls,
     cards of the emitting calls).
     """
-    emit, held, inside, cards = [], [], [], []
+    emit: list[float] = []
+    held: list[float] = []
+    inside: list[float] = []
+    cards: list[int] = []
+    later = [call.taken for call in calls[1:]] + [math.inf]
+    holding = any(call.finished > after for call, after in zip(calls, later))
     free = -math.inf
-    for j, call in enumerate(calls):
-        later = calls[j + 1].taken if j + 1 < len(calls) else math.inf
-        holds = call.finished > later   # the next call was taken before this one's output left
-        left = call.started if holds else call.handed_over - call.slot_wait
+    for call, after in zip(calls, later):
+        holds = call.finished > after   # the next call was taken before this one's output left
+        flushed = holding and not holds and call.finished - call.started >= POLL_S
+        left = call.started if holds or flushed else call.handed_over - call.slot_wait
         service = left - max(free, call.arrived)
         free = call.started if holds else call.handed_over
         if service < 0:
             continue
-        if holds:
+        if holds or flushed:
             held.append(service)
         else:
             emit.append(service)
