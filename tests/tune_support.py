@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rnb.tune.profile import Bench, Profile, ProfileKey, plan_profiles
+from rnb.analysis.jobs import Job
+from rnb.tune.estimate import Arrivals, Service, SimGroup, SimPipeline
+from rnb.tune.profile import Bench, Profile, ProfileKey, calls_of, occupancy, plan_profiles
 from rnb.tune.space import TuneSpace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,3 +81,38 @@ def render(page: Path) -> Rendered:
     finally:
         driver.quit()
     return Rendered(int(plots), int(drawn), errors, tuple(fetched))
+
+
+def replay(job: Job) -> tuple[SimPipeline, Arrivals]:
+    """A measured job as the estimator sees it, from the job's own log: each group's calls as measured in it
+    (occupancy, as the profiler reads it), its replicas, queues, slots and batches, and its own arrivals.
+
+    Predicting a job from itself leaves out every error of the profiles (another moment's load, another
+    form), so what remains is the simulation's own: how it queues, batches, blocks and routes.
+    """
+    steps = job.config["pipeline"]
+    groups = []
+    for k, step in enumerate(steps):
+        (group,) = step["queue_groups"]
+        emit: list[float] = []
+        held: list[float] = []
+        inside: list[float] = []
+        by_cards: dict[int, list[float]] = {}
+        for calls in calls_of(job, k).values():
+            e, h, i, cards = occupancy(calls)
+            emit += e
+            held += h
+            inside += i
+            for seconds, count in zip(e, cards):
+                by_cards.setdefault(count, []).append(seconds)
+        full = max(by_cards)
+        means = {count: statistics.mean(values) for count, values in by_cards.items()}
+        partial = tuple(means.get(m, means[full]) / means[full] for m in range(1, full + 1))
+        final = k == len(steps) - 1
+        batch = group.get("batch", step.get("batch")) if step["model"] == "models.batcher.Batcher" else None
+        groups.append(SimGroup(f"step {k}", k, tuple(group["gpus"]), group.get("in_queue"),
+                               tuple(group.get("out_queues", ())), 0 if final else step.get("num_shared_tensors", 10),
+                               Service(tuple(emit), tuple(held), tuple(inside), partial), batch=batch))
+    enqueued = job.timings.column("enqueue").to_numpy(zero_copy_only=False)
+    start = float(enqueued.min())
+    return SimPipeline(tuple(groups), len(steps)), Arrivals("trace", times=tuple(float(t) - start for t in sorted(enqueued)))

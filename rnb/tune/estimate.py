@@ -49,11 +49,13 @@ class EstimateError(RuntimeError):
 
 @dataclass(frozen=True)
 class Arrivals:
-    """The load: Poisson at `rate_per_s`, bulk (every request at once) or a closed loop of `concurrency`."""
+    """The load: Poisson at `rate_per_s`, bulk (every request at once), a closed loop of `concurrency`, or
+    `times` (seconds from the start, one per item): a measured job's own arrivals, replayed."""
 
-    kind: Literal["poisson", "bulk", "closed"]
+    kind: Literal["poisson", "bulk", "closed", "trace"]
     rate_per_s: float = 0.0
     concurrency: int = 0
+    times: tuple[float, ...] = ()
 
     @staticmethod
     def poisson(rate_per_s: float) -> Arrivals:
@@ -325,6 +327,9 @@ class Simulation:
         elif kind == "closed":
             for _ in range(min(self.arrivals.concurrency, self.items)):
                 self.arrive()
+        elif kind == "trace":
+            for when in self.arrivals.times[: self.items]:
+                self.at(when, self.arrive)
         else:
             self.at(self.arrival_random.expovariate(self.arrivals.rate_per_s), self.arrive_next)
         heap = self.heap
