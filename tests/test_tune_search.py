@@ -11,7 +11,10 @@ the simulation puts its peak near 420 items/s.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,3 +151,49 @@ def test_the_batch_flag_and_a_segments_list_widen_the_space() -> None:
     document["pipeline"][0]["num_segments"] = [1, 2]
     with pytest.raises(TuneRequestError, match=r"pipeline\[0\]\.num_segments lists \[1, 2\], but no later step merges"):
         read_space(document, "x.json", Budget(cpu_slots=3))
+
+
+def on_gpu(document: dict[str, Any], gpu: int = 0) -> dict[str, Any]:
+    for step in document["pipeline"]:
+        for group in step["queue_groups"]:
+            group["gpus"] = [gpu]
+    return document
+
+
+def test_gpu_replicas_are_dealt_over_the_budget_s_gpus_and_their_memory_prunes() -> None:
+    space = read_space(on_gpu(example_document()), "gpu.json", Budget(gpus=(0, 1)))
+    assert [g.on_gpu for g in space.tuned_groups] == [True, True, True] and space.max_replicas == 2
+    two = space.candidate({(0, 0): 2, (2, 0): 1, (3, 0): 1}, {(1, 0): 8})
+    # dealt in turn: the loaders on 0 and 1, the network on 0, the head on 1; the Batcher beside the network
+    assert [candidate.devices for step in two.steps for candidate in step.groups] == [(0, 1), (0,), (0,), (1,)]
+    assert space.gpus_used(two) == (0, 1) and space.devices_used(two) == 2
+    bench = Bench("NVIDIA H200", "local", 0, host="test-host")
+    profiles = {key: dataclasses.replace(profile, peak_device_bytes=2**30)
+                for key, profile in hand_profiles(space, bench).items()}
+    # GPU 0 holds a loader, the Batcher and the network: 3 GiB and their slots
+    assert memory_problem(space, two, profiles, bench, Memory({0: 4 * 2**30, 1: 4 * 2**30})) is None
+    assert memory_problem(space, two, profiles, bench, Memory({0: 3 * 2**30, 1: 4 * 2**30})) == (
+        "GPU 0 would need 3 GiB of its 3 GiB")
+
+
+def test_a_cpu_group_next_to_gpu_groups_is_kept_as_written_without_cpu_slots() -> None:
+    document = on_gpu(example_document())
+    document["pipeline"][3]["queue_groups"][0]["gpus"] = [-1, -1]
+    kept = read_space(document, "mixed.json", Budget(gpus=(0,)))
+    assert kept.choices(3, 0).fixed == (-1, -1) and not kept.choices(3, 0).tuned
+    tuned = read_space(document, "mixed.json", Budget(gpus=(0,), cpu_slots=3))
+    assert tuned.choices(3, 0).tuned and not tuned.choices(3, 0).on_gpu and tuned.max_replicas == 3
+
+
+def test_a_config_of_several_queue_groups_per_step_is_tuned_group_by_group() -> None:
+    space = read_space(json.loads(Path("config/r2p1d-rnb.json").read_text()), "config/r2p1d-rnb.json",
+                       Budget(gpus=(0, 1, 2, 3)))
+    assert [(g.name, g.kind, g.batches) for g in space.groups] == [
+        ("step 0", "work", ()), ("step 1", "batcher", (1, 2, 4, 8)), ("step 1 group 1", "batcher", (1,)),
+        ("step 2", "work", ()), ("step 2 group 1", "work", ())]
+    assert [g.name for g in space.feeds(space.choices(1, 1))] == ["step 2 group 1"]
+    assert space.grid_size() == 4 ** 3 * 4
+    best = space.candidate({(0, 0): 4, (2, 0): 2, (2, 1): 2}, {(1, 0): 4, (1, 1): 1})
+    config = parse_config(space.document_for(best), "rnb.json")
+    assert [group.gpus for step in config.steps for group in step.queue_groups] == [
+        (0, 1, 2, 3), (0,), (2,), (0, 1), (2, 3)]
