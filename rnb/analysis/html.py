@@ -20,7 +20,7 @@ from rnb.analysis.report import STAGE_HEADER, device_spread, format_percentiles,
 from rnb.core.stages import PARTS, part_key
 
 # Inline scripts and styles only; data: and blob: images are what plotly's own toolbar draws with.
-POLICY = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
+POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
           "img-src data: blob:; font-src data:")
 DEFAULT_RULES = ValidityRules()
 STYLE = """
