@@ -26,9 +26,9 @@ from pathlib import Path
 
 from bench.common import Effort, Goal, Row, Side
 from rnb.analysis.jobs import ValidityRules, read_job, summarize_job
-from rnb.analysis.sweep import run_benchmark
+from rnb.analysis.sweep import RunOutcome, run_benchmark
 from rnb.tune.estimate import Arrivals, Estimator
-from rnb.tune.profile import Bench, ProfileCache, plan_profiles
+from rnb.tune.profile import Bench, ProfileCache, plan_profiles, profile_all
 from rnb.tune.report import BEST
 from rnb.tune.space import Budget, Candidate, TuneSpace, read_space
 from rnb.tune.verify import VerifySettings, verify
@@ -105,27 +105,32 @@ def measure_grid(space: TuneSpace, grid: list[Candidate], estimator: Estimator, 
     return time.perf_counter() - started, rates
 
 
-def _estimator(space: TuneSpace, profiles_root: Path, engine: str) -> Estimator:
+@functools.cache
+def profiled(config: Path, engine: str, quick: bool) -> tuple[TuneSpace, Estimator]:
+    """The example's space and an estimator on profiles measured here (what T1's grid brackets and T3 predict with)."""
+    space = example_space(config)
     bench = Bench("cpu", engine)
-    cache = ProfileCache(profiles_root)
-    profiles = {job.key: cache.get(job.key) for job in plan_profiles(space, bench, 1)}
-    profiles.update({job.batcher_key: cache.get(job.batcher_key) for job in plan_profiles(space, bench, 1)
-                     if job.batcher_key is not None})
-    missing = [key for key, profile in profiles.items() if profile is None]
-    if missing:
-        raise RuntimeError(f"{profiles_root}: {len(missing)} profiles are missing after the tuner's run")
-    return Estimator(space, {k: v for k, v in profiles.items() if v is not None}, bench, BOUND_MS, PERCENTILE)
+    work = Path(tempfile.mkdtemp(prefix=f"rnb-profiles-{engine}-"))
+    jobs = plan_profiles(space, bench, 60 if quick else 150)
+
+    with open(work / "profiles.log", "a", encoding="utf-8") as output:
+        def run(config_path: Path, videos: int) -> RunOutcome:
+            flags = ["-v", str(videos), "--warmup", "0", "--engine", engine]
+            return run_benchmark(str(config_path), 0.0, work / "logs", flags, output=output)
+
+        profiles = profile_all(jobs, ProfileCache(work / "profiles"), run)
+    return space, Estimator(space, profiles, bench, BOUND_MS, PERCENTILE)
 
 
 @functools.cache
-def _t1_t2(engine: str, quick: bool, config: Path = EXAMPLE) -> tuple[TuneRun, TuneRun, float, dict[Candidate, float], TuneSpace]:
+def _t1_t2(engine: str, quick: bool, config: Path = EXAMPLE) -> tuple[TuneRun, TuneRun, float, dict[Candidate, float],
+                                                                     TuneSpace]:
     """The runs T1 and T2 share: the tuner (auto search), the tuner (quick search), the whole grid measured."""
     effort = Effort.of(quick)
     work = Path(tempfile.mkdtemp(prefix=f"rnb-T1-{engine}-"))
-    space = example_space(config)
     tuned = run_tuner(config, work / "tune", engine, "auto", effort)
     quick_run = run_tuner(config, work / "tune-quick", engine, "quick", effort)
-    estimator = _estimator(space, tuned.out / "profiles", engine)
+    space, estimator = profiled(config, engine, quick)
     seconds, rates = measure_grid(space, grid_of(space, effort), estimator, work / "grid", engine, effort)
     return tuned, quick_run, seconds, rates, space
 
@@ -159,8 +164,7 @@ def t2(effort: Effort, config: Path = EXAMPLE) -> list[Row]:
 
 def t3(effort: Effort, config: Path = EXAMPLE) -> list[Row]:
     """Predicted against measured, per config: bulk throughput, and the p99 at 70% of the measured bulk rate."""
-    tuned, _, _, _, space = _t1_t2("local", effort.quick, config)
-    estimator = _estimator(space, tuned.out / "profiles", "local")
+    space, estimator = profiled(config, "local", effort.quick)
     grid = list(space.grid())
     picked = [grid[round(i * (len(grid) - 1) / (T3_CONFIGS - 1))] for i in range(T3_CONFIGS)]
     work = Path(tempfile.mkdtemp(prefix="rnb-T3-"))
