@@ -7,9 +7,8 @@ misspelt keyword in a config is caught before the job starts.
 """
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from rnb.core.model import NonTensors, Tensors
+from rnb.core.timecard import Cards
 
 
 class RoundRobinSelector:
@@ -21,7 +20,7 @@ class RoundRobinSelector:
         self.num_queues = num_queues
         self._next = 0
 
-    def select(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> int:
+    def select(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> int:
         chosen = self._next
         self._next = (self._next + 1) % self.num_queues
         return chosen
@@ -43,6 +42,6 @@ class LargeSmallSelector:
             raise ValueError(f"LargeSmallSelector's threshold must be an int >= 0 (clips), got {threshold!r}")
         self.threshold = threshold
 
-    def select(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> int:
+    def select(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> int:
         clips = non_tensors.get("num_clips", tensors[0].shape[0] if tensors else 0)
         return int(clips > self.threshold)

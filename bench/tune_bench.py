@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import Effort, Goal, Row, Side
-from rnb.analysis.jobs import ValidityRules, read_job, summarize_job
+from rnb.analysis.jobs import JobRow, ValidityRules, read_job, summarize_job
 from rnb.analysis.sweep import RunOutcome, run_benchmark
 from rnb.tune.estimate import Arrivals, Estimator
 from rnb.tune.profile import Bench, ProfileCache, plan_profiles, profile_all
@@ -176,15 +176,16 @@ def t3(effort: Effort, config: Path = EXAMPLE) -> list[Row]:
             path.write_text(json.dumps(space.document_for(candidate)))
             videos = 600 if effort.quick else 1500
             bulk = run_benchmark(str(path), 0.0, work / "logs", ["-v", str(videos), "--warmup", "0"], output=output)
-            measured = summarize_job(read_job(bulk.job_dir), rules)["measured_throughput_items_per_s"]
-            predicted = estimator.at(candidate, Arrivals("bulk"))
+            measured = _number(summarize_job(read_job(bulk.job_dir), rules), "measured_throughput_items_per_s")
+            # predicted as the job ran: as many items, none left out as warm-up
+            predicted = estimator.at(candidate, Arrivals("bulk"), videos, warmup=0)
             throughput_errors.append(abs(predicted.throughput_items_per_s - measured) / measured)
             rate = 0.7 * measured
-            poisson = run_benchmark(str(path), 1000.0 / rate, work / "logs",
-                                    ["-v", str(max(500, math.ceil(rate * 3))), "--warmup", "20"], output=output)
-            row = summarize_job(read_job(poisson.job_dir), rules)
-            measured_p99 = row["e2e_p99_ms"]
-            predicted_p99 = estimator.at(candidate, Arrivals.poisson(rate)).latency_ms[99.0]
+            count = max(500, math.ceil(rate * 3))
+            poisson = run_benchmark(str(path), 1000.0 / rate, work / "logs", ["-v", str(count), "--warmup", "20"],
+                                    output=output)
+            measured_p99 = _number(summarize_job(read_job(poisson.job_dir), rules), "e2e_p99_ms")
+            predicted_p99 = estimator.at(candidate, Arrivals.poisson(rate), count, warmup=20).latency_ms[99.0]
             latency_errors.append(abs(predicted_p99 - measured_p99) / measured_p99)
             details.append(f"{space.short_label(candidate)}: {predicted.throughput_items_per_s:.0f} vs {measured:.0f} "
                            f"items/s, p99 {predicted_p99:.0f} vs {measured_p99:.0f} ms")
@@ -199,6 +200,14 @@ def t3(effort: Effort, config: Path = EXAMPLE) -> list[Row]:
             Goal("<=", 0.25), Side("error", "fraction", statistics.median(latency_errors), tuple(latency_errors)), None,
             statistics.median(latency_errors), min(latency_errors), max(latency_errors), len(latency_errors)),
     ]
+
+
+def _number(row: JobRow, column: str) -> float:
+    """A number of a jobs-table row; a job that measured none has no error to report."""
+    value = row.get(column)
+    if not isinstance(value, (int, float)):
+        raise RuntimeError(f"{row.get('job_dir')}: the job measured no {column}")
+    return float(value)
 
 
 def ray_example(work: Path, config: Path = EXAMPLE) -> Path:

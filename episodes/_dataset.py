@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -27,8 +27,10 @@ from episodes._layout import (
     VIDEO_FIELDS,
     video_column,
 )
-from episodes._storage import Storage, relative_path
+from episodes._storage import Storage, StorageOptions, relative_path
 from episodes._tabular import UsageCache, column_array
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class EpisodeRecord:
     videos: Mapping[str, VideoSegment]
 
 
-def _field(info: dict, name: str, kind: type | tuple[type, ...], where: str) -> Any:
+def _field(info: dict[str, object], name: str, kind: type[T] | tuple[type[T], ...], where: str) -> T:
     if name not in info:
         raise DatasetFormatError(f"{where}: field {name!r} is missing")
     value = info[name]
@@ -62,7 +64,7 @@ def _field(info: dict, name: str, kind: type | tuple[type, ...], where: str) -> 
     return value
 
 
-def checked_episode(ep: Any, count: int, where: str, extent: str) -> int:
+def checked_episode(ep: object, count: int, where: str, extent: str) -> int:
     """`ep` as an int when it indexes one of `count` episodes; else the error naming `where`."""
     if isinstance(ep, bool) or not isinstance(ep, (int, np.integer)) or not 0 <= ep < count:
         raise DatasetFormatError(f"{where}: episode index {ep!r} is out of range ({extent.format(count=count)})")
@@ -110,7 +112,7 @@ class LeRobotDataset:
                 keys.append(name)
         self.fps = float(fps)
         self.video_keys: tuple[str, ...] = tuple(keys)
-        self.features: dict[str, dict] = features
+        self.features: dict[str, dict[str, object]] = features
         self._data_template = _field(info, "data_path", str, where)
         self._video_template = _field(info, "video_path", str, where) if keys else ""
 
@@ -141,7 +143,8 @@ class LeRobotDataset:
         not at the first episode that happens to use it.
         """
         col = self._columns
-        wanted = [(self._data_template, "data_path", "data/chunk_index", "data/file_index", {})]
+        wanted: list[tuple[str, str, str, str, dict[str, str]]] = [
+            (self._data_template, "data_path", "data/chunk_index", "data/file_index", {})]
         wanted += [(self._video_template, "video_path", video_column(key, "chunk_index"),
                     video_column(key, "file_index"), {"video_key": key}) for key in self.video_keys]
         for template, field, chunks, files, values in wanted:
@@ -192,7 +195,7 @@ class LeRobotDataset:
     def episode_length(self, ep: int) -> int:
         return int(self._columns["length"][self._check(ep)])
 
-    def _path(self, template: str, field: str, ep: int, **values: Any) -> str:
+    def _path(self, template: str, field: str, ep: int, **values: object) -> str:
         where = self.storage.url(INFO_PATH)
         try:
             rel = template.format(**values)
@@ -314,7 +317,7 @@ def _row_groups_overlapping(pf: pq.ParquetFile, column: int, lo: int, hi: int) -
 def open_dataset(
     root: str,
     *,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: StorageOptions | None = None,
     retries: int = 3,
     backoff_s: float = 0.2,
     timeout_s: float = 30.0,

@@ -100,14 +100,15 @@ class IndexSidecar:
                 pass
 
     def _write(self, entries: dict[str, tuple[FileInfo, dict[str, np.ndarray]]]) -> None:
-        manifest = {"format": FORMAT_VERSION, "files": []}
+        files: list[dict[str, object]] = []
         arrays: dict[str, np.ndarray] = {}
         for n, (rel, (info, entry)) in enumerate(sorted(entries.items())):
-            manifest["files"].append({"path": rel, "size": info.size, "version": info.version})
+            files.append({"path": rel, "size": info.size, "version": info.version})
             arrays.update({f"{n}/{key}": value for key, value in entry.items()})
+        manifest = {"format": FORMAT_VERSION, "files": files}
         arrays["manifest"] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
         buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
+        np.savez(buffer, allow_pickle=False, **arrays)  # numbers only, as the loader reads them
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".rnb_index_", suffix=".tmp")
         try:

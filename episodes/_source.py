@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 from fsspec.core import has_magic
 
 from episodes._dataset import EpisodeRecord, open_dataset
-from episodes._storage import Storage
+from episodes._storage import Storage, StorageSettings
 from episodes._video_files import open_video_files
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11's; never imported at run time (annotations stay strings)
 
 SourceKind = Literal["dataset", "videos"]
 KINDS: tuple[SourceKind, ...] = ("dataset", "videos")
@@ -53,14 +56,15 @@ class EpisodeDataset(Protocol):
         ...
 
 
-def guess_kind(location: str | os.PathLike) -> SourceKind:
+def guess_kind(location: str | os.PathLike[str]) -> SourceKind:
     """"videos" for a glob or an .mp4 path, else "dataset" (a LeRobot root)."""
     text = os.fspath(location)
     return "videos" if has_magic(text) or text.lower().endswith(".mp4") else "dataset"
 
 
-def open_episodes(location: str | os.PathLike, kind: SourceKind | None = None, *,
-                  usage_cache_dir: str | os.PathLike[str] | None = None, **storage: Any) -> EpisodeDataset:
+def open_episodes(location: str | os.PathLike[str], kind: SourceKind | None = None, *,
+                  usage_cache_dir: str | os.PathLike[str] | None = None,
+                  **storage: Unpack[StorageSettings]) -> EpisodeDataset:
     """A LeRobot dataset root or a glob of video files (local or any fsspec URL) as an EpisodeDataset.
 
     `kind` None guesses from the location (guess_kind). `usage_cache_dir`

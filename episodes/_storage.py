@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, TypeVar
 
 import fsspec
 import pyarrow.parquet as pq
@@ -27,10 +27,28 @@ from episodes._errors import DatasetFormatError, FetchError
 
 try:  # aiohttp backs fsspec's HTTP filesystem; without it HTTP roots cannot work anyway.
     import aiohttp
+    HAVE_AIOHTTP = True
 except ImportError:  # pragma: no cover - aiohttp is a pinned requirement
-    aiohttp = None
+    HAVE_AIOHTTP = False
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+    from fsspec import AbstractFileSystem
+    from fsspec.implementations.http import HTTPFileSystem
 
 T = TypeVar("T")
+# fsspec's options for a root's filesystem (credentials, client_kwargs, ...): whatever its protocol's filesystem
+# takes, which fsspec, shipping no type information, does not say.
+StorageOptions: TypeAlias = dict[str, Any]
+
+
+class StorageSettings(TypedDict, total=False):
+    """How a dataset's files are reached, as every opener of a dataset takes them (see Storage)."""
+
+    storage_options: StorageOptions | None
+    retries: int
+    backoff_s: float
+    timeout_s: float
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 # The protocols whose paths are files on this machine, where a symlink could lead out of the dataset.
@@ -49,7 +67,7 @@ class RangeMismatch(ServerFault):
     """The server's Content-Range is not the range asked for: a misbehaving cache or server, maybe transient."""
 
 
-def open_filesystem(url: str, **options: Any) -> tuple[Any, str]:
+def open_filesystem(url: str, **options: object) -> tuple[AbstractFileSystem, str]:
     """fsspec's filesystem and path for `url`; a protocol whose package is missing is one FetchError saying which."""
     try:
         return fsspec.core.url_to_fs(url, **options)
@@ -106,7 +124,7 @@ def _is_transient(exc: BaseException) -> bool:
         return status >= 500 or status == 429
     if isinstance(exc, (TimeoutError, ConnectionError, RangeMismatch)):
         return True
-    return aiohttp is not None and isinstance(exc, aiohttp.ClientError)
+    return HAVE_AIOHTTP and isinstance(exc, aiohttp.ClientError)
 
 
 def _describe(exc: BaseException) -> str:
@@ -132,7 +150,7 @@ class Storage:
         self,
         root: str,
         *,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: StorageOptions | None = None,
         retries: int = 3,
         backoff_s: float = 0.2,
         timeout_s: float = 30.0,
@@ -151,7 +169,7 @@ class Storage:
     def _open_fs(self) -> None:
         options = dict(self.storage_options)
         protocol = fsspec.utils.get_protocol(self.root)
-        if protocol in ("http", "https") and aiohttp is not None:
+        if protocol in ("http", "https") and HAVE_AIOHTTP:
             client_kwargs = dict(options.get("client_kwargs", {}))
             client_kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=self.timeout_s))
             options["client_kwargs"] = client_kwargs
@@ -161,13 +179,13 @@ class Storage:
         self._confined = _confinement(self._base) if self.confine and protocol in _LOCAL else ()
         self._checked: set[str] = set()
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
         for derived in ("fs", "_base", "_http", "_confined", "_checked"):
             del state[derived]
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self._open_fs()
 
@@ -322,7 +340,7 @@ def _confinement(base: str) -> tuple[str, ...]:
     return (str(real),)
 
 
-async def _http_range(fs: Any, path: str, start: int, end: int) -> bytes:
+async def _http_range(fs: HTTPFileSystem, path: str, start: int, end: int) -> bytes:
     """GET bytes [start, end) of `path`, insisting that the answer is exactly that range.
 
     fsspec's own range read returns whatever body comes back; a server that
@@ -367,11 +385,12 @@ class _RangeFile(io.RawIOBase):
         self._pos = max(0, base + offset)
         return self._pos
 
-    def readinto(self, buffer) -> int:
-        end = min(self._pos + len(buffer), self._size)
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer)
+        end = min(self._pos + len(view), self._size)
         if end <= self._pos:
             return 0
         data = self._storage.read_range(self._rel, self._pos, end)
-        buffer[: len(data)] = data
+        view[: len(data)] = data
         self._pos = end
         return len(data)

@@ -20,6 +20,7 @@ import threading
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -78,8 +79,8 @@ class UsageCache:
         """{name: array over the whole file} for `names` and the row index, copying what is missing first."""
         wanted = list(dict.fromkeys([*names, ROW_INDEX]))
         with self._lock:
-            found = {name: self._arrays.get((rel, name)) for name in wanted}
-        if all(array is not None for array in found.values()):
+            found = {name: self._arrays[rel, name] for name in wanted if (rel, name) in self._arrays}
+        if len(found) == len(wanted):
             return found
         return self._load(rel, wanted, read)
 
@@ -87,7 +88,7 @@ class UsageCache:
         folder = self.dir / urllib.parse.quote(rel, safe="")
         info = self._info(rel)
         manifest = _read_manifest(folder)
-        stored = set(manifest.get("columns", ())) if manifest.get("stamp") == [info.size, info.version] else set()
+        stored = _columns(manifest) if manifest.get("stamp") == [info.size, info.version] else set()
         missing = [name for name in wanted if name not in stored]
         if missing:
             table = read(missing)
@@ -121,7 +122,7 @@ def _file_name(column: str) -> str:
     return urllib.parse.quote(column, safe="") + ".npy"
 
 
-def _read_manifest(folder: Path) -> dict:
+def _read_manifest(folder: Path) -> dict[str, object]:
     try:
         manifest = json.loads((folder / _MANIFEST).read_text())
     except (OSError, ValueError):
@@ -129,7 +130,13 @@ def _read_manifest(folder: Path) -> dict:
     return manifest if isinstance(manifest, dict) else {}
 
 
-def _atomic_write(path: Path, write: Callable[[object], None]) -> None:
+def _columns(manifest: dict[str, object]) -> set[str]:
+    """The column names a manifest lists (none from one that holds no list of them)."""
+    columns = manifest.get("columns", ())
+    return {name for name in columns if isinstance(name, str)} if isinstance(columns, list) else set()
+
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".rnb_usage_", suffix=".tmp")
     try:
@@ -145,8 +152,8 @@ def _write_array(path: Path, array: np.ndarray) -> None:
     _atomic_write(path, lambda out: np.save(out, np.ascontiguousarray(array), allow_pickle=False))
 
 
-def _write_manifest(folder: Path, manifest: dict) -> None:
+def _write_manifest(folder: Path, manifest: dict[str, object]) -> None:
     on_disk = _read_manifest(folder)
     if on_disk.get("stamp") == manifest["stamp"]:  # another process added columns meanwhile
-        manifest = {**manifest, "columns": sorted(set(manifest["columns"]) | set(on_disk.get("columns", ())))}
+        manifest = {**manifest, "columns": sorted(_columns(manifest) | _columns(on_disk))}
     _atomic_write(folder / _MANIFEST, lambda out: out.write(json.dumps(manifest).encode()))

@@ -10,7 +10,6 @@ import os
 import posixpath
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 from fsspec.core import has_magic
@@ -18,7 +17,7 @@ from fsspec.core import has_magic
 from episodes._dataset import EpisodeRecord, VideoSegment, checked_episode
 from episodes._errors import DatasetFormatError
 from episodes._mp4 import Mp4Index, build_index
-from episodes._storage import Storage, open_filesystem
+from episodes._storage import Storage, StorageOptions, open_filesystem
 
 VIDEO_KEY = "video"
 
@@ -78,7 +77,7 @@ class VideoFilesDataset:
 
 
 def open_video_files(
-    files: str | os.PathLike | Sequence[str | os.PathLike], *, storage_options: dict[str, Any] | None = None,
+    files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, storage_options: StorageOptions | None = None,
     retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 30.0,
 ) -> VideoFilesDataset:
     """A glob (local or fsspec URL, e.g. "data/*.mp4") or a list of files, as one-episode videos."""

@@ -194,7 +194,8 @@ def _edit_shift(buf: bytes, trak: Box, timescale: int, movie_timescale: int, nam
     elst = find_child(buf, edts, "elst", name) if edts else None
     if elst is None:
         return 0
-    empty, media_times = 0, []
+    empty = 0
+    media_times: list[int] = []
     for edit in st.parse_elst(_payload(buf, elst), name):
         if edit.media_time == -1 and not media_times:
             empty += edit.duration

@@ -66,7 +66,8 @@ def frame_windows(index: Mp4Index, span: EpisodeSpan, frame_numbers: np.ndarray)
     starts = decode_starts(index, targets)
     windows = _runs(index, starts, targets + 1)
     order = np.argsort(starts, kind="stable")
-    merged_start, merged_stop = [], []
+    merged_start: list[int] = []
+    merged_stop: list[int] = []
     for start, stop in zip(starts[order].tolist(), (targets[order] + 1).tolist()):
         if merged_stop and start <= merged_stop[-1]:
             merged_stop[-1] = max(merged_stop[-1], stop)

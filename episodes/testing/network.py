@@ -25,6 +25,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import AnyStr
 
 _CHUNK = 64 * 1024
 
@@ -119,7 +120,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stop_process(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen[AnyStr]) -> None:
     """Terminate a helper process we started, kill it if it lingers, and close its pipes."""
     proc.terminate()
     try:
@@ -139,13 +140,15 @@ def slow_link(upstream_port: int, profile: NetworkProfile, timeout_s: float = 20
     # Run as a script, not `-m episodes...`: the package's __init__ would load torch for nothing.
     command = [sys.executable, __file__, str(port), str(upstream_port), str(profile.mbit_per_s), str(profile.rtt_ms)]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None and stderr is not None  # both are pipes
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-        line = proc.stdout.readline() if ready else ""
+        ready, _, _ = select.select([stdout], [], [], timeout_s)
+        line = stdout.readline() if ready else ""
         if line.strip() != "ready":
             proc.kill()
             raise RuntimeError(f"the network relay did not start within {timeout_s} s: {line.strip()!r} "
-                               f"{proc.stderr.read()[-500:]}")
+                               f"{stderr.read()[-500:]}")
         yield port
     finally:
         stop_process(proc)

@@ -83,11 +83,13 @@ def serve_directory(root: Path, tmp: Path, timeout_s: float = 10.0,
     config.write_text(_CONFIG.format(tmp=tmp, port=port, root=Path(root).resolve()))
     proc = subprocess.Popen([NGINX, "-c", str(config), "-p", str(tmp), "-e", str(tmp / "error.log")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stderr = proc.stderr
+    assert stderr is not None  # a pipe
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"nginx exited at start-up: {proc.stderr.read().decode(errors='replace')}")
+                raise RuntimeError(f"nginx exited at start-up: {stderr.read().decode(errors='replace')}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 break
             if time.monotonic() > deadline:

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -95,15 +96,24 @@ def draw_frames(first_index: int, count: int, camera: int, height: int, width: i
     return torch.where(mask[:, None].bool(), hue[None, :, None, None], frames)
 
 
-def _encoder_options(spec: SyntheticSpec) -> dict:
+class _EncoderOptions(TypedDict):
+    """The keywords of torchcodec's VideoEncoder.to_file that a codec sets."""
+
+    codec: str
+    crf: int
+    preset: str | int
+    extra_options: dict[str, str]
+
+
+def _encoder_options(spec: SyntheticSpec) -> _EncoderOptions:
     if spec.codec == "h264":
-        return dict(codec="libx264", crf=spec.crf, preset="veryfast",
-                    extra_options={"g": str(spec.gop), "bf": str(spec.bframes)})
+        return _EncoderOptions(codec="libx264", crf=spec.crf, preset="veryfast",
+                               extra_options={"g": str(spec.gop), "bf": str(spec.bframes)})
     if spec.codec == "hevc":
         params = f"keyint={spec.gop}:min-keyint={spec.gop}:bframes={spec.bframes}:log-level=error"
-        return dict(codec="libx265", crf=spec.crf, preset="veryfast", extra_options={"x265-params": params})
+        return _EncoderOptions(codec="libx265", crf=spec.crf, preset="veryfast", extra_options={"x265-params": params})
     os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its banner to stderr unless told errors only
-    return dict(codec="libsvtav1", crf=spec.crf + 10, preset=10, extra_options={"g": str(spec.gop)})
+    return _EncoderOptions(codec="libsvtav1", crf=spec.crf + 10, preset=10, extra_options={"g": str(spec.gop)})
 
 
 def encode_video(frames: torch.Tensor, path: Path, spec: SyntheticSpec) -> None:
@@ -127,8 +137,8 @@ def _fixed_list(values: np.ndarray) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), pa.float32()), values.shape[1])
 
 
-def _features(spec: SyntheticSpec) -> dict:
-    features: dict[str, dict] = {}
+def _features(spec: SyntheticSpec) -> dict[str, dict[str, object]]:
+    features: dict[str, dict[str, object]] = {}
     for key in camera_keys(spec.cameras):
         features[key] = {
             "dtype": "video",
@@ -144,10 +154,10 @@ def _features(spec: SyntheticSpec) -> dict:
     return features
 
 
-def make_dataset(out_dir: str | os.PathLike, spec: SyntheticSpec | None = None, **options) -> Path:
+def make_dataset(out_dir: str | os.PathLike[str], spec: SyntheticSpec | None = None, **options: Any) -> Path:
     """Write a dataset under `out_dir` (replacing what is there) and return its root.
 
-    Pass either a SyntheticSpec or its fields as keywords.
+    Pass either a SyntheticSpec or its fields as keywords (which SyntheticSpec's constructor checks).
     """
     if spec is None:
         spec = SyntheticSpec(**options)
@@ -215,12 +225,12 @@ def _write_episodes(root: Path, spec: SyntheticSpec, group: _FileGroup, lengths:
                     starts: np.ndarray) -> None:
     """The group's rows of the episodes table, with from_timestamp accumulated as LeRobot does."""
     keys = camera_keys(spec.cameras)
-    rows: dict[str, list] = {name: [] for name in EPISODE_COLUMNS}
+    rows: dict[str, list[int | float]] = {name: [] for name in EPISODE_COLUMNS}
     rows.update({video_column(key, field): [] for key in keys for field in VIDEO_FIELDS})
     clock = 0.0  # accumulated the way LeRobot appends episode durations
     for e in group.episodes:
         end = clock + float(lengths[e]) / spec.fps
-        values = {"episode_index": e, "length": int(lengths[e]), "data/chunk_index": group.chunk,
+        values: dict[str, int | float] = {"episode_index": e, "length": int(lengths[e]), "data/chunk_index": group.chunk,
                   "data/file_index": group.file_index, "dataset_from_index": int(starts[e]),
                   "dataset_to_index": int(starts[e + 1])}
         for key in keys:

@@ -154,9 +154,10 @@ class PeakRss:
     def __exit__(self, *exc: object) -> None:
         try:
             with open("/proc/self/status") as f:
-                self.bytes = int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) * 1024
-        except (OSError, AttributeError):
-            self.bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+                peak = re.search(r"VmHWM:\s+(\d+)", f.read())
+        except OSError:
+            peak = None
+        self.bytes = int(peak.group(1)) * 1024 if peak else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _digest(arrays: Iterable[torch.Tensor | np.ndarray]) -> str:
@@ -182,16 +183,18 @@ def _index_files(cache: EpisodeByteCache, ds: EpisodeDataset, slots: Iterable[tu
     return time.perf_counter() - started, source
 
 
-def _cache_row(track: str, before: CacheStats, after: CacheStats, jobs: int, **values: object) -> TrackResult:
+def _cache_row(track: str, before: CacheStats, after: CacheStats, jobs: int, *, index_s: float, index_source: str,
+               samples: int, wall_s: float, peak_rss_bytes: int, note: str) -> TrackResult:
     """A track's row from the cache's totals over the timed part."""
     def delta(name: str) -> float:
         return getattr(after, name) - getattr(before, name)
 
     stage_ms = {stage: 1000 * delta(f"{stage}_s") / max(jobs, 1) for stage in STAGES}
-    return TrackResult(track, jobs=jobs, stage_ms=stage_ms, bytes_planned=int(delta("bytes_planned")),
+    return TrackResult(track, index_s=index_s, index_source=index_source, jobs=jobs, samples=samples, wall_s=wall_s,
+                       stage_ms=stage_ms, bytes_planned=int(delta("bytes_planned")),
                        bytes_fetched=int(delta("bytes_fetched")), bytes_useful=int(delta("bytes_useful")),
                        windows=int(delta("windows")), ranges_before=int(delta("window_runs")) or int(delta("misses")),
-                       ranges_after=int(delta("range_requests")), **values)
+                       ranges_after=int(delta("range_requests")), peak_rss_bytes=peak_rss_bytes, note=note)
 
 
 # ---- tracks ----------------------------------------------------------------
@@ -273,11 +276,13 @@ def remote_decoder_track(ds: EpisodeDataset, targets: Targets) -> tuple[TrackRes
             if segment.path not in decoders:
                 opened = time.perf_counter()
                 file = _CountingFile(ds.storage.fs.open(ds.storage.path(segment.path), "rb"))
-                decoders[segment.path] = VideoDecoder(file, seek_mode="approximate"), file
+                # torchcodec reads any object with read and seek; its annotation names only io's classes
+                decoders[segment.path] = VideoDecoder(file, seek_mode="approximate"), file  # type: ignore[arg-type]
                 index_s += time.perf_counter() - opened
             decoder = decoders[segment.path][0]
             # Half a frame past each frame's start, so float rounding cannot land on the frame before.
-            shown = decoder.metadata.begin_stream_seconds + segment.from_timestamp + stamps + 0.5 / ds.fps
+            begin = decoder.metadata.begin_stream_seconds or 0.0   # None is torchcodec's 0 (no scan)
+            shown = begin + segment.from_timestamp + stamps + 0.5 / ds.fps
             frames.append(decoder.get_frames_played_at(shown.tolist()).data)
         wall_s = time.perf_counter() - started
     fetched = sum(file.bytes for _, file in decoders.values())

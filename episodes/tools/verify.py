@@ -7,6 +7,7 @@ torchcodec's own scan of the file (its first timestamp) and the episode's
 """
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -48,14 +49,14 @@ class FullFileReference:
         self.ds, self.device = ds, device
         self._path: str | None = None
         self._decoder: VideoDecoder | None = None
-        self._file = None
+        self._file: io.IOBase | None = None   # what fsspec opened
 
     def _open(self, rel: str) -> VideoDecoder:
-        if rel != self._path:
+        if rel != self._path or self._decoder is None:
             self.close()
             storage = self.ds.storage
-            self._file = storage.fs.open(storage.path(rel), "rb")
-            self._decoder = VideoDecoder(self._file, seek_mode="exact", device=self.device)
+            file = storage.fs.open(storage.path(rel), "rb")
+            self._file, self._decoder = file, VideoDecoder(file, seek_mode="exact", device=self.device)
             self._path = rel
         return self._decoder
 
@@ -68,12 +69,15 @@ class FullFileReference:
         """Positions in the source file, in presentation order, of the episode's frames."""
         segment = self.ds.episode(ep).videos[key]
         decoder = self._open(segment.path)
-        first = round((segment.from_timestamp - decoder.metadata.begin_stream_seconds) * self._fps(decoder))
+        begin = decoder.metadata.begin_stream_seconds or 0.0   # None is torchcodec's 0 (no scan)
+        first = round((segment.from_timestamp - begin) * self._fps(decoder))
         return [first + int(n) for n in frame_numbers]
 
     def _fps(self, decoder: VideoDecoder) -> float:
-        fps = getattr(self.ds, "fps", None)
-        return float(fps) if fps else float(decoder.metadata.average_fps)
+        fps = self.ds.fps or decoder.metadata.average_fps
+        if not fps:
+            raise ValueError(f"{self.ds.root}: neither the dataset nor its video says the frame rate")
+        return float(fps)
 
     def frames(self, ep: int, key: str, frame_numbers: Sequence[int]) -> torch.Tensor:
         indices = self.global_indices(ep, key, frame_numbers)

@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 def _analyze(args: argparse.Namespace) -> int:
     rules = ValidityRules(min_duration_s=args.min_duration, min_items=args.min_items)
     incomplete = []
+    tables: JobTables | None
     try:
         if args.trace:
             write_trace(read_job(one_job(args, "--trace", "timeline")), args.trace)
@@ -123,7 +124,7 @@ def _analyze(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"analyze: cannot write {exc.filename}: {exc.strerror}.", file=sys.stderr)
         return 2
-    if args.compare:
+    if tables is not None and args.compare:
         job_a, job_b = tables.jobs.to_pylist()
         print(format_compare(job_a, job_b))
     elif tables is not None:

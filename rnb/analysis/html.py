@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from rnb.analysis.jobs import ValidityRules, load_jobs, stat_column
-from rnb.analysis.report import STAGE_HEADER, device_spread, format_percentiles, stage_rows, utilisation_lines
+from rnb.analysis.report import (
+    STAGE_HEADER,
+    TableRow,
+    device_spread,
+    format_percentiles,
+    stage_rows,
+    utilisation_lines,
+)
 from rnb.core.stages import PARTS, part_key
 
 # Inline scripts and styles only; data: and blob: images are what plotly's own toolbar draws with.
@@ -72,7 +79,7 @@ def paragraph(text: str, kind: str = "") -> str:
     return f"<p{marked}>{html.escape(text)}</p>"
 
 
-def stage_figure(job: dict[str, Any], div_id: str) -> str:
+def stage_figure(job: TableRow, div_id: str) -> str:
     """Mean time of each part of each step, stacked: they add up to the mean end-to-end latency."""
     import plotly.graph_objects as go
 
@@ -87,7 +94,7 @@ def stage_figure(job: dict[str, Any], div_id: str) -> str:
     return figure(fig, div_id)
 
 
-def throughput_figure(job: dict[str, Any], div_id: str) -> str:
+def throughput_figure(job: TableRow, div_id: str) -> str:
     """Items per second over the job's windows, its steady stretch shaded."""
     import plotly.graph_objects as go
 
@@ -103,7 +110,7 @@ def throughput_figure(job: dict[str, Any], div_id: str) -> str:
     return figure(fig, div_id)
 
 
-def job_section(job: dict[str, Any], heading: str, anchor: str) -> list[str]:
+def job_section(job: TableRow, heading: str, anchor: str) -> list[str]:
     """One job row as HTML fragments: its summary, percentiles, stage table, utilisation and two plots."""
     def cell(column: str, digits: str = ".4g") -> str:
         value = job.get(column)

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
 from rnb.analysis.utilisation import utilisation_columns
 from rnb.core.joblog import CONFIG_FILE, META_FILE, SAMPLES_FILE, SPOOL_DIR, TIMINGS_FILE, read_meta
-from rnb.core.records import JobLogError, JobMeta
+from rnb.core.records import JobLogError, JobMeta, Json, JsonObject
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 
 TARGET_REACHED = "target reached"
@@ -39,6 +39,9 @@ JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
     "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows",
     "busy_fraction", "cpu_percent")
 BOUNDED_PERCENTILE = 99.0   # VALID needs enough items to bound this percentile from above
+# One row of the jobs table by column, as summarize_job builds it and Table.to_pylist() gives it back: numbers,
+# strings, null, the job's settings as meta.json holds them, and the JSON_COLUMNS as JSON text.
+JobRow: TypeAlias = dict[str, Json]
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class Job:
     job_id: str
     path: Path
     meta: JobMeta
-    config: dict[str, Any]
+    config: JsonObject
     timings: pa.Table
     num_steps: int
     samples: pa.Table | None = None   # samples.parquet; None for a job that has none (older logs)
@@ -167,7 +170,7 @@ def _read_samples(path: Path) -> pa.Table | None:
         raise JobLogError(f"{samples_path}: cannot be read as Parquet ({exc}).") from exc
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> JsonObject:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError as exc:
@@ -230,7 +233,26 @@ def e2e_percentile_ms(job: Job, percentile: float) -> float:
     return float(np.nanpercentile(part_latencies(measured, job.num_steps)[END_TO_END.key] * 1000.0, percentile))
 
 
-def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
+@dataclass(frozen=True)
+class MeasuredWindow:
+    """The items after warm-up, the window from the first one's enqueue to the last one's finish, and the verdict."""
+
+    items: int
+    duration_s: float
+    invalid_because: str | None   # None when the job is VALID, else check_validity's sentence
+
+
+def measured_window(job: Job, measured: pa.Table, rules: ValidityRules) -> MeasuredWindow:
+    """The window the measured items (measured_rows) span, and whether the job is VALID over it."""
+    count = measured.num_rows
+    duration = 0.0
+    if count:
+        last_finish = np.nanmax(_column(measured, StepEvents(job.num_steps - 1).handed_over))
+        duration = float(last_finish - np.nanmin(_column(measured, ENQUEUE)))
+    return MeasuredWindow(count, duration, check_validity(job.meta.termination_reason, count, duration, rules))
+
+
+def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
     """One row of the jobs table.
 
     The measured window runs from the first enqueue to the last finish of the
@@ -240,14 +262,10 @@ def summarize_job(job: Job, rules: ValidityRules) -> dict[str, Any]:
     args = meta.args
     measured = measured_rows(job)
     latencies = part_latencies(measured, job.num_steps)
-    count = measured.num_rows
-    duration = 0.0
-    if count:
-        last_finish = np.nanmax(_column(measured, StepEvents(job.num_steps - 1).handed_over))
-        duration = float(last_finish - np.nanmin(_column(measured, ENQUEUE)))
+    window = measured_window(job, measured, rules)
+    count, duration, invalid = window.items, window.duration_s, window.invalid_because
     reason = meta.termination_reason
-    invalid = check_validity(reason, count, duration, rules)
-    row: dict[str, Any] = {
+    row: JobRow = {
         "job_id": job.job_id,
         "job_dir": str(job.path),
         "config_path": meta.config_path,
@@ -302,11 +320,11 @@ def percentile_columns(e2e_s: np.ndarray, confidence: float) -> dict[str, float 
     return row
 
 
-def throughput_columns(job: Job) -> dict[str, Any]:
+def throughput_columns(job: Job) -> JobRow:
     """Finished items per second over windows of the job's elapsed time, and the steady stretch among them."""
     start, end = job.meta.start_time, job.meta.end_time
-    row: dict[str, Any] = dict.fromkeys(("throughput_window_s", "throughput_windows", "steady_start_s",
-                                         "steady_end_s", "steady_throughput_items_per_s"))
+    row: JobRow = dict.fromkeys(("throughput_window_s", "throughput_windows", "steady_start_s",
+                                 "steady_end_s", "steady_throughput_items_per_s"))
     if start is None or end is None or end <= start:
         return row
     series = windowed_throughput(_column(job.timings, StepEvents(job.num_steps - 1).handed_over).astype(float), start, end)
@@ -347,7 +365,7 @@ def item_rows(job: Job) -> pa.Table:
     return table
 
 
-def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
+def rows_to_table(rows: Iterable[JobRow]) -> pa.Table:
     """A table over the union of the rows' keys (jobs with more steps have more columns), nulls elsewhere."""
     rows = list(rows)
     keys: dict[str, None] = {}

@@ -7,16 +7,26 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rnb.analysis.jobs import STAT_NAMES, bound_column, stat_column
 from rnb.core.joblog import SAMPLES_FILE
+from rnb.core.records import Json
 from rnb.core.stages import END_TO_END, PARTS, part_key
+
+if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn: only plotting pays for the slow import
+    from matplotlib.axes import Axes
+
+# A row of a table as Table.to_pylist() gives it (a jobs row, a sample): each value of its column's type, which
+# pyarrow, shipping no type information, does not tell; summarize_job's rows (rnb.analysis.jobs.JobRow) are one.
+TableRow: TypeAlias = Mapping[str, Any]
+# A colour as matplotlib's colormaps give it: red, green, blue, alpha.
+Colour: TypeAlias = tuple[float, float, float, float]
 
 E2E = END_TO_END.key
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -43,7 +53,7 @@ COMPARE_FIELDS: tuple[str, ...] = (
 )
 
 
-def _cell(value: Any, column: str = "") -> str:
+def _cell(value: Json, column: str = "") -> str:
     if value is None:
         return "-"
     if column.endswith("_bytes") and isinstance(value, (int, float)):
@@ -74,7 +84,7 @@ def format_summary(jobs: pa.Table) -> str:
 STAGE_HEADER: tuple[str, ...] = ("step", "stage", *(f"{s} ms" for s in STAGE_STATS))
 
 
-def stage_rows(job: dict[str, Any]) -> list[list[str]]:
+def stage_rows(job: TableRow) -> list[list[str]]:
     """Each part of each step of one job row, then end to end: the cells under STAGE_HEADER."""
     rows = []
     for k in range(job["num_steps"]):
@@ -85,19 +95,19 @@ def stage_rows(job: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def device_spread(job: dict[str, Any]) -> str:
+def device_spread(job: TableRow) -> str:
     """How many items each device ran, step by step."""
     devices = json.loads(job.get("items_per_device") or "{}")
     return "; ".join(f"step {k}: " + ", ".join(f"{d} {n}" for d, n in counts.items()) for k, counts in devices.items())
 
 
-def format_stages(job: dict[str, Any]) -> str:
+def format_stages(job: TableRow) -> str:
     """Per-stage breakdown of one job row: each part of each step, then end to end."""
     header = f"{job['job_id']} (items per device: {device_spread(job) or '-'})"
     return header + "\n" + _grid(STAGE_HEADER, stage_rows(job))
 
 
-def format_percentiles(job: dict[str, Any]) -> str:
+def format_percentiles(job: TableRow) -> str:
     """Each end-to-end percentile with its confidence interval; '-' marks an end the items cannot bound."""
     cells = []
     for stat in STAT_NAMES[2:-1]:
@@ -109,12 +119,12 @@ def format_percentiles(job: dict[str, Any]) -> str:
             + ("; ".join(cells) or "-"))
 
 
-def format_utilisation(job: dict[str, Any]) -> str:
+def format_utilisation(job: TableRow) -> str:
     """Throughput over time and its steady stretch, each runner's busy fraction and CPU use, the bottleneck."""
     return "\n".join(utilisation_lines(job))
 
 
-def utilisation_lines(job: dict[str, Any]) -> list[str]:
+def utilisation_lines(job: TableRow) -> list[str]:
     """format_utilisation's lines, one statement each."""
     lines = []
     if job.get("throughput_windows"):
@@ -141,7 +151,7 @@ def format_report(jobs: pa.Table) -> str:
     return "\n\n".join([format_summary(jobs), *sections])
 
 
-def format_compare(job_a: dict[str, Any], job_b: dict[str, Any]) -> str:
+def format_compare(job_a: TableRow, job_b: TableRow) -> str:
     """Two job rows side by side; the ratio is B / A, so >1 means B is larger."""
     fields = [*COMPARE_FIELDS]
     steps = max(job_a["num_steps"], job_b["num_steps"])
@@ -182,7 +192,7 @@ def load_curves(jobs: pa.Table) -> dict[str, list[tuple[str, float, float]]]:
             for config, points in curves.items() if len({point[0] for point in points}) >= 2}
 
 
-def stage_colours(num_steps: int) -> list[Any]:
+def stage_colours(num_steps: int) -> list[Colour]:
     """One distinct colour per (step, stage part), in stacking order."""
     import matplotlib
 
@@ -192,7 +202,7 @@ def stage_colours(num_steps: int) -> list[Any]:
     return [matplotlib.colormaps["turbo"](index / (count - 1)) for index in range(count)]
 
 
-def _stage_bars(axis: Any, records: list[dict[str, Any]]) -> None:
+def _stage_bars(axis: Axes, records: list[TableRow]) -> None:
     steps = max(r["num_steps"] for r in records)
     positions = range(len(records))
     bottoms = [0.0] * len(records)
@@ -208,7 +218,7 @@ def _stage_bars(axis: Any, records: list[dict[str, Any]]) -> None:
     axis.legend(fontsize=7)
 
 
-def _load_curves(axis: Any, curves: dict[str, list[tuple[str, float, float]]]) -> None:
+def _load_curves(axis: Axes, curves: dict[str, list[tuple[str, float, float]]]) -> None:
     for config, points in curves.items():
         axis.plot([p[1] for p in points], [p[2] for p in points], marker="o", label=config)
         for label, throughput, p99 in points:
@@ -219,7 +229,7 @@ def _load_curves(axis: Any, curves: dict[str, list[tuple[str, float, float]]]) -
     axis.legend(fontsize=7)
 
 
-def _over_time(axes: Sequence[Any], job: dict[str, Any]) -> None:
+def _over_time(axes: Sequence[Axes], job: TableRow) -> None:
     """One job's throughput windows (steady state shaded), each process's CPU use and memory, GPU use if any."""
     throughput, cpu, memory = axes
     rates = json.loads(job.get("throughput_windows") or "[]")
@@ -234,7 +244,7 @@ def _over_time(axes: Sequence[Any], job: dict[str, Any]) -> None:
     samples_path = Path(job["job_dir"]) / SAMPLES_FILE
     samples = pq.read_table(samples_path).to_pylist() if samples_path.is_file() else []
     start, end = job.get("start_time") or 0.0, job.get("end_time") or math.inf
-    by_process: dict[str, list[dict[str, Any]]] = {}
+    by_process: dict[str, list[TableRow]] = {}
     for row in (row for row in samples if start <= row["time"] <= end):   # the run, not start-up
         by_process.setdefault(row["process"] or f"gpu {row['gpu']}", []).append(row)
     for name, rows in by_process.items():

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rnb.core.records import Json, json_at
+
 if TYPE_CHECKING:  # jobs.py builds its table from modules that use this one
     from rnb.analysis.jobs import Job
 
@@ -44,8 +46,9 @@ def queue_labels(job: Job, step: int, replica_names: list[str]) -> list[str]:
     """The input queue of each row's replica at `step`, as the trace names it."""
     if step == 0:
         return ["requests → step 0"] * len(replica_names)
-    groups = (job.config.get("pipeline") or [{}] * job.num_steps)[step].get("queue_groups") or []
-    by_group = {g: group.get("in_queue") for g, group in enumerate(groups)}
+    groups = json_at(job.config, "pipeline", step, "queue_groups")
+    in_queues = [json_at(group, "in_queue") for group in groups] if isinstance(groups, list) else []
+    by_group: dict[int | None, Json] = dict(enumerate(in_queues))   # a process's group may be None
     group_of = {p.name: p.group for p in job.meta.processes}
     queues = set(by_group.values())
     single = next(iter(queues)) if len(queues) == 1 else None

@@ -22,8 +22,9 @@ from rnb.analysis.jobs import (
     TARGET_REACHED,
     ValidityRules,
     e2e_percentile_ms,
+    measured_rows,
+    measured_window,
     read_job,
-    summarize_job,
 )
 from rnb.analysis.stats import min_items_for_upper_bound
 
@@ -144,20 +145,22 @@ def measure_valid(run: Callable[[float, int | None], RunOutcome], rate_per_s: fl
     longer runs stops the sweep, rather than let an unmeasured rate decide it.
     """
     videos: int | None = None
+    invalid = ""   # why the last run was INVALID
     for _ in range(max_reruns + 1):
         outcome = run(1000.0 / rate_per_s, videos)
         job = read_job(outcome.job_dir)
         if job.meta.termination_reason != TARGET_REACHED:
             return Trial(rate_per_s, math.inf, outcome.job_dir)
-        row = summarize_job(job, rules)
-        if row["validity"] == "VALID":
+        window = measured_window(job, measured_rows(job), rules)
+        if window.invalid_because is None:
             return Trial(rate_per_s, e2e_percentile_ms(job, percentile), outcome.job_dir)
-        videos = longer_run(job.meta.setting("videos", row["finished_items"]), job.meta.setting("warmup", 0),
-                            row["measured_duration_s"], rules)
-        log.info("%s is INVALID (%s); running -mi %s again with -v %d", job.job_id, row["invalid_because"],
+        invalid = window.invalid_because
+        videos = longer_run(job.meta.setting("videos", job.meta.finished_items), job.meta.setting("warmup", 0),
+                            window.duration_s, rules)
+        log.info("%s is INVALID (%s); running -mi %s again with -v %d", job.job_id, invalid,
                  format_interval(1000.0 / rate_per_s), videos)
     raise SweepError(f"{outcome.job_dir}: still INVALID after {max_reruns} longer runs at -mi "
-                     f"{format_interval(1000.0 / rate_per_s)} ({row['invalid_because'].rstrip('.')}); give a larger -v.")
+                     f"{format_interval(1000.0 / rate_per_s)} ({invalid.rstrip('.')}); give a larger -v.")
 
 
 def bisect_rate(
@@ -206,11 +209,12 @@ def format_bisection(result: BisectionResult, percentile: float) -> str:
 
     lines = [f"trial {i}: {describe(trial)}" for i, trial in enumerate(result.trials, start=1)]
     bound = f"p{percentile:g} < {result.bound_ms:g} ms"
-    if result.best is None:
-        lines.append(f"no rate meets {bound}: even the lowest, {describe(result.above)}.")
-    elif result.above is None:
-        lines.append(f"the highest rate searched meets {bound}: {describe(result.best)}; search higher.")
-    else:
-        lines.append(f"peak rate meeting {bound}: {describe(result.best)}")
-        lines.append(f"  bracketed by the lowest failing load: {describe(result.above)}")
+    match result.best, result.above:
+        case None, Trial() as lowest:
+            lines.append(f"no rate meets {bound}: even the lowest, {describe(lowest)}.")
+        case Trial() as best, None:
+            lines.append(f"the highest rate searched meets {bound}: {describe(best)}; search higher.")
+        case Trial() as best, Trial() as above:
+            lines.append(f"peak rate meeting {bound}: {describe(best)}")
+            lines.append(f"  bracketed by the lowest failing load: {describe(above)}")
     return "\n".join(lines)

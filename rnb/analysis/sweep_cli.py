@@ -103,7 +103,7 @@ def _sweep(args: argparse.Namespace, extra: list[str]) -> int:
         else:
             result = bisect_rate(measure, 1000.0 / args.low_mi, 1000.0 / args.high_mi,
                                  args.latency_bound_ms, args.max_steps)
-            job_dirs = [trial.job_dir for trial in result.trials]
+            job_dirs = [trial.job_dir for trial in result.trials if trial.job_dir is not None]  # every one measured has
             report = format_bisection(result, args.percentile)
         jobs = load_jobs(job_dirs, rules=rules).jobs
         if args.plot:

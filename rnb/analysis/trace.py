@@ -27,19 +27,50 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
 
 from rnb.analysis.jobs import Job
 from rnb.analysis.routing import queue_labels, replicas
-from rnb.core.records import ProcessRecord
+from rnb.core.records import Json, JsonObject, ProcessRecord
 from rnb.core.stages import COPY, ENQUEUE, INSIDE, QUEUE, SIBLING_WAIT, SLOT_WAIT, StepEvents
 
 CATEGORY = "item"
 LANE_STRIDE = 1000           # tid of lane j of a process: the process's tid + j * LANE_STRIDE
 QUEUE_PID_BASE = 1000        # trace pid of the first queue; nodes count up from 1
+
+
+class Flow(TypedDict, total=False):
+    """An event's part in a flow arrow: the arrow's id, and whether it arrives at the event or leaves it."""
+
+    bind_id: int
+    flow_in: bool
+    flow_out: bool
+
+
+class TraceEvent(Flow, total=False):
+    """One event of the trace-event format: "X" a complete slice, "b"/"e" an async slice's ends, "C" a counter,
+    "M" metadata (names and order of processes and threads)."""
+
+    ph: str
+    cat: str
+    name: str
+    id: str
+    pid: int
+    tid: int
+    ts: int          # microseconds after the job's origin
+    dur: int
+    args: JsonObject
+
+
+class Trace(TypedDict):
+    """The whole document, as Perfetto's UI and chrome://tracing open it."""
+
+    traceEvents: list[TraceEvent]
+    displayTimeUnit: str
+    otherData: JsonObject
 
 
 @dataclass
@@ -49,8 +80,8 @@ class Slice:
     name: str
     start: int
     end: int
-    args: dict[str, Any]
-    flow: dict[str, Any] = field(default_factory=dict)   # bind_id, flow_in, flow_out
+    args: JsonObject
+    flow: Flow = field(default_factory=Flow)
     children: list[Slice] = field(default_factory=list)
 
     def spans(self) -> Iterator[tuple[int, int]]:
@@ -134,7 +165,7 @@ class Tracks:
     def queue(self, label: str) -> int:
         return self.queues.setdefault(label, QUEUE_PID_BASE + len(self.queues))
 
-    def metadata(self) -> list[dict[str, Any]]:
+    def metadata(self) -> list[TraceEvent]:
         events = [_meta("process_name", pid, pid, name=f"node {node}") for pid, node in enumerate(self.nodes, 1)]
         events += [_meta("process_sort_index", pid, pid, sort_index=pid) for pid in range(1, len(self.nodes) + 1)]
         for name, (pid, lanes, sort) in self.threads.items():
@@ -149,7 +180,7 @@ class Tracks:
         return events
 
 
-def _meta(kind: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
+def _meta(kind: str, pid: int, tid: int, **args: Json) -> TraceEvent:
     return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": args}
 
 
@@ -166,8 +197,8 @@ class Timeline:
         candidates += [start] if start is not None else []
         self.origin = min(candidates, default=0.0)
         self.us = {name: np.round((values - self.origin) * 1e6) for name, values in seconds.items()}
-        self.items = table.column("item_id").to_pylist()
-        self.warmup = table.column("is_warmup").to_pylist()
+        self.items: list[int] = table.column("item_id").to_pylist()
+        self.warmup: list[bool] = table.column("is_warmup").to_pylist()
         self.replicas = [replicas(job, k) for k in range(job.num_steps)]
         self.queues = [queue_labels(job, k, self.replicas[k]) for k in range(job.num_steps)]
         self.model_spans = model_spans(table)
@@ -177,22 +208,22 @@ class Timeline:
         return None if np.isnan(value) else int(value)
 
 
-def step_slices(timeline: Timeline, row: int, k: int, args: dict[str, Any]) -> list[Slice] | None:
+def step_slices(timeline: Timeline, row: int, k: int, args: JsonObject) -> list[Slice] | None:
     """Sibling wait (at a merging step), copy in, inside (with the model's own spans), slot wait and copy out."""
     events = StepEvents(k)
     arrived, started, finished, handed = (timeline.at(name, row) for name in events.always)
-    if None in (arrived, started, finished, handed):
+    if arrived is None or started is None or finished is None or handed is None:
         return None
     acquired = timeline.at(events.slot_acquired, row)
     num_steps = timeline.job.num_steps
     item = timeline.items[row]
-    step_args = {**args, "step": k}
+    step_args: JsonObject = {**args, "step": k}
     inside = Slice(INSIDE.name, started, finished, step_args)
     for name in timeline.model_spans:
         begin, end = timeline.at(f"{name}_start", row), timeline.at(f"{name}_finish", row)
         if begin is not None and end is not None and started <= begin <= end <= finished:
             inside.children.append(Slice(name, begin, end, step_args))
-    arrival = {"bind_id": bind_id(item, k, num_steps), "flow_in": True}
+    arrival: Flow = {"bind_id": bind_id(item, k, num_steps), "flow_in": True}
     siblings = timeline.at(events.siblings_arrived, row)  # a step that merged the item's segments
     slices = [] if siblings is None else [Slice(SIBLING_WAIT.name, arrived, siblings, step_args, arrival)]
     slices += [Slice(COPY.name, arrived if siblings is None else siblings, started, step_args,
@@ -205,8 +236,8 @@ def step_slices(timeline: Timeline, row: int, k: int, args: dict[str, Any]) -> l
     return [*slices, out]
 
 
-def complete_events(slices: list[Slice], pid: int, tid: int) -> list[dict[str, Any]]:
-    events = []
+def complete_events(slices: list[Slice], pid: int, tid: int) -> list[TraceEvent]:
+    events: list[TraceEvent] = []
     for piece in slices:
         events.append({"ph": "X", "cat": CATEGORY, "name": piece.name, "pid": pid, "tid": tid, "ts": piece.start,
                        "dur": piece.end - piece.start, "args": piece.args, **piece.flow})
@@ -217,24 +248,24 @@ def complete_events(slices: list[Slice], pid: int, tid: int) -> list[dict[str, A
 Placement = tuple[str, list[Slice]]   # a process and one item's slices on it
 
 
-def item_events(timeline: Timeline, row: int, tracks: Tracks, depth: dict[str, list],
-                placements: list[Placement]) -> list[dict[str, Any]]:
+def item_events(timeline: Timeline, row: int, tracks: Tracks, depth: dict[str, list[tuple[int, int]]],
+                placements: list[Placement]) -> list[TraceEvent]:
     """One item's queue waits as events; its enqueue and runner parts go to `placements` for lanes later."""
     item, num_steps = timeline.items[row], timeline.job.num_steps
-    args = {"item": item, "warmup": timeline.warmup[row]}
+    args: JsonObject = {"item": item, "warmup": timeline.warmup[row]}
     before = timeline.at(ENQUEUE, row)
     if before is None:
         return []
     placements.append(("client", [Slice(ENQUEUE, before, before, args,
                                         {"bind_id": bind_id(item, 0, num_steps), "flow_out": True})]))
-    events = []
+    events: list[TraceEvent] = []
     for k in range(num_steps):
         slices = step_slices(timeline, row, k, args)
         if slices is None:
             break
         label = timeline.queues[k][row]
         pid = tracks.queue(label)
-        hop = {"cat": CATEGORY, "name": QUEUE.name, "id": str(bind_id(item, k, num_steps)), "pid": pid, "tid": pid}
+        hop: TraceEvent = {"cat": CATEGORY, "name": QUEUE.name, "id": str(bind_id(item, k, num_steps)), "pid": pid, "tid": pid}
         events.append({**hop, "ph": "b", "ts": before, "args": {**args, "step": k},
                        "bind_id": bind_id(item, k, num_steps), "flow_in": True, "flow_out": True})
         events.append({**hop, "ph": "e", "ts": slices[0].start})
@@ -244,18 +275,19 @@ def item_events(timeline: Timeline, row: int, tracks: Tracks, depth: dict[str, l
     return events
 
 
-def place_all(tracks: Tracks, placements: list[Placement]) -> list[dict[str, Any]]:
+def place_all(tracks: Tracks, placements: list[Placement]) -> list[TraceEvent]:
     """Each item's slices onto a lane of its process, earliest first, so a lane only looks back."""
-    events = []
+    events: list[TraceEvent] = []
     for process, slices in sorted(placements, key=lambda placement: placement[1][0].start):
         pid, lanes = tracks.thread(process)
         events += complete_events(slices, pid, lanes.tid + lanes.place(slices) * LANE_STRIDE)
     return events
 
 
-def counter_events(name: str, pid: int, changes: list[tuple[int, int]]) -> list[dict[str, Any]]:
+def counter_events(name: str, pid: int, changes: list[tuple[int, int]]) -> list[TraceEvent]:
     """A counter that steps by each change; several changes at one instant make one sample."""
-    events, level = [], 0
+    events: list[TraceEvent] = []
+    level = 0
     times = sorted({when for when, _ in changes})
     by_time: dict[int, int] = dict.fromkeys(times, 0)
     for when, delta in changes:
@@ -266,7 +298,7 @@ def counter_events(name: str, pid: int, changes: list[tuple[int, int]]) -> list[
     return events
 
 
-def trace_order(event: dict[str, Any]) -> tuple[int, int, int]:
+def trace_order(event: TraceEvent) -> tuple[int, int, int]:
     """By time; at one instant a flow's source before its steps and its end, and a parent before its children.
 
     Viewers read events in this order and bind a flow to the slice it arrives
@@ -278,11 +310,11 @@ def trace_order(event: dict[str, Any]) -> tuple[int, int, int]:
     return event["ts"], rank, -event.get("dur", 0)
 
 
-def build_trace(job: Job) -> dict[str, Any]:
+def build_trace(job: Job) -> Trace:
     """The whole trace of one job as a JSON-ready document."""
     timeline = Timeline(job)
     tracks = Tracks(job)
-    events: list[dict[str, Any]] = []
+    events: list[TraceEvent] = []
     depth: dict[str, list[tuple[int, int]]] = {}
     in_flight: list[tuple[int, int]] = []
     last = StepEvents(job.num_steps - 1).handed_over

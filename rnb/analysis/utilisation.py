@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +20,7 @@ from rnb.analysis.routing import replicas
 from rnb.core.stages import StepEvents
 
 if TYPE_CHECKING:  # jobs.py builds its table from this module's columns
-    from rnb.analysis.jobs import Job
+    from rnb.analysis.jobs import Job, JobRow
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def cpu_percent(samples: pa.Table, start: float, end: float) -> dict[str, float]
     return result
 
 
-def utilisation_columns(job: Job) -> dict[str, Any]:
+def utilisation_columns(job: Job) -> JobRow:
     """The jobs-table columns of this module: busy fractions, the bottleneck, sampled CPU use."""
     busy = busy_fractions(job)
     neck = bottleneck(job, busy)

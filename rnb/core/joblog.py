@@ -16,12 +16,11 @@ import time
 from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rnb.core.records import JobLogError, JobMeta
+from rnb.core.records import JobLogError, JobMeta, Json
 from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.timecard import ROUTE_COLUMNS, TimeCard
 
@@ -56,7 +55,7 @@ def create_job_dir(log_dir: str, name: str) -> Path:
             suffix += 1
 
 
-def write_json(path: Path, document: Any) -> None:
+def write_json(path: Path, document: Json) -> None:
     """Write a whole document or none: a reader (or a kill) never meets half a file, even when it is rewritten."""
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")

@@ -8,20 +8,21 @@ Signal only says which shared slot holds them).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from rnb.core.timecard import TimeCard
+from rnb.core.model import NonTensors
+from rnb.core.timecard import Cards, TimeCard
 
 
 @dataclass(frozen=True)
 class Request:
     """Client -> step 0: one request of the source, and the item's new time card."""
 
-    payload: Any
+    payload: object   # whatever the source yields; step 0's model receives it as non_tensors["request"]
     card: TimeCard
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Callable[..., Request], tuple[object, ...]]:
         return Request, (self.payload, self.card)   # as Signal's: once per item
 
 
@@ -33,10 +34,10 @@ class Signal:
     group: int
     instance: int
     slot: int
-    non_tensors: dict
-    time_card: Any  # TimeCard or a tuple of them (a batch)
+    non_tensors: NonTensors
+    time_card: Cards
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Callable[..., Signal], tuple[object, ...]]:
         # Rebuilt by its constructor from a flat tuple: half the unpickling time of a dataclass's state dict,
         # paid at every hop.
         return Signal, (self.step, self.group, self.instance, self.slot, self.non_tensors, self.time_card)
@@ -49,8 +50,8 @@ class Handoff:
     step: int
     group: int
     instance: int
-    non_tensors: dict
-    time_card: Any  # TimeCard or a tuple of them (a batch)
+    non_tensors: NonTensors
+    time_card: Cards
 
 
 @dataclass(frozen=True)

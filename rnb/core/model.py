@@ -20,20 +20,21 @@ attributes of `PlacesInputs`, `PlacesOutputs` and `MergesSegments`.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 import torch
 
 from rnb.core.device import DeviceQueue
-from rnb.core.timecard import TimeCard
+from rnb.core.timecard import Cards, TimeCard
 
-Tensors = tuple[torch.Tensor, ...]
-Shapes = tuple[tuple[int, ...], ...]
+Tensors: TypeAlias = tuple[torch.Tensor, ...]
+Shapes: TypeAlias = tuple[tuple[int, ...], ...]
 # What a model passes on besides tensors: its payload, whatever it likes (picklable values), by name.
-NonTensors = dict[str, Any]
-# One item's card, or a batch's cards (a Batcher's output).
-Cards = TimeCard | tuple[TimeCard, ...]
+NonTensors: TypeAlias = dict[str, Any]
+# A model's keywords, as its constructor and static hooks take them: the config's JSON values plus what the
+# harness supplies (`batch`, `input_shapes`). Each model knows its own; to the harness they are arbitrary.
+Keywords: TypeAlias = Mapping[str, Any]
 
 
 class StepOutput(NamedTuple):
@@ -111,7 +112,10 @@ class PlacesOutputs(Protocol):
 
 @runtime_checkable
 class MergesSegments(Protocol):
-    """A model class that merges an item's segments (`merges_segments = True`): a step with num_segments > 1 needs one after it."""
+    """A model class that merges an item's segments (`merges_segments = True`).
+
+    A step with num_segments > 1 needs one after it.
+    """
 
     merges_segments: bool
 

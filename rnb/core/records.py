@@ -20,6 +20,7 @@ Json: TypeAlias = str | int | float | bool | None | list["Json"] | dict[str, "Js
 JsonObject: TypeAlias = dict[str, Json]
 
 Role = Literal["client", "runner"]
+ROLES: tuple[Role, ...] = ("client", "runner")
 # How a process ended: by itself without error, with one (or by dying), stopped by the driver, or never started.
 ProcessStatus = Literal["ok", "failed", "killed", "not started"]
 
@@ -69,9 +70,10 @@ class ProcessRecord:
     @staticmethod
     def from_json(document: Mapping[str, Json], where: str) -> ProcessRecord:
         name = _required(document, "name", str, where)
-        role = _required(document, "role", str, where)
-        if role not in ("client", "runner"):
-            raise JobLogError(f"{where}: 'role' should be 'client' or 'runner', found {role!r}.")
+        found = _required(document, "role", str, where)
+        role = next((known for known in ROLES if known == found), None)
+        if role is None:
+            raise JobLogError(f"{where}: 'role' should be 'client' or 'runner', found {found!r}.")
         gpu_ids = document.get("gpu_ids")
         values = {f.name: document.get(f.name) for f in dataclasses.fields(ProcessRecord)
                   if f.name not in ("name", "role", "gpu_ids")}
@@ -154,6 +156,18 @@ class JobMeta:
             notes=tuple(str(n) for n in _list(document, "notes", where)),
             engine=_object(document, "engine", where) or {"name": "local"},
         )
+
+
+def json_at(document: Json, *path: str | int) -> Json:
+    """The value at a path of object keys and list indices, such as ("pipeline", 0, "model"); None where there is none."""
+    for key in path:
+        if isinstance(key, str) and isinstance(document, dict):
+            document = document.get(key)
+        elif isinstance(key, int) and isinstance(document, list) and 0 <= key < len(document):
+            document = document[key]
+        else:
+            return None
+    return document
 
 
 def _required(document: Mapping[str, Json], key: str, kind: type[T], where: str) -> T:

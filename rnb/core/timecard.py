@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 import re
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple, TypeAlias, TypeVar
 
 from rnb.core.stages import ENQUEUE, StepEvents
 
@@ -49,6 +49,12 @@ _ARRIVED, _STARTED = 0, 1
 ROUTE_COLUMNS = ("device{k}", "group{k}", "instance{k}", "batch{k}", "batch_size{k}", "out_queue{k}")
 _DEVICE, _GROUP, _INSTANCE, _BATCH, _BATCH_SIZE, _OUT_QUEUE = range(len(ROUTE_COLUMNS))
 _STEP_NAME = re.compile(r"^([a-z_]+?)(\d+)(_[a-z]+)?$")
+# One route entry: the device's name, or a queue group, replica, batch, batch size or output queue number.
+RouteEntry: TypeAlias = str | int
+# What a model sets on a card (rnb.core.joblog makes each a nullable column): counts, measures, names.
+FieldValue: TypeAlias = str | int | float
+# A card's lists by position (its times, its route), None where nothing is recorded.
+Entry = TypeVar("Entry", float | None, RouteEntry | None)
 
 
 @functools.cache
@@ -89,13 +95,13 @@ def _route_index(name: str) -> int:
 class Fork(NamedTuple):
     """One split of an item into segments, as each segment's card remembers it."""
 
-    index: int        # which segment this card is, from 0
-    count: int        # how many segments the item was split into
+    number: int       # which segment this card is, from 0
+    total: int        # how many segments the item was split into
     times: int        # entries of the card's times recorded before the split: later ones are this segment's own
     route: int        # the same for its route
 
 
-def _put(values: list, index: int, value: Any) -> None:
+def _put(values: list[Entry], index: int, value: Entry) -> None:
     if index < len(values):
         values[index] = value
     else:  # usually index == len(values): events and route entries come in order
@@ -112,13 +118,14 @@ class TimeCard:
         self.item_id = item_id
         self.payload = payload
         self.times: list[float | None] = []    # harness events by position (event_index); None = not recorded
-        self.route: list[Any] = []             # ROUTE_COLUMNS by position 6k + j; None = not recorded
+        self.route: list[RouteEntry | None] = []  # ROUTE_COLUMNS by position 6k + j; None = not recorded
         self.marks: dict[str, float] = {}      # every other event, by name: models' own, siblings{k}_arrived
-        self.fields: dict[str, Any] = {}
+        self.fields: dict[str, FieldValue] = {}
         self.segments: tuple[Fork, ...] = ()   # the forks still waiting to be merged, outermost first
-        self.per_segment: dict[str, Any] = {}  # after a merge: each segment's own events and route, by column
+        # after a merge: each segment's own events and route, by column
+        self.per_segment: dict[str, float | RouteEntry] = {}
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Callable[..., TimeCard], tuple[object, ...]]:
         # A plain function and tuple: the cheapest form pickle knows, paid at every hop.
         return _card, (self.item_id, self.payload, self.times, self.route, self.marks or None,
                        self.fields or None, tuple(tuple(fork) for fork in self.segments), self.per_segment or None)
@@ -163,7 +170,7 @@ class TimeCard:
         """The output queue of step `step` (its number in the config) the item was put on."""
         _put(self.route, len(ROUTE_COLUMNS) * step + _OUT_QUEUE, queue)
 
-    def route_entry(self, name: str) -> Any:
+    def route_entry(self, name: str) -> RouteEntry | None:
         """A route column's value for this item, e.g. route_entry("group1"); None if not recorded."""
         index = _route_index(name)
         return self.route[index] if index < len(self.route) else None
@@ -171,9 +178,9 @@ class TimeCard:
     @property
     def devices(self) -> dict[int, str]:
         return {i // len(ROUTE_COLUMNS): device for i, device in enumerate(self.route)
-                if i % len(ROUTE_COLUMNS) == _DEVICE and device is not None}
+                if i % len(ROUTE_COLUMNS) == _DEVICE and isinstance(device, str)}
 
-    def set_field(self, name: str, value: Any) -> None:
+    def set_field(self, name: str, value: FieldValue) -> None:
         self.fields[name] = value
 
     def fork(self, n: int) -> list[TimeCard]:
@@ -211,26 +218,27 @@ class TimeCard:
         segments ran on several devices lists them joined by '+'.  Numeric
         fields are summed; string fields that differ are joined with '+'.
         """
-        parts = sorted(parts, key=lambda card: card.segments[-1].index if card.segments else 0)
+        parts = sorted(parts, key=lambda card: card.segments[-1].number if card.segments else 0)
         if not parts or not parts[0].segments:
             raise ValueError("merge needs the segment cards of one forked item")
         key, fork = parts[0].segment_key, parts[0].segments[-1]
-        if any(p.segment_key != key for p in parts) or [p.segments[-1][:2] for p in parts] != [(i, fork.count) for i in range(fork.count)]:
-            raise ValueError(f"item {parts[0].item_id}: merge needs exactly segments 0..{fork.count - 1} of one fork")
+        numbered = [p.segments[-1][:2] for p in parts]
+        if any(p.segment_key != key for p in parts) or numbered != [(i, fork.total) for i in range(fork.total)]:
+            raise ValueError(f"item {parts[0].item_id}: merge needs exactly segments 0..{fork.total - 1} of one fork")
         step = _merging_step(parts, fork)
         if step is None:
             first = last = parts[0]
         else:
             arrival = 1 + _PER_STEP * step + _ARRIVED
-            first = min(parts, key=lambda part: part.times[arrival])
-            last = max(parts, key=lambda part: part.times[arrival])
+            first = min(parts, key=lambda part: _arrived(part, arrival))
+            last = max(parts, key=lambda part: _arrived(part, arrival))
         merged = TimeCard(first.item_id, first.payload)
         merged.segments = key[1]
         merged.times = list(first.times)
         merged.route = list(first.route)
         merged.marks = dict(first.marks)
         if step is not None and last is not first:
-            merged.marks[StepEvents(step).siblings_arrived] = last.times[arrival]
+            merged.marks[StepEvents(step).siblings_arrived] = _arrived(last, arrival)
             _put(merged.times, arrival + _STARTED, last.times[arrival + _STARTED])
         shared_marks = _shared_marks(parts)
         for part in parts:
@@ -241,8 +249,9 @@ class TimeCard:
         return merged
 
 
-def _card(item_id: int, payload: str, times: list, route: list, marks: dict | None, fields: dict | None,
-          segments: tuple, per_segment: dict | None) -> TimeCard:
+def _card(item_id: int, payload: str, times: list[float | None], route: list[RouteEntry | None],
+          marks: dict[str, float] | None, fields: dict[str, FieldValue] | None,
+          segments: tuple[tuple[int, int, int, int], ...], per_segment: dict[str, float | RouteEntry] | None) -> TimeCard:
     card = TimeCard.__new__(TimeCard)
     card.item_id, card.payload, card.times, card.route = item_id, payload, times, route
     card.marks, card.fields = marks or {}, fields or {}
@@ -258,10 +267,18 @@ def _merging_step(parts: list[TimeCard], fork: Fork) -> int | None:
     return (arrived[-1] - 1) // _PER_STEP if arrived else None
 
 
-def _own_record(part: TimeCard, fork: Fork, shared_marks: set[str]) -> dict[str, Any]:
+def _arrived(part: TimeCard, index: int) -> float:
+    """When a segment arrived at the merging step, which every segment has (_merging_step)."""
+    when = part.times[index]
+    assert when is not None
+    return when
+
+
+def _own_record(part: TimeCard, fork: Fork, shared_marks: set[str]) -> dict[str, float | RouteEntry]:
     """What a segment recorded after the fork, under its own column names."""
-    prefix = "seg" + "-".join(str(f.index) for f in part.segments) + "_"
-    own = {prefix + event_name(i): when for i, when in enumerate(part.times) if i >= fork.times and when is not None}
+    prefix = "seg" + "-".join(str(f.number) for f in part.segments) + "_"
+    own: dict[str, float | RouteEntry] = {prefix + event_name(i): when for i, when in enumerate(part.times)
+                                          if i >= fork.times and when is not None}
     own.update((prefix + route_name(i), value) for i, value in enumerate(part.route)
                if i >= fork.route and value is not None)
     own.update((prefix + name, when) for name, when in part.marks.items() if name not in shared_marks)
@@ -276,22 +293,22 @@ def _shared_marks(parts: list[TimeCard]) -> set[str]:
 
 def _join_devices(merged: TimeCard, part: TimeCard, fork: Fork) -> None:
     for i in range(_DEVICE, len(part.route), len(ROUTE_COLUMNS)):
-        if i < fork.route or part.route[i] is None:
+        device = part.route[i]
+        if i < fork.route or not isinstance(device, str):
             continue
         seen = merged.route[i] if i < len(merged.route) else None
-        if seen is None:
-            _put(merged.route, i, part.route[i])
-        elif part.route[i] not in seen.split("+"):
-            merged.route[i] = "+".join(sorted(seen.split("+") + [part.route[i]]))
+        if not isinstance(seen, str):
+            _put(merged.route, i, device)
+        elif device not in seen.split("+"):
+            merged.route[i] = "+".join(sorted(seen.split("+") + [device]))
 
 
-def _merge_fields(merged: dict[str, Any], fields: dict[str, Any]) -> None:
+def _merge_fields(merged: dict[str, FieldValue], fields: dict[str, FieldValue]) -> None:
     for name, value in fields.items():
         old = merged.get(name)
-        summable = isinstance(value, (int, float)) and not isinstance(value, bool)
         if old is None:
             merged[name] = value
-        elif summable and isinstance(old, (int, float)):
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(old, (int, float)):
             merged[name] = old + value
         elif isinstance(value, str) and isinstance(old, str) and value not in old.split("+"):
             merged[name] = "+".join(sorted(old.split("+") + [value]))
@@ -303,5 +320,10 @@ def as_cards(time_card: TimeCard | Sequence[TimeCard]) -> tuple[TimeCard, ...]:
         return (time_card,)
     cards = tuple(time_card)
     if not all(isinstance(card, TimeCard) for card in cards):
-        raise TypeError(f"a model returned a time card of type {type(time_card).__name__}; expected TimeCard or a sequence of them")
+        raise TypeError(f"a model returned a time card of type {type(time_card).__name__}; "
+                        "expected TimeCard or a sequence of them")
     return cards
+
+
+# One item's card, or a batch's cards (a Batcher's output): what travels with a step's output.
+Cards: TypeAlias = TimeCard | tuple[TimeCard, ...]

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from rnb.core.model import Keywords
 from rnb.core.model import merges_segments as model_merges_segments
+from rnb.core.records import Json, JsonObject
 from rnb.pipeline.dotted import load_object
 from rnb.pipeline.original import translate
 
@@ -52,8 +54,8 @@ class QueueGroup:
     in_queue: int | None            # None only for step 0 (reads the request queue)
     out_queues: tuple[int, ...]     # empty only for the final step
     queue_selector: str | None      # dotted class path; None = round robin
-    model_kwargs: Mapping[str, Any] = field(default_factory=dict)  # step keywords, group ones on top
-    queue_selector_kwargs: Mapping[str, Any] = field(default_factory=dict)  # keywords of its constructor
+    model_kwargs: Keywords = field(default_factory=dict)  # step keywords, group ones on top
+    queue_selector_kwargs: Mapping[str, Json] = field(default_factory=dict)  # keywords of its constructor
     node: str | None = None         # Ray engine: the label (or custom resource) of the nodes its runners go to
 
 
@@ -63,16 +65,16 @@ class Step:
     queue_groups: tuple[QueueGroup, ...]
     num_shared_tensors: int         # output slots per runner; 0 for the final step
     num_segments: int               # 1 = no split
-    model_kwargs: Mapping[str, Any] = field(default_factory=dict)  # every other step key
+    model_kwargs: Keywords = field(default_factory=dict)  # every other step key
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
     path: str                       # where it came from ("<default>" for the embedded one)
-    source: Mapping[str, Any]
+    source: Mapping[str, Json]
     steps: tuple[Step, ...]
-    run: Mapping[str, Any]          # defaults for CLI values ("videos", "mean_interval_ms", ...)
-    raw: Mapping[str, Any]          # the parsed JSON as written, copied into the job log
+    run: Mapping[str, Json]         # defaults for CLI values ("videos", "mean_interval_ms", ...)
+    raw: JsonObject                 # the parsed JSON as written, copied into the job log
     notes: tuple[str, ...] = ()     # what was mapped from the original RnB's vocabulary (rnb.pipeline.original)
 
 
@@ -121,7 +123,7 @@ def load_config(path: str | None) -> PipelineConfig:
     file = str(DEFAULT_CONFIG_PATH) if path is None else path
     text = _read_config_text(file)
     try:
-        document = json.loads(text, object_pairs_hook=_unique_keys(file), parse_constant=_no_constant(file),
+        document: Json = json.loads(text, object_pairs_hook=_unique_keys(file), parse_constant=_no_constant(file),
                               parse_int=_bounded_int(file), parse_float=_finite_float(file))
     except json.JSONDecodeError as exc:
         raise ConfigError(
@@ -164,9 +166,9 @@ def _file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "a special file")
 
 
-def _check_depth(document: Any, file: str) -> None:
+def _check_depth(document: Json, file: str) -> None:
     """Refuse nesting deeper than MAX_JSON_DEPTH, walking iteratively so the check itself cannot recurse too far."""
-    stack = [(document, 1)]
+    stack: list[tuple[Json, int]] = [(document, 1)]
     while stack:
         value, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
@@ -176,7 +178,7 @@ def _check_depth(document: Any, file: str) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
-def parse_config(document: Any, file: str, path: str | None = None) -> PipelineConfig:
+def parse_config(document: Json, file: str, path: str | None = None) -> PipelineConfig:
     """Validate an already parsed JSON document; `file` names it in error messages.
 
     Separate from load_config so that tools and tests can build configs in memory.
@@ -236,7 +238,7 @@ def _parse_run(check: _Checker, value: Any) -> dict[str, Any]:
     return dict(run)
 
 
-def _parse_step(check: _Checker, value: Any, k: int, num_steps: int) -> Step:
+def _parse_step(check: _Checker, value: Json, k: int, num_steps: int) -> Step:
     where = f"pipeline[{k}]"
     raw = check.as_object(value, where)
     final = k == num_steps - 1
@@ -279,7 +281,7 @@ def _parse_step(check: _Checker, value: Any, k: int, num_steps: int) -> Step:
 
 
 def _parse_group(
-    check: _Checker, value: Any, where: str, k: int, final: bool, step_kwargs: Mapping[str, Any]
+    check: _Checker, value: Json, where: str, k: int, final: bool, step_kwargs: Mapping[str, Json]
 ) -> QueueGroup:
     raw = check.as_object(value, where)
     if "gpus" not in raw:
@@ -313,7 +315,7 @@ def _parse_group(
     )
 
 
-def _parse_node(check: _Checker, value: Any, where: str) -> str | None:
+def _parse_node(check: _Checker, value: Json, where: str) -> str | None:
     """A group's Ray node label, if it names one (the local engine has one node and ignores it)."""
     if value is None:
         return None
@@ -324,8 +326,8 @@ def _parse_node(check: _Checker, value: Any, where: str) -> str | None:
     return node
 
 
-def _check_keywords(check: _Checker, model: str, where: str, step_kwargs: Mapping[str, Any],
-                    groups_raw: list[Any]) -> None:
+def _check_keywords(check: _Checker, model: str, where: str, step_kwargs: Mapping[str, Json],
+                    groups_raw: list[Json]) -> None:
     """Every model keyword must be a parameter of the model's constructor, and every required one given.
 
     A misspelt keyword would otherwise pass validation and fail in every runner at start-up.
@@ -336,7 +338,7 @@ def _check_keywords(check: _Checker, model: str, where: str, step_kwargs: Mappin
     names = [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL]
     places = [(where, step_kwargs)] + [
         (f"{where}.queue_groups[{g}]", {key: item for key, item in group.items() if key not in _GROUP_KEYS})
-        for g, group in enumerate(groups_raw)]
+        for g, group in enumerate(groups_raw) if isinstance(group, dict)]  # each is: _parse_group checked them
     defaults = {p.name: p.default for p in parameters}
     for place, kwargs in places:
         for key in kwargs:
@@ -358,7 +360,7 @@ def _check_keywords(check: _Checker, model: str, where: str, step_kwargs: Mappin
                                                 "found no such key in the group or its step")
 
 
-def _in_queue(check: _Checker, raw: Mapping[str, Any], where: str, k: int) -> int | None:
+def _in_queue(check: _Checker, raw: Mapping[str, Json], where: str, k: int) -> int | None:
     """A group's in_queue: none on step 0, which reads the request queue; required on every later step."""
     if k == 0:
         if "in_queue" in raw:
@@ -374,7 +376,7 @@ def _in_queue(check: _Checker, raw: Mapping[str, Any], where: str, k: int) -> in
     return check.as_integer(raw["in_queue"], f"{where}.in_queue", 0)
 
 
-def _out_queues(check: _Checker, raw: Mapping[str, Any], where: str, final: bool) -> tuple[int, ...]:
+def _out_queues(check: _Checker, raw: Mapping[str, Json], where: str, final: bool) -> tuple[int, ...]:
     """A group's out_queues: none on the final step; on every other step a list of distinct indices."""
     if final:
         if "out_queues" in raw:
@@ -401,7 +403,7 @@ def _check_queues_between(check: _Checker, previous: Step, step: Step, k: int) -
                 f"pipeline[{k}].queue_groups[{g}].in_queue",
                 f"expected one of the out_queues of pipeline[{k - 1}] {_set(written)}, found {group.in_queue}",
             )
-    read = {group.in_queue for group in step.queue_groups}
+    read = {group.in_queue for group in step.queue_groups if group.in_queue is not None}  # None only on step 0
     unread = sorted(written - read)
     if unread:
         check.fail(
@@ -425,11 +427,11 @@ def merges_segments(model: str) -> bool:
     return model_merges_segments(load_object(model))
 
 
-def _set(values: set[Any]) -> str:
+def _set(values: set[int]) -> str:
     return "{" + ", ".join(str(v) for v in sorted(values)) + "}"
 
 
-def describe(value: Any) -> str:
+def describe(value: Json) -> str:
     """Name a JSON value the way a user wrote it, short enough for a one-line error."""
     if value is None:
         return "null"
@@ -456,39 +458,39 @@ class _Checker:
     def fail(self, json_path: str, expected: str) -> NoReturn:
         raise ConfigError(self.file, json_path, expected)
 
-    def as_object(self, value: Any, json_path: str) -> dict[str, Any]:
+    def as_object(self, value: Json, json_path: str) -> JsonObject:
         if not isinstance(value, dict):
             self.fail(json_path, f"expected an object, found {describe(value)}")
         return value
 
-    def as_list(self, value: Any, json_path: str, of: str) -> list[Any]:
+    def as_list(self, value: Json, json_path: str, of: str) -> list[Json]:
         if not isinstance(value, list) or not value:
             self.fail(json_path, f"expected a non-empty list of {of}, found {describe(value)}")
         return value
 
-    def as_string(self, value: Any, json_path: str) -> str:
+    def as_string(self, value: Json, json_path: str) -> str:
         if not isinstance(value, str):
             self.fail(json_path, f"expected a string, found {describe(value)}")
         return value
 
-    def as_integer(self, value: Any, json_path: str, minimum: int, maximum: int | None = None) -> int:
-        in_range = minimum <= value and (maximum is None or value <= maximum) if isinstance(value, int) else False
-        if isinstance(value, bool) or not in_range:
+    def as_integer(self, value: Json, json_path: str, minimum: int, maximum: int | None = None) -> int:
+        if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
+                or maximum is not None and value > maximum):
             bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
             self.fail(json_path, f"expected an integer {bounds}, found {describe(value)}")
         return value
 
-    def as_number(self, value: Any, json_path: str, minimum: int) -> float:
+    def as_number(self, value: Json, json_path: str, minimum: int) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
             self.fail(json_path, f"expected a number >= {minimum}, found {describe(value)}")
         if value == math.inf:  # only an in-memory config can hold it: load_config refuses 1e999
             self.fail(json_path, f"expected a finite number >= {minimum}, found {describe(value)}")
         return value
 
-    def as_class_path(self, value: Any, json_path: str, method: str) -> str:
+    def as_class_path(self, value: Json, json_path: str, method: str) -> str:
         """Import a dotted class path now, so a typo fails before any process is spawned."""
         module_name, _, name = value.rpartition(".") if isinstance(value, str) else ("", "", "")
-        if not module_name or not name:
+        if not isinstance(value, str) or not module_name or not name:
             self.fail(
                 json_path, f"expected a dotted class path such as \"package.module.Class\", found {describe(value)}"
             )
@@ -516,11 +518,11 @@ class _Checker:
         return value
 
 
-def _unique_keys(file: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+def _unique_keys(file: str) -> Callable[[list[tuple[str, Json]]], JsonObject]:
     """Reject duplicate keys, which json would otherwise resolve silently to the last one."""
 
-    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        result: dict[str, Any] = {}
+    def build(pairs: list[tuple[str, Json]]) -> JsonObject:
+        result: JsonObject = {}
         for key, value in pairs:
             if key in result:
                 raise ConfigError(file, f"key \"{key}\"", "expected each key at most once per object, found it twice")
@@ -530,8 +532,8 @@ def _unique_keys(file: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]
     return build
 
 
-def _no_constant(file: str) -> Callable[[str], Any]:
-    def reject(name: str) -> Any:
+def _no_constant(file: str) -> Callable[[str], NoReturn]:
+    def reject(name: str) -> NoReturn:
         raise ConfigError(file, f"value {name}", f"expected a finite JSON number, found {name}")
 
     return reject

@@ -20,25 +20,27 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from rnb.core.records import Json
 from rnb.pipeline.config import ConfigError, PipelineConfig, describe
 
 if TYPE_CHECKING:
-    from episodes import EpisodeDataset
+    from episodes import EpisodeDataset, SourceKind
 
 log = logging.getLogger(__name__)
 
-KINDS = ("dataset", "videos")
-_KEYS = {"dataset": ("dataset", "order", "seed", "episodes", "lookahead", "generate_if_missing"),
-         "videos": ("videos", "order", "seed", "episodes", "lookahead")}
+KINDS: tuple[SourceKind, ...] = ("dataset", "videos")
+_KEYS: dict[SourceKind, tuple[str, ...]] = {
+    "dataset": ("dataset", "order", "seed", "episodes", "lookahead", "generate_if_missing"),
+    "videos": ("videos", "order", "seed", "episodes", "lookahead")}
 
 
 @dataclass(frozen=True, repr=False)
 class EpisodeRequest:
     """A request payload: which episode of which dataset, and the episodes that come next."""
 
-    kind: str                     # "dataset" or "videos"
+    kind: SourceKind
     root: str                     # dataset root, or the video glob
     episode: int
     upcoming: tuple[int, ...] = ()
@@ -50,7 +52,7 @@ class EpisodeRequest:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    kind: str
+    kind: SourceKind
     root: str
     order: str
     seed: int | None
@@ -59,36 +61,41 @@ class SourceOptions:
     generate_if_missing: bool
 
 
-def parse_options(source: Mapping[str, Any], config_path: str) -> SourceOptions:
+def parse_options(source: Mapping[str, Json], config_path: str) -> SourceOptions:
     """The source object's keys, type-checked; each complaint names its JSON path."""
-    kind = next(iter(source))
+    first = next(iter(source))
+    kind = next(known for known in KINDS if known == first)   # SOURCE_FACTORIES sends no other kind here
     for key in source:
         if key not in _KEYS[kind]:
-            raise ConfigError(config_path, f"source.{key}", f"expected one of the {kind} source keys ({', '.join(_KEYS[kind])}), found an unknown key")
+            raise ConfigError(config_path, f"source.{key}", f"expected one of the {kind} source keys "
+                              f"({', '.join(_KEYS[kind])}), found an unknown key")
     root = source[kind]
     if not isinstance(root, str) or not root:
         raise ConfigError(config_path, f"source.{kind}", f"expected a non-empty path or URL string, found {describe(root)}")
     order = source.get("order", "random")
-    if order not in ("random", "sequential"):
+    if not isinstance(order, str) or order not in ("random", "sequential"):
         raise ConfigError(config_path, "source.order", f"expected \"random\" or \"sequential\", found {describe(order)}")
     seed = source.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ConfigError(config_path, "source.seed", f"expected an integer >= 0, found {describe(seed)}")
     episodes = source.get("episodes")
+    subset: list[int] | None = None
     if episodes is not None:
         if not isinstance(episodes, list) or not episodes:
-            raise ConfigError(config_path, "source.episodes", f"expected a non-empty list of episode indices, found {describe(episodes)}")
+            raise ConfigError(config_path, "source.episodes", f"expected a non-empty list of episode indices, "
+                              f"found {describe(episodes)}")
+        subset = []
         for i, ep in enumerate(episodes):
             if isinstance(ep, bool) or not isinstance(ep, int) or ep < 0:
                 raise ConfigError(config_path, f"source.episodes[{i}]", f"expected an integer >= 0, found {describe(ep)}")
-        episodes = tuple(episodes)
+            subset.append(ep)
     lookahead = source.get("lookahead", 2)
     if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
         raise ConfigError(config_path, "source.lookahead", f"expected an integer >= 0, found {describe(lookahead)}")
     generate = source.get("generate_if_missing", False)
     if not isinstance(generate, bool):
         raise ConfigError(config_path, "source.generate_if_missing", f"expected true or false, found {describe(generate)}")
-    return SourceOptions(kind, root, order, seed, episodes, lookahead, generate)
+    return SourceOptions(kind, root, order, seed, None if subset is None else tuple(subset), lookahead, generate)
 
 
 def _open_checked(options: SourceOptions, config_path: str) -> EpisodeDataset:
@@ -104,7 +111,8 @@ def _open_checked(options: SourceOptions, config_path: str) -> EpisodeDataset:
         raise ConfigError(config_path, f"source.{options.kind}", f"expected {expected}, found an error: {error}") from None
     for i, ep in enumerate(options.episodes or ()):
         if ep >= ds.num_episodes:
-            raise ConfigError(config_path, f"source.episodes[{i}]", f"expected an episode index below {ds.num_episodes} (the number of episodes of {options.root}), found {ep}")
+            raise ConfigError(config_path, f"source.episodes[{i}]", f"expected an episode index below {ds.num_episodes} "
+                              f"(the number of episodes of {options.root}), found {ep}")
     return ds
 
 
@@ -124,7 +132,7 @@ def _check_not_directory(root: str, config_path: str) -> None:
                           f"(\"{base}/**/*.mp4\" to include subdirectories), found the directory {root}")
 
 
-def check_source(source: Mapping[str, Any], config_path: str, may_write: bool = True) -> EpisodeDataset | None:
+def check_source(source: Mapping[str, Json], config_path: str, may_write: bool = True) -> EpisodeDataset | None:
     """Open the dataset or glob once in the main process (writing the dataset first if asked and missing).
 
     Without `may_write` (--check) a dataset that a run would generate is left missing, and said so (None
@@ -159,7 +167,7 @@ def _probe_ranges(ds: EpisodeDataset, options: SourceOptions, config_path: str) 
                           f"requests, found an error: {error}") from None
 
 
-def episode_source(source: Mapping[str, Any], config_path: str, seed: int = 0) -> Iterator[EpisodeRequest]:
+def episode_source(source: Mapping[str, Json], config_path: str, seed: int = 0) -> Iterator[EpisodeRequest]:
     """The client's request stream for a dataset or videos source."""
     options = parse_options(source, config_path)
     return requests(options, _open_checked(options, config_path).num_episodes, seed)
@@ -193,7 +201,8 @@ def with_dataset(config: PipelineConfig, root: str) -> PipelineConfig:
     """
     kind = next(iter(config.source), "synthetic")
     if kind not in KINDS:
-        raise ConfigError("command line", "--dataset", f"expected a config whose source is a dataset or videos, but {config.path} has a {kind} source")
+        raise ConfigError("command line", "--dataset", f"expected a config whose source is a dataset or videos, "
+                          f"but {config.path} has a {kind} source")
     source = {key: value for key, value in config.source.items() if key != "generate_if_missing"}
     source[kind] = root
     # the source now says where requests come from, instead of an RnB iterator it replaced

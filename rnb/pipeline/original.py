@@ -18,10 +18,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NoReturn
 
-RNB_CLIPS = {"choices": [1, 15], "weights": [10, 1]}
-RNB_GEOMETRY: Mapping[str, Any] = {"num_clips": RNB_CLIPS, "clip_length": 8, "size": 112}
+from rnb.core.records import Json, JsonObject
+
+RNB_CLIPS: JsonObject = {"choices": [1, 15], "weights": [10, 1]}
+RNB_GEOMETRY: Mapping[str, Json] = {"num_clips": RNB_CLIPS, "clip_length": 8, "size": 112}
 RNB_VIDEO_GLOB = "/cmsdata/ssd0/cmslab/Kinetics-400/sparta/*/*.mp4"  # where RnB's iterator looked
 # RnB's LargeSmallSelector sent exactly the 15-clip videos to queue 1
 LARGE_SMALL_THRESHOLD = 14
@@ -34,7 +36,7 @@ class ModelMapping:
     """What one RnB model class runs as here."""
 
     model: str
-    defaults: Mapping[str, Any] = field(default_factory=dict)  # step keywords set where the config has none
+    defaults: Mapping[str, Json] = field(default_factory=dict)  # step keywords set where the config has none
     what: str = ""
 
 
@@ -47,10 +49,10 @@ MODELS: dict[str, ModelMapping] = {
     "batcher.Batcher": ModelMapping(
         "models.batcher.Batcher", RNB_GEOMETRY, "a group without `batch` gets 1, RnB's default, not -b"),
 }
-SELECTORS: dict[str, tuple[str, Mapping[str, Any]]] = {
+SELECTORS: dict[str, tuple[str, Mapping[str, Json]]] = {
     "models.r2p1d.model.LargeSmallSelector": ("selector.LargeSmallSelector", {"threshold": LARGE_SMALL_THRESHOLD}),
 }
-ITERATORS: dict[str, Mapping[str, Any]] = {
+ITERATORS: dict[str, Mapping[str, Json]] = {
     "models.r2p1d.model.R2P1DVideoPathIterator": {"videos": RNB_VIDEO_GLOB, "order": "sequential"},
 }
 
@@ -59,14 +61,14 @@ ITERATORS: dict[str, Mapping[str, Any]] = {
 class Translated:
     """A config document in this project's vocabulary, and one note per thing that was mapped."""
 
-    document: dict[str, Any]
+    document: JsonObject
     notes: tuple[str, ...]
 
 
-Fail = Callable[[str, str], Any]  # (json_path, expected) -> raises
+Fail = Callable[[str, str], NoReturn]  # (json_path, expected) -> raises
 
 
-def translate(document: Mapping[str, Any], fail: Fail) -> Translated:
+def translate(document: Mapping[str, Json], fail: Fail) -> Translated:
     """Replace RnB's class paths and keywords; a document that names none of them comes back unchanged."""
     top = copy.deepcopy(dict(document))
     notes: list[str] = []
@@ -85,10 +87,10 @@ def translate(document: Mapping[str, Any], fail: Fail) -> Translated:
     return Translated(top, tuple(notes))
 
 
-def _translate_step(step: dict[str, Any], k: int, pipeline: list[Any], fail: Fail) -> list[str]:
+def _translate_step(step: JsonObject, k: int, pipeline: list[Json], fail: Fail) -> list[str]:
     notes = []
-    groups = [group for group in step.get("queue_groups", ()) if isinstance(group, dict)] \
-        if isinstance(step.get("queue_groups"), list) else []
+    queue_groups = step.get("queue_groups")
+    groups = [group for group in queue_groups if isinstance(group, dict)] if isinstance(queue_groups, list) else []
     original = step.get("model")
     mapping = MODELS.get(original) if isinstance(original, str) else None
     if mapping is not None:
@@ -115,7 +117,7 @@ def _translate_step(step: dict[str, Any], k: int, pipeline: list[Any], fail: Fai
     return notes
 
 
-def _clip_keywords(step: dict[str, Any], where: str, fail: Fail) -> None:
+def _clip_keywords(step: JsonObject, where: str, fail: Fail) -> None:
     """RnB's sampler keywords num_clips_population and num_clips_weights become one num_clips choice."""
     population, weights = step.pop("num_clips_population", None), step.pop("num_clips_weights", None)
     if population is None and weights is None:
@@ -127,7 +129,7 @@ def _clip_keywords(step: dict[str, Any], where: str, fail: Fail) -> None:
                          "weights": weights if weights is not None else RNB_CLIPS["weights"]}
 
 
-def _check_aggregate(step: dict[str, Any], k: int, pipeline: list[Any], fail: Fail) -> None:
+def _check_aggregate(step: JsonObject, k: int, pipeline: list[Json], fail: Fail) -> None:
     """RnB's aggregator waited for `aggregate` segments; here it merges the segments each item was split into."""
     from rnb.pipeline.config import describe  # config imports this module
 

@@ -9,13 +9,14 @@ import dataclasses
 import inspect
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
-from rnb.core.model import ChecksDataset, DeclaresDtypes, input_side, output_side
+from rnb.core.model import ChecksDataset, DeclaresDtypes, Keywords, Shapes, StepModelClass, input_side, output_side
+from rnb.core.records import Json, json_at
 from rnb.pipeline.config import ConfigError, KeywordError, PipelineConfig, QueueGroup
 from rnb.pipeline.dotted import load_object
 
@@ -30,16 +31,16 @@ class Placement:
     instance: int
     device: str                       # "cpu" or "cuda:N"
     model: str                        # dotted class path
-    model_kwargs: Mapping[str, Any]   # the model's keywords: whatever its constructor takes
+    model_kwargs: Keywords            # the model's keywords: whatever its constructor takes
     in_queue: int | None              # None = the request queue (step 0)
     out_queues: tuple[int, ...]       # empty for the final step
     selector: str | None = None       # dotted class path; None = round robin
-    selector_kwargs: Mapping[str, Any] = field(default_factory=dict)  # keywords of the selector's constructor
+    selector_kwargs: Mapping[str, Json] = field(default_factory=dict)  # keywords of the selector's constructor
     num_segments: int = 1
     num_slots: int = 0                # output slots (num_shared_tensors); 0 on the final step
-    output_shapes: tuple[tuple[int, ...], ...] = ()  # empty for the final step
+    output_shapes: Shapes = ()        # empty for the final step
     output_dtypes: tuple[torch.dtype, ...] = ()  # empty = all float32
-    input_shapes: tuple[tuple[int, ...], ...] | None = None  # the largest input; None for step 0
+    input_shapes: Shapes | None = None  # the largest input; None for step 0
     threads: int | None = None  # torch intra-op and inter-op threads; None = torch's default
     input_device: str = ""      # where the runner receives its inputs; "" = its device (rnb.core.model.input_side)
     output_device: str = ""     # where its output slots live; "" = its device
@@ -88,9 +89,6 @@ def runner_name(step: int, group: int, instance: int) -> str:
     return f"step{step}-g{group}-r{instance}"
 
 
-Shapes = tuple[tuple[int, ...], ...]
-
-
 def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
     """One placement per gpus entry of every queue group, in step order.
 
@@ -106,7 +104,8 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
         outputs: dict[int, list[Shapes]] = {}
         final = k == len(config.steps) - 1
         for g, group in enumerate(step.queue_groups):
-            inputs = None if k == 0 else _input_shapes(config, k, g, group.in_queue, produced[group.in_queue])
+            # only step 0 reads the request queue (in_queue None)
+            inputs = None if group.in_queue is None else _input_shapes(config, k, g, group.in_queue, produced[group.in_queue])
             kwargs = _model_kwargs(model, group, batch_size, inputs)
             threads = kwargs.pop("threads", None)
             if group.queue_selector is not None and len(group.out_queues) > 0:
@@ -128,13 +127,13 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
     return placements
 
 
-def _model_kwargs(model: Any, group: QueueGroup, batch_size: int, inputs: Shapes | None) -> dict[str, Any]:
+def _model_kwargs(model: type, group: QueueGroup, batch_size: int, inputs: Shapes | None) -> dict[str, Any]:
     """The group's model keywords, plus what the harness supplies to constructors that take it.
 
     -b is the default `batch` of batching steps; `input_shapes` is the previous step's output shapes.
     """
     kwargs = dict(group.model_kwargs)
-    accepted = inspect.signature(model.__init__).parameters
+    accepted = inspect.signature(model).parameters  # the constructor's, as config validation reads them
     if "batch" in accepted and "batch" not in kwargs:
         kwargs["batch"] = batch_size
     if "input_shapes" in accepted and inputs is not None:
@@ -158,7 +157,7 @@ def _input_shapes(config: PipelineConfig, k: int, g: int, in_queue: int, produce
     return tuple(tuple(max(dims) for dims in zip(*same)) for same in zip(*producers))
 
 
-def _static_call(method: Any, kwargs: dict[str, Any], inputs: Shapes | None) -> Any:
+def _static_call(method: Callable[..., object], kwargs: Keywords, inputs: Shapes | None) -> object:
     """Call a model's static output_shape/output_dtypes with the step's keywords, and input_shapes if it takes them."""
     arguments = {key: value for key, value in kwargs.items() if key != "input_shapes"}
     if "input_shapes" in inspect.signature(method).parameters:
@@ -166,7 +165,7 @@ def _static_call(method: Any, kwargs: dict[str, Any], inputs: Shapes | None) -> 
     return method(**arguments)
 
 
-def check_against_dataset(config: PipelineConfig, placements: list[Placement], dataset: Any) -> None:
+def check_against_dataset(config: PipelineConfig, placements: list[Placement], dataset: object) -> None:
     """Let each model with a `check_dataset(dataset, **kwargs)` hook vet its keywords against the data it will read.
 
     `dataset` is the source's opened dataset, or None (e.g. a synthetic
@@ -180,8 +179,9 @@ def check_against_dataset(config: PipelineConfig, placements: list[Placement], d
         try:
             model.check_dataset(dataset, **p.model_kwargs)
         except KeywordError as error:
-            group = config.raw["pipeline"][p.step]["queue_groups"][p.group]
-            place = f"pipeline[{p.step}].queue_groups[{p.group}]" if error.keyword.split("[")[0] in group else f"pipeline[{p.step}]"
+            group = json_at(config.raw, "pipeline", p.step, "queue_groups", p.group)
+            in_group = isinstance(group, dict) and error.keyword.split("[")[0] in group
+            place = f"pipeline[{p.step}].queue_groups[{p.group}]" if in_group else f"pipeline[{p.step}]"
             raise ConfigError(config.path, f"{place}.{error.keyword}", error.expected) from None
 
 
@@ -207,6 +207,7 @@ def check_slot_memory(config: PipelineConfig, placements: list[Placement],
         if slot * p.num_slots > largest.get(p.output_device, (-1, p))[0]:
             largest[p.output_device] = (slot * p.num_slots, p)
     for device, total in need.items():
+        limit: int | None
         if device == "cpu":
             limit, place = _shared_memory_bytes(), "free in /dev/shm"
         else:
@@ -234,7 +235,7 @@ def _gib(count: int) -> str:
 
 
 def _check_selector(config: PipelineConfig, k: int, g: int, selector: str, num_queues: int,
-                    kwargs: Mapping[str, Any]) -> None:
+                    kwargs: Mapping[str, Json]) -> None:
     """Build the selector once here, so a keyword it rejects is a config error (exit 2), not a failed job."""
     try:
         load_object(selector)(num_queues, **kwargs)
@@ -243,25 +244,31 @@ def _check_selector(config: PipelineConfig, k: int, g: int, selector: str, num_q
                           f"expected keywords that {selector} accepts, found {type(error).__name__}: {error}") from None
 
 
-def _output_shapes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str, Any], inputs: Shapes | None,
+def _output_shapes(config: PipelineConfig, k: int, model: StepModelClass, kwargs: Keywords, inputs: Shapes | None,
                    final: bool) -> Shapes:
     """The shapes of a step's output slots; on the final step output_shape() is only asked, to vet the keywords."""
     where = f"pipeline[{k}].model"
     try:
         shapes = _static_call(model.output_shape, kwargs, inputs)
     except Exception as error:  # the model's own complaint about its keywords is the config error
-        raise ConfigError(config.path, where, f"expected output_shape() to accept the step's keywords, found {type(error).__name__}: {error}") from None
+        raise ConfigError(config.path, where, f"expected output_shape() to accept the step's keywords, "
+                          f"found {type(error).__name__}: {error}") from None
     if final:
         return ()
-    valid = isinstance(shapes, tuple) and len(shapes) > 0 and all(
-        isinstance(shape, tuple) and shape and all(isinstance(d, int) and not isinstance(d, bool) and d > 0
-                                                   for d in shape) for shape in shapes)
-    if not valid:
-        raise ConfigError(config.path, where, f"expected output_shape() to give a non-empty tuple of shapes (tuples of positive ints) because the step feeds another, found {shapes!r}")
+    if not _are_shapes(shapes):
+        raise ConfigError(config.path, where, f"expected output_shape() to give a non-empty tuple of shapes (tuples of "
+                          f"positive ints) because the step feeds another, found {shapes!r}")
     return shapes
 
 
-def _output_dtypes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str, Any], inputs: Shapes | None,
+def _are_shapes(value: object) -> TypeGuard[Shapes]:
+    """A non-empty tuple of shapes, each a non-empty tuple of positive ints."""
+    return isinstance(value, tuple) and len(value) > 0 and all(
+        isinstance(shape, tuple) and len(shape) > 0 and all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                                            for d in shape) for shape in value)
+
+
+def _output_dtypes(config: PipelineConfig, k: int, model: StepModelClass, kwargs: Keywords, inputs: Shapes | None,
                    count: int) -> tuple[torch.dtype, ...]:
     """The optional `output_dtypes(**kwargs)` of a model whose outputs are not float32 (e.g. raw bytes)."""
     if not isinstance(model, DeclaresDtypes):
@@ -270,7 +277,9 @@ def _output_dtypes(config: PipelineConfig, k: int, model: Any, kwargs: dict[str,
     try:
         dtypes = _static_call(model.output_dtypes, kwargs, inputs)
     except Exception as error:
-        raise ConfigError(config.path, where, f"expected output_dtypes() to accept the step's keywords, found {type(error).__name__}: {error}") from None
+        raise ConfigError(config.path, where, f"expected output_dtypes() to accept the step's keywords, "
+                          f"found {type(error).__name__}: {error}") from None
     if not isinstance(dtypes, tuple) or len(dtypes) != count or not all(isinstance(d, torch.dtype) for d in dtypes):
-        raise ConfigError(config.path, where, f"expected output_dtypes() to give one torch dtype per output shape ({count}), found {dtypes!r}")
+        raise ConfigError(config.path, where, f"expected output_dtypes() to give one torch dtype per output shape "
+                          f"({count}), found {dtypes!r}")
     return dtypes

@@ -11,8 +11,8 @@ from __future__ import annotations
 import inspect
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
 
+from rnb.core.records import Json
 from rnb.pipeline.config import ConfigError
 from rnb.pipeline.dotted import load_object
 
@@ -33,7 +33,7 @@ SOURCE_CHECKS: dict[str, str] = {
 }
 
 
-def source_factory_path(source: Mapping[str, Any], config_path: str) -> str:
+def source_factory_path(source: Mapping[str, Json], config_path: str) -> str:
     """The factory a source object names; raises ConfigError for an unknown kind."""
     kind = next(iter(source), "synthetic")
     if kind not in SOURCE_FACTORIES:
@@ -42,7 +42,7 @@ def source_factory_path(source: Mapping[str, Any], config_path: str) -> str:
     return SOURCE_FACTORIES[kind]
 
 
-def check_source(source: Mapping[str, Any], config_path: str, may_write: bool = True) -> Any:
+def check_source(source: Mapping[str, Json], config_path: str, may_write: bool = True) -> object:
     """Raise ConfigError if the source cannot work; kinds without a check only need a known kind.
 
     Returns the dataset the check opened (for models to vet their keywords against), or None.
@@ -52,8 +52,8 @@ def check_source(source: Mapping[str, Any], config_path: str, may_write: bool = 
     return None if check is None else load_object(check)(source, config_path, may_write)
 
 
-def open_source(source: Mapping[str, Any], config_path: str, seed: int = 0) -> Iterator[Any]:
-    """An iterator over the request payloads of a config's source.
+def open_source(source: Mapping[str, Json], config_path: str, seed: int = 0) -> Iterator[object]:
+    """An iterator over the request payloads of a config's source (passed on to step 0's model as they are).
 
     `seed` (the job's --seed) reaches factories that take a `seed` keyword, for sources with a random order.
     """
@@ -63,7 +63,7 @@ def open_source(source: Mapping[str, Any], config_path: str, seed: int = 0) -> I
     return iter(factory(source, config_path))
 
 
-def check_synthetic(source: Mapping[str, Any], config_path: str, may_write: bool = True) -> None:
+def check_synthetic(source: Mapping[str, Json], config_path: str, may_write: bool = True) -> None:
     """The synthetic source takes no options: any other key is a typo or meant for another kind."""
     if source.get("synthetic", True) is not True:
         raise ConfigError(config_path, "source.synthetic", "expected true (or no source at all)")
@@ -73,13 +73,13 @@ def check_synthetic(source: Mapping[str, Any], config_path: str, may_write: bool
                               "no options, found an unknown key")
 
 
-def synthetic_source(source: Mapping[str, Any], config_path: str) -> Iterable[int]:
+def synthetic_source(source: Mapping[str, Json], config_path: str) -> Iterable[int]:
     """Numbered requests 0, 1, 2, ...: for models that make their own input."""
     check_synthetic(source, config_path)
     return itertools.count()
 
 
-def path_iterator_source(source: Mapping[str, Any], config_path: str) -> Iterable[Any]:
+def path_iterator_source(source: Mapping[str, Json], config_path: str) -> Iterable[object]:
     """RnB's form: an instance of the named class, built with the source's other keys."""
     options = {key: value for key, value in source.items() if key != "video_path_iterator"}
-    return load_object(source["video_path_iterator"])(**options)
+    return load_object(str(source["video_path_iterator"]))(**options)

@@ -577,5 +577,7 @@ class Estimator:
                                                self.items, self.seed)
         return self._peaks[candidate]
 
-    def at(self, candidate: Candidate, arrivals: Arrivals) -> Prediction:
-        return simulate(self.pipeline(candidate), arrivals, self.items, self.seed, (self.percentile,))
+    def at(self, candidate: Candidate, arrivals: Arrivals, items: int | None = None,
+           warmup: int | None = None) -> Prediction:
+        """One simulation of a candidate; `items` and `warmup` as a job's -v and --warmup, to compare with it."""
+        return simulate(self.pipeline(candidate), arrivals, items or self.items, self.seed, (self.percentile,), warmup)

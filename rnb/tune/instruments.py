@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
 from rnb.core.timecard import TimeCard, as_cards
 
 
@@ -45,9 +46,8 @@ class Feeder:
     def output_dtypes(shapes: Sequence[Sequence[int]], dtypes: Sequence[str] = (), **kwargs: Any) -> tuple[torch.dtype, ...]:
         return tuple(_dtype(name) for name in (tuple(dtypes) or ("float32",) * len(shapes)))
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
-        return self.outputs, {"request": non_tensors["request"], "num_clips": self.rows}, time_card
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        return StepOutput(self.outputs, {"request": non_tensors["request"], "num_clips": self.rows}, time_card)
 
 
 class Sink:
@@ -66,8 +66,7 @@ class Sink:
     def output_shape(**kwargs: Any) -> None:
         return None
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, tuple[TimeCard, ...] | None]:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
         ready = []
         for card in as_cards(time_card):
             if not card.segments:
@@ -75,7 +74,7 @@ class Sink:
                 continue
             parts = self.pending.setdefault(card.segment_key, [])
             parts.append(card)
-            if len(parts) == card.segments[-1].count:
+            if len(parts) == card.segments[-1][1]:   # the fork's count of segments
                 del self.pending[card.segment_key]
                 ready.append(TimeCard.merge(parts))
-        return (), {}, tuple(ready) if ready else None
+        return StepOutput((), {}, tuple(ready) if ready else None)

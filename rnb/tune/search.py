@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -332,12 +332,3 @@ def choose_mode(space: TuneSpace, requested: SearchMode | Literal["auto"]) -> Se
         if size > AUTO_EXHAUSTIVE_MAX:
             return "quick"
     return "exhaustive"
-
-
-def bottleneck_group(space: TuneSpace, prediction_busy: Mapping[str, float]) -> GroupChoices:
-    by_name = {g.name: g for g in space.groups}
-    return by_name[max(prediction_busy, key=lambda name: prediction_busy[name])]
-
-
-def evaluated_all(found: Search) -> Iterable[Evaluated]:
-    return found.ranked()
