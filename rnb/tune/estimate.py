@@ -291,7 +291,7 @@ class Simulation:
         self.warmup = items // 10 if warmup is None else warmup
         self.random = random.Random(seed)
         self.arrival_random = random.Random(seed + 1)   # the same arrivals for every candidate
-        self.heap: list[tuple[float, int, Callable[..., None], tuple]] = []
+        self.heap: list[tuple[float, int, Callable[..., None], tuple[object, ...]]] = []
         self.seq = itertools.count()
         self.now = 0.0
         self.enqueued = [0.0] * items

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
-from rnb.core.timecard import TimeCard, as_cards
+from rnb.core.timecard import Fork, TimeCard, as_cards
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -60,7 +60,7 @@ class Sink:
     merges_segments = True
 
     def __init__(self, device: torch.device) -> None:
-        self.pending: dict[tuple, list[TimeCard]] = {}
+        self.pending: dict[tuple[int, tuple[Fork, ...]], list[TimeCard]] = {}   # by the item and its forks above
 
     @staticmethod
     def output_shape(**kwargs: Any) -> None:
