@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
+from rnb.analysis.html import write_job_page
 from rnb.analysis.jobs import (
     JSON_COLUMNS,
     JobLogError,
@@ -29,7 +30,6 @@ from rnb.analysis.jobs import (
     read_job,
 )
 from rnb.analysis.report import format_compare, format_report, plot_jobs
-from rnb.analysis.html import write_job_page
 from rnb.analysis.trace import write_trace
 from rnb.console import terminal_logging
 from rnb.core.joblog import SPOOL_DIR

@@ -24,7 +24,6 @@ again.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import logging
@@ -45,7 +44,7 @@ from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.termination import POLL_S
 from rnb.pipeline.config import merges_segments, parse_config
 from rnb.pipeline.plan import Placement, plan_runners, runner_name
-from rnb.tune.space import Candidate, GroupChoices, TuneSpace
+from rnb.tune.space import Candidate, GroupChoices, TuneSpace, digest
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +89,7 @@ class ProfileKey:
 
     @property
     def digest(self) -> str:
-        return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        return digest(self, 16)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,12 @@ DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8)
 GroupKind = Literal["work", "batcher"]
 
 
+def digest(record: object, length: int) -> str:
+    """A short stable hash of a frozen dataclass record: what names its files (a profile, a finalist's trials)."""
+    text = json.dumps(dataclasses.asdict(record), sort_keys=True, default=str)  # type: ignore[call-overload]
+    return hashlib.sha1(text.encode()).hexdigest()[:length]
+
+
 class TuneRequestError(ValueError):
     """A tuning request that cannot be met whatever is measured (exit 2); `str()` is one sentence."""
 
@@ -116,8 +122,7 @@ class Candidate:
     @property
     def key(self) -> str:
         """A short stable id (file names, tables): a hash of the settings."""
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
-        return hashlib.sha1(text.encode()).hexdigest()[:10]
+        return digest(self, 10)
 
     def group(self, step: int, group: int) -> GroupSettings:
         return self.steps[step].groups[group]

@@ -14,8 +14,6 @@ finished.
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -27,7 +25,7 @@ from rnb.analysis.jobs import BOUNDED_PERCENTILE, ValidityRules
 from rnb.analysis.stats import min_items_for_upper_bound
 from rnb.analysis.sweep import RunOutcome, Trial, bisect_rate, format_interval, measure_valid, run_benchmark
 from rnb.tune.profile import write_json_atomic
-from rnb.tune.space import Candidate, TuneSpace
+from rnb.tune.space import Candidate, TuneSpace, digest
 
 LOW, HIGH = 0.6, 1.15            # the first bracket, as fractions of the predicted peak
 LOWER, HIGHER = 0.2, 1.8         # the second, when the first's ends both fail or both pass
@@ -50,7 +48,7 @@ class VerifySettings:
 
     @property
     def digest(self) -> str:
-        return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True, default=str).encode()).hexdigest()[:8]
+        return digest(self, 8)
 
 
 @dataclass(frozen=True)
