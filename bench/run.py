@@ -95,6 +95,13 @@ def _access(name: str) -> Callable[[Effort, Workspace], list[Row]]:
     return run
 
 
+def _tune(name: str) -> Callable[[Effort, Workspace], list[Row]]:
+    def run(effort: Effort, space: Workspace) -> list[Row]:
+        from bench import tune_bench
+        return getattr(tune_bench, name)(effort)
+    return run
+
+
 BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P1s": _harness("p1_sleeping_steps"),
     "P1h": _harness("p1_harness_per_hop"),
@@ -113,6 +120,10 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P11": _access("P11"),
     "P9": _harness("p9_ray_sleeping_steps"),
     "P9h": _harness("p9_ray_per_hop"),
+    "T1": _tune("t1"),
+    "T2": _tune("t2"),
+    "T3": _tune("t3"),
+    "T4": _tune("t4"),
 }
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent setup: Debian's ffmpeg (torchcodec links against it), nginx (the
-# HTTP tests serve datasets from a real server), a pinned .venv at the repo
+# HTTP tests serve datasets from a real server), chromium and its driver (the
+# tuner's report page is tested in a real browser), a pinned .venv at the repo
 # root and this project installed into it in editable mode (console commands
 # rnb-benchmark, rnb-analyze, ...). Safe to run again: each step is skipped
 # when already done.
@@ -11,6 +12,10 @@ need_apt=()
 command -v ffmpeg >/dev/null 2>&1 || need_apt+=(ffmpeg)
 if [ "${RNB_WITH_NGINX:-0}" = 1 ] && ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
   need_apt+=(nginx)
+fi
+# The tuner report's browser test (tests/test_tune_cli.py) renders it in Debian's headless chromium.
+if [ "${RNB_WITH_BROWSER:-0}" = 1 ] && ! command -v chromedriver >/dev/null 2>&1; then
+  need_apt+=(chromium chromium-driver)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_apt[*]}"

@@ -3,6 +3,7 @@
     python scripts/analyze.py                       # every job under logs/
     python scripts/analyze.py logs/261130_0915* --csv jobs.csv --plot jobs.png
     python scripts/analyze.py logs --compare JOB_A JOB_B
+    python scripts/analyze.py logs/JOB --html job.html      # one self-contained page of the job
 
 Exit codes: 0 success, 2 bad arguments, no jobs, or an unreadable job file.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
+from rnb.analysis.html import write_job_page
 from rnb.analysis.jobs import (
     JSON_COLUMNS,
     JobLogError,
@@ -49,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plot", metavar="FILE.png", help="write stacked stage latencies (and load curves) as PNG")
     parser.add_argument("--trace", metavar="FILE.json",
                         help="write one job's timeline as Chrome trace-event JSON (Perfetto's UI, chrome://tracing)")
+    parser.add_argument("--html", metavar="FILE.html",
+                        help="write one job's stage table, bottleneck and plots as one self-contained HTML page")
     parser.add_argument("--compare", nargs=2, metavar=("JOB_A", "JOB_B"),
                         help="show two jobs (ids under PATHS, or job directories) side by side with ratios B/A")
     args = parser.parse_args(argv)
@@ -65,12 +69,12 @@ def load_compared(args: argparse.Namespace, rules: ValidityRules) -> JobTables:
     return load_jobs(args.paths, names=[path.name for path in named], rules=rules)
 
 
-def trace_one_job(args: argparse.Namespace) -> None:
-    """--trace: the timeline of the one job the paths name; several would not fit one timeline."""
+def one_job(args: argparse.Namespace, flag: str, what: str) -> Path:
+    """The one job the paths name, for a flag that writes one job's view (--trace, --html)."""
     found = find_job_dirs(args.paths)
     if len(found) != 1:
-        raise JobLogError(f"--trace writes one job's timeline; {', '.join(args.paths)} holds {len(found)} jobs.")
-    write_trace(read_job(found[0]), args.trace)
+        raise JobLogError(f"{flag} writes one job's {what}; {', '.join(args.paths)} holds {len(found)} jobs.")
+    return found[0]
 
 
 def export(tables: JobTables, args: argparse.Namespace) -> None:
@@ -101,7 +105,9 @@ def _analyze(args: argparse.Namespace) -> int:
     tables: JobTables | None
     try:
         if args.trace:
-            trace_one_job(args)
+            write_trace(read_job(one_job(args, "--trace", "timeline")), args.trace)
+        if args.html:
+            write_job_page(one_job(args, "--html", "page"), args.html, rules)
         if args.compare:
             tables = load_compared(args, rules)
         else:

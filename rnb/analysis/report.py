@@ -90,18 +90,30 @@ def _stacks_line(job: dict[str, Any]) -> str:
     return f"  {job['job_id']}: Python stacks of {first}: {files[first]}{others}"
 
 
-def format_stages(job: TableRow) -> str:
-    """Per-stage breakdown of one job row: each part of each step, then end to end."""
+STAGE_HEADER: tuple[str, ...] = ("step", "stage", *(f"{s} ms" for s in STAGE_STATS))
+
+
+def stage_rows(job: TableRow) -> list[list[str]]:
+    """Each part of each step of one job row, then end to end: the cells under STAGE_HEADER."""
     rows = []
     for k in range(job["num_steps"]):
         for part in PARTS:
             stats = (_cell(job.get(stat_column(part_key(part, k), s))) for s in STAGE_STATS)
             rows.append([f"step {k}", part.name, *stats])
     rows.append(["all", END_TO_END.name, *(_cell(job.get(stat_column(E2E, s))) for s in STAGE_STATS)])
+    return rows
+
+
+def device_spread(job: TableRow) -> str:
+    """How many items each device ran, step by step."""
     devices = json.loads(job.get("items_per_device") or "{}")
-    spread = "; ".join(f"step {k}: " + ", ".join(f"{d} {n}" for d, n in counts.items()) for k, counts in devices.items())
-    header = f"{job['job_id']} (items per device: {spread or '-'})"
-    return header + "\n" + _grid(["step", "stage", *(f"{s} ms" for s in STAGE_STATS)], rows)
+    return "; ".join(f"step {k}: " + ", ".join(f"{d} {n}" for d, n in counts.items()) for k, counts in devices.items())
+
+
+def format_stages(job: TableRow) -> str:
+    """Per-stage breakdown of one job row: each part of each step, then end to end."""
+    header = f"{job['job_id']} (items per device: {device_spread(job) or '-'})"
+    return header + "\n" + _grid(STAGE_HEADER, stage_rows(job))
 
 
 def format_percentiles(job: TableRow) -> str:
@@ -118,6 +130,11 @@ def format_percentiles(job: TableRow) -> str:
 
 def format_utilisation(job: TableRow) -> str:
     """Throughput over time and its steady stretch, each runner's busy fraction and CPU use, the bottleneck."""
+    return "\n".join(utilisation_lines(job))
+
+
+def utilisation_lines(job: TableRow) -> list[str]:
+    """format_utilisation's lines, one statement each."""
     lines = []
     if job.get("throughput_windows"):
         windows = len(json.loads(job["throughput_windows"]))
@@ -133,7 +150,7 @@ def format_utilisation(job: TableRow) -> str:
     if job.get("bottleneck_step") is not None:
         lines.append(f"bottleneck: step {job['bottleneck_step']} "
                      f"(its runners busy {job['bottleneck_busy_fraction']:.0%} of the elapsed time on average)")
-    return "\n".join(lines)
+    return lines
 
 
 def format_report(jobs: pa.Table) -> str:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from rnb.analysis.jobs import (
     BOUNDED_PERCENTILE,
@@ -76,30 +77,32 @@ def run_benchmark(
     extra_args: Sequence[str] = (),
     benchmark: Path = BENCHMARK,
     timeout_s: float | None = None,
+    output: IO[str] | None = None,
 ) -> RunOutcome:
     """Run one benchmark job in a child interpreter and return the job directory it created.
 
     The job is found as the one new directory under `log_dir`, so two sweeps
     must not share a log directory at the same time. A failed job (exit 1)
     still has a log and is returned; anything else non-zero stops the sweep.
+    The child's stdout and stderr go to `output` when given (a tool with
+    progress bars keeps them off the terminal), else its stdout to stderr.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     before = {path.name for path in log_dir.iterdir()}
     command = [sys.executable, str(benchmark), "-c", config, "-mi", format_interval(mean_interval_ms),
                "--log-dir", str(log_dir), *extra_args]
     # The run's own summary goes to stderr so that the sweep's stdout is only its comparison.
-    child = subprocess.Popen(command, stdout=sys.stderr.fileno())
+    child = subprocess.Popen(command, stdout=sys.stderr.fileno() if output is None else output,
+                             stderr=None if output is None else subprocess.STDOUT)
     try:
         returncode = child.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        child.send_signal(signal.SIGINT)  # lets the benchmark stop its own processes and write its log
-        try:
-            child.wait(timeout=INTERRUPT_GRACE_S)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        _interrupt(child)
         raise SweepError(f"{benchmark} -mi {format_interval(mean_interval_ms)} ran past {timeout_s:g} s "
                          "and was stopped.") from None
+    except KeyboardInterrupt:
+        _interrupt(child)   # a Ctrl-C that reached this process alone must still stop the job, which keeps its log
+        raise
     if returncode not in (0, 1):
         raise SweepError(f"{benchmark} -c {config} -mi {format_interval(mean_interval_ms)} exited with {returncode}.")
     new = sorted(path for path in log_dir.iterdir() if path.name not in before and path.is_dir())
@@ -107,6 +110,18 @@ def run_benchmark(
         raise SweepError(f"{log_dir}: expected one new job directory after the run at -mi "
                          f"{format_interval(mean_interval_ms)}, found {len(new)}.")
     return RunOutcome(new[0], returncode)
+
+
+def _interrupt(child: subprocess.Popen[bytes]) -> None:
+    """SIGINT lets the benchmark stop its own processes and write its log; past the grace it is killed."""
+    if child.poll() is not None:
+        return
+    child.send_signal(signal.SIGINT)
+    try:
+        child.wait(timeout=INTERRUPT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def measure_trial(outcome: RunOutcome, rate_per_s: float, percentile: float) -> Trial:

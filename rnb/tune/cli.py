@@ -1,0 +1,312 @@
+"""rnb-tune: find the replicas, batch sizes and placement that serve the most under a latency bound.
+
+    rnb-tune -c config/tune-example.json --cpu-slots 6 --latency-bound-ms 100 --out tune-out
+    rnb-tune -c config/x.json --gpus 0,1,2,3 --latency-bound-ms 100 --percentile 99 --out tune-out
+    rnb-tune -c config/x.json --gpus 0,1 --latency-bound-ms 80 --objective devices --target-rate 300 --out out
+
+Profile each step alone through the harness, predict every candidate with a
+discrete-event simulation, search, run the best few for real through the
+sweep, and report (docs/tuner.md).  A second run with the same arguments
+reuses the profiles and every finished measurement.
+
+Exit codes: 0 a best configuration was found and written to DIR/best.json;
+1 failed after profiling started (a step failed while profiling, or no
+finalist met the bound as measured); 2 invalid request (arguments, config,
+a budget that cannot hold the pipeline, GPUs); 130 interrupted (what was
+measured is kept).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, NoReturn
+
+import psutil
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from rnb.analysis.jobs import JobLogError, ValidityRules
+from rnb.analysis.sweep import RunOutcome, SweepError, run_benchmark
+from rnb.console import terminal_logging
+from rnb.pipeline.config import ConfigError, parse_config
+from rnb.pipeline.gpus import GpuRequestError, validate_gpus
+from rnb.tune.estimate import DEFAULT_ITEMS, EstimateError, Estimator
+from rnb.tune.profile import Bench, Profile, ProfileCache, ProfileError, ProfileJob, ProfileKey, plan_profiles, profile_all
+from rnb.tune.report import BEST, REPORT, Outcome, Request, winner_of, write_report
+from rnb.tune.search import Evaluated, Goal, Memory, choose_mode, finalists, search
+from rnb.tune.space import Budget, TuneRequestError, TuneSpace, read_space
+from rnb.tune.verify import Verified, VerifySettings, closest, verify
+
+DEFAULTS = ValidityRules()
+log = logging.getLogger(__name__)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def _integers(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = _Parser(prog="rnb-tune", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("-c", "--config", required=True, help="the tuning config: a pipeline config, where a "
+                        "Batcher's batch or a step's num_segments may be a list of choices")
+    parser.add_argument("--gpus", type=_integers, help="GPUs the replicas may use, e.g. 0,1,2,3 (several replicas may share one)")
+    parser.add_argument("--cpu-slots", type=int, default=0, help="replica slots on the CPU (one per replica of a work step)")
+    parser.add_argument("--latency-bound-ms", type=float, required=True, help="the bound on the end-to-end percentile")
+    parser.add_argument("--percentile", type=float, default=99.0, help="the percentile the bound applies to (default 99)")
+    parser.add_argument("--objective", choices=("throughput", "devices"), default="throughput",
+                        help="most items/s under the bound (default), or the fewest devices serving --target-rate")
+    parser.add_argument("--target-rate", type=float, help="items/s the devices objective must serve under the bound")
+    parser.add_argument("--search", choices=("auto", "exhaustive", "quick", "optuna"), default="auto",
+                        help="auto (default): exhaustive up to 256 candidates, else quick; optuna: TPE over the same space")
+    parser.add_argument("--engine", choices=("local", "ray"), default="local", help="the harness engine every job runs on")
+    parser.add_argument("--out", required=True, type=Path, help="directory of profiles, jobs and the report")
+    parser.add_argument("--batch", type=_integers, help="batch sizes of every Batcher whose config gives no list "
+                        "(default: the config's value, else 1,2,4,8)")
+    parser.add_argument("--segments", type=_integers, help="num_segments to try on every step a later step merges")
+    parser.add_argument("--max-replicas", type=int, help="most replicas of one group (default: what the budget allows)")
+    parser.add_argument("--top", type=int, default=3, help="finalists run for real (default 3)")
+    parser.add_argument("--profile-calls", type=int, default=150, help="calls per profiling job (default 150)")
+    parser.add_argument("--sim-items", type=int, default=DEFAULT_ITEMS,
+                        help=f"items per simulation (default {DEFAULT_ITEMS})")
+    parser.add_argument("--trials", type=int, default=60, help="Optuna trials (--search optuna; default 60)")
+    parser.add_argument("--verify-steps", type=int, default=3, help="bisection steps per finalist after its two ends (default 3)")
+    parser.add_argument("--verify-seconds", type=float, default=3.0,
+                        help="a verification job's length in seconds of requests at its rate (default 3)")
+    parser.add_argument("--warmup", type=int, default=20, help="warm-up items of each verification job (default 20)")
+    parser.add_argument("--min-duration", type=float, default=DEFAULTS.min_duration_s, help="validity rule, as in analyze.py")
+    parser.add_argument("--min-items", type=int, default=DEFAULTS.min_items, help="validity rule, as in analyze.py")
+    parser.add_argument("--max-reruns", type=int, default=3, help="longer re-runs of a job too short to be VALID (default 3)")
+    parser.add_argument("--timeout", type=float, help="seconds one job may take before it is interrupted")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the simulations and of Optuna (default 0)")
+    parser.add_argument("--ray-address", help="the Ray cluster of --engine ray (passed to every job)")
+    args = parser.parse_args(argv)
+    if not args.gpus and args.cpu_slots <= 0:
+        parser.error("give the budget: --gpus LIST and/or --cpu-slots N (N >= 1)")
+    if args.cpu_slots < 0 or (args.gpus and any(g < 0 for g in args.gpus)):
+        parser.error("--cpu-slots must not be negative and --gpus lists GPU indices (>= 0); -1 is what --cpu-slots counts")
+    if not args.latency_bound_ms > 0 or not math.isfinite(args.latency_bound_ms):
+        parser.error("--latency-bound-ms must be a positive number of milliseconds")
+    if not 0 < args.percentile < 100:
+        parser.error("--percentile must be in (0, 100)")
+    if args.objective == "devices" and (args.target_rate is None or not args.target_rate > 0):
+        parser.error("--objective devices needs --target-rate R (items/s, R > 0)")
+    for name in ("top", "profile_calls", "sim_items", "trials"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if min(args.verify_steps, args.warmup, args.max_reruns, args.min_items) < 0 or args.verify_seconds <= 0:
+        parser.error("--verify-steps, --warmup, --max-reruns and --min-items must not be negative, --verify-seconds positive")
+    if args.max_replicas is not None and args.max_replicas < 1:
+        parser.error("--max-replicas must be at least 1")
+    if any(b < 1 for b in args.batch or ()) or any(s < 1 for s in args.segments or ()):
+        parser.error("--batch and --segments list integers >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with terminal_logging("rnb-tune"), logging_redirect_tqdm():
+        return _tune(args)
+
+
+def read_request(args: argparse.Namespace) -> TuneSpace:
+    """The tuning config and budget, checked together before anything runs."""
+    path = Path(args.config)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConfigError(str(path), "(file)", f"expected a readable JSON file, found an error: {error.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(str(path), "(file)", f"expected valid JSON, found {error}") from None
+    budget = Budget(tuple(args.gpus or ()), args.cpu_slots)
+    return read_space(document, str(path), budget, args.batch, args.segments, args.max_replicas)
+
+
+def _bench_and_memory(space: TuneSpace, engine: str) -> tuple[Bench, Memory]:
+    """Where profiles are measured and what each device holds; GPUs are checked (exit 2 when absent or busy)."""
+    if space.budget.cpu_only:
+        return Bench("cpu", engine), Memory({}, psutil.virtual_memory().available)
+    document = space.document_for(space.minimal())
+    try:
+        infos = validate_gpus(parse_config(document, space.config.path), cpu_only=False)
+    except GpuRequestError as error:
+        raise TuneRequestError(f"{error}; to tune on the CPU give --cpu-slots N in place of --gpus.") from None
+    by_index = {info.logical_index: info for info in infos}
+    first = by_index[space.budget.gpus[0]]
+    return (Bench(first.name, engine, space.budget.gpus[0]),
+            Memory({i: info.memory_total_bytes for i, info in by_index.items()}, psutil.virtual_memory().available))
+
+
+@contextlib.contextmanager
+def _job_output(out: Path) -> Iterator[IO[str]]:
+    """Where the children's own summaries go: DIR/tune.log, so the terminal keeps the progress bars."""
+    with open(out / "tune.log", "a", encoding="utf-8") as handle:
+        yield handle
+
+
+def _tune(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    try:
+        space = read_request(args)
+        bench, memory = _bench_and_memory(space, args.engine)
+    except (ConfigError, TuneRequestError) as error:
+        print(f"rnb-tune: {error}", file=sys.stderr)
+        return 2
+    out: Path = args.out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        print(f"rnb-tune: {out}: cannot hold the tuner's files ({error.strerror}).", file=sys.stderr)
+        return 2
+    rules = ValidityRules(min_duration_s=args.min_duration, min_items=args.min_items)
+    extra = ("--ray-address", args.ray_address) if args.ray_address else ()
+    settings = VerifySettings(args.latency_bound_ms, args.percentile, args.engine, args.verify_steps,
+                              args.verify_seconds, args.warmup, rules, args.max_reruns, args.timeout, extra)
+    goal = Goal(args.objective, args.target_rate)
+    mode = choose_mode(space, args.search)
+    seconds: dict[str, float] = {}
+    try:
+        with _job_output(out) as output:
+            profiles = _profile(space, bench, args, out, output)
+            seconds["profile"] = time.monotonic() - started
+            phase = time.monotonic()
+            estimator = Estimator(space, profiles, bench, args.latency_bound_ms, args.percentile, args.sim_items, args.seed)
+            with tqdm(desc="rnb-tune: predict", unit=" candidates", file=sys.stderr, leave=False) as bar:
+                found = search(space, estimator, goal, memory, mode, args.trials, args.seed, lambda e: bar.update())
+            seconds["search"] = time.monotonic() - phase
+            phase = time.monotonic()
+            chosen = finalists(found, args.top)
+            if not chosen:
+                print(f"rnb-tune: no candidate fits the budget and memory ({next(iter(found.pruned.values()), '-')}).",
+                      file=sys.stderr)
+                return 1
+            hopeless = all(e.estimate.rate_per_s is None for e in chosen)
+            if hopeless:   # predicted to miss the bound everywhere: one job of the closest shows what it does
+                log.info("no candidate is predicted to meet the bound; measuring the closest once")
+                chosen = chosen[:1]
+            verified = _verify(space, chosen, out, settings, output, goal, widen=not hopeless)
+            seconds["verify"] = time.monotonic() - phase
+    except KeyboardInterrupt:
+        print(f"rnb-tune: interrupted; the profiles and runs measured so far are kept in {out}, and a second run "
+              "with the same arguments reuses them.", file=sys.stderr)
+        return 130
+    except (ProfileError, EstimateError, SweepError, JobLogError) as error:
+        print(f"rnb-tune: {error}", file=sys.stderr)
+        return 1
+    winner = winner_of(verified, space, goal)
+    request = Request(str(args.config), space.budget.describe(), goal, args.latency_bound_ms, args.percentile, mode,
+                      args.engine)
+    outcome = Outcome(request, found, tuple(verified), winner, tuple(_labelled(space, bench, args, profiles)), seconds)
+    write_report(out, space, outcome, settings)
+    print(_summary(space, outcome, out))
+    if winner is None:
+        print(f"rnb-tune: {_impossible(space, verified, args)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _profile(space: TuneSpace, bench: Bench, args: argparse.Namespace, out: Path,
+             output: IO[str]) -> dict[ProfileKey, Profile]:
+    jobs = plan_profiles(space, bench, args.profile_calls)
+    log_dir = out / "logs" / "profiles"
+    extra = ["--engine", args.engine, *(["--ray-address", args.ray_address] if args.ray_address else [])]
+
+    def run(config_path: Path, videos: int) -> RunOutcome:
+        return run_benchmark(str(config_path), 0.0, log_dir, ["-v", str(videos), "--warmup", "0", *extra],
+                             timeout_s=args.timeout, output=output)
+
+    with tqdm(total=len(jobs), desc="rnb-tune: profile", unit=" jobs", file=sys.stderr) as bar:
+        def progress(job: ProfileJob, cached: bool) -> None:
+            bar.set_postfix_str(f"{job.what}{' (cached)' if cached else ''}")
+            bar.update()
+        return profile_all(jobs, ProfileCache(out / "profiles"), run, progress)
+
+
+SKIP_BELOW = 0.5   # a finalist predicted under this fraction of the best measured rate cannot win: not run
+
+
+def _labelled(space: TuneSpace, bench: Bench, args: argparse.Namespace,
+              profiles: Mapping[ProfileKey, Profile]) -> list[tuple[str, Profile]]:
+    """Each profile with what it measured, in the order they were taken."""
+    rows = []
+    for job in plan_profiles(space, bench, args.profile_calls):
+        rows.append((job.what, profiles[job.key]))
+        if job.batcher_key is not None:
+            rows.append((f"the Batcher before {job.what}", profiles[job.batcher_key]))
+    return rows
+
+
+def _verify(space: TuneSpace, chosen: Sequence[Evaluated], out: Path, settings: VerifySettings,
+            output: IO[str], goal: Goal, widen: bool) -> list[Verified]:
+    """The finalists measured in rank order; with the throughput objective, one predicted to serve less than
+    half of what an earlier finalist measured is left out (it cannot win, and slow rates make long jobs)."""
+    verified: list[Verified] = []
+    per = 2 + settings.max_steps
+    with tqdm(total=per * len(chosen), desc="rnb-tune: verify", unit=" runs", file=sys.stderr) as bar:
+        for evaluated in chosen:
+            measured = max((v.rate for v in verified), default=0.0)
+            if goal.objective == "throughput" and evaluated.rate < SKIP_BELOW * measured:
+                log.info("%s is not verified: predicted %.4g req/s, under half of the %.4g measured",
+                         space.short_label(evaluated.candidate), evaluated.rate, measured)
+                bar.update(per)
+                continue
+            bar.set_postfix_str(space.short_label(evaluated.candidate))
+            done = verify(space, evaluated.candidate, evaluated.rate or evaluated.estimate.capacity_per_s * 0.5, out,
+                          settings, output, lambda trial: bar.update(), widen)
+            verified.append(done)
+            bar.n = max(bar.n, per * len(verified) - per + len(done.trials))
+            bar.refresh()
+    return verified
+
+
+def _summary(space: TuneSpace, outcome: Outcome, out: Path) -> str:
+    q = outcome.request.percentile
+    lines = []
+    for index, verified in enumerate(outcome.verified, start=1):
+        best = verified.best
+        measured = "no measured rate met the bound" if best is None else \
+            f"{best.rate_per_s:.4g} req/s, p{q:g} {best.latency_ms:.3g} ms"
+        predicted = outcome.search.evaluated[verified.candidate].rate
+        lines.append(f"finalist {index}: {space.short_label(verified.candidate)}  predicted {predicted:.4g} req/s; "
+                     f"measured {measured}")
+    if outcome.winner is not None:
+        lines.append(f"best: {space.label(outcome.winner.candidate)}")
+        lines.append(f"wrote {out / BEST}, {out / REPORT}")
+    else:
+        lines.append(f"wrote {out / REPORT}")
+    return "\n".join(lines)
+
+
+def _impossible(space: TuneSpace, verified: Sequence[Verified], args: argparse.Namespace) -> str:
+    """The one sentence saying that no finalist met the bound, and the closest thing measured."""
+    bound = f"p{args.percentile:g} < {args.latency_bound_ms:g} ms"
+    near = closest(verified)
+    if near is None:
+        return f"no finalist met {bound}, and none was measured."
+    finalist, trial = near
+    latency = ("did not reach its target" if math.isinf(trial.latency_ms)
+               else f"had p{args.percentile:g} {trial.latency_ms:.3g} ms")
+    job = f" (job {trial.job_dir})" if trial.job_dir is not None else ""
+    return (f"no candidate meets {bound} on {space.budget.describe()}: the closest measured, "
+            f"{space.short_label(finalist.candidate)}, {latency} at {trial.rate_per_s:.4g} req/s{job}.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,469 @@
+"""Profile: each step alone, through the harness, at every input form a candidate can give it.
+
+A profiling job is an ordinary benchmark job of a short pipeline built
+around one queue group of the config: a feeder (rnb.tune.instruments) that
+hands it inputs of its real shapes, the Batcher in front of it when it takes
+batches, the group itself with its keywords, and a sink.  All requests are
+queued at once, so the measured step sets the pace; its profile then holds
+the harness's own cost of a hop as well as the model's.
+
+What is measured is a runner's *occupancy* per call, read from the time
+cards: for a single server, a call that arrives at A after the previous one
+left at D' leaves at D = max(D', A) + S, so S = D - max(D', A), minus the
+time spent waiting for a free output slot (that is the next step's doing).
+A holding call (a Batcher keeping an item for its batch) leaves when its
+model call returns, and its occupancy is kept apart from the calls that hand
+an output on.  The distribution is kept, not only the mean: the estimator
+samples it.
+
+Profiles are cached in DIR/profiles/, one JSON file per key: the model, its
+keywords, the input form, the per-item input shapes, the device kind, the
+engine and the host.  A second run with the same arguments measures nothing
+again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rnb.analysis.jobs import TARGET_REACHED, Job, JobLogError, read_job
+from rnb.analysis.sweep import RunOutcome, SweepError
+from rnb.core.joblog import host
+from rnb.core.stages import ENQUEUE, StepEvents
+from rnb.core.termination import POLL_S
+from rnb.pipeline.config import merges_segments, parse_config
+from rnb.pipeline.plan import Placement, plan_runners, runner_name
+from rnb.tune.space import Candidate, GroupChoices, TuneSpace, digest
+
+log = logging.getLogger(__name__)
+
+FEEDER = "rnb.tune.instruments.Feeder"
+SINK = "rnb.tune.instruments.Sink"
+TRIM_FRACTION = 0.1     # calls dropped at each end of a profiling job: start-up and the last partial batch
+PROFILE_SLOTS = 4       # output slots of the feeder and the Batcher in a profiling job
+MIN_CALLS = 5           # fewer measured calls than this make no distribution
+
+
+class ProfileError(RuntimeError):
+    """A step that could not be profiled (its job failed, or left too few calls); one sentence."""
+
+
+@dataclass(frozen=True)
+class Form:
+    """How a group's calls look in one candidate: what a profile is measured at.
+
+    `cards` items reach it per call (the batch of the Batcher upstream),
+    each in `segments` segments (1 = whole items); it splits each output
+    into `splits` segments (its step's num_segments); a Batcher group
+    stacks `batch` of its inputs.
+    """
+
+    cards: int = 1
+    segments: int = 1
+    splits: int = 1
+    batch: int = 1
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """Everything a profile depends on; its hash names the cache file."""
+
+    model: str
+    keywords: str          # the group's model keywords as sorted JSON, its batch excepted
+    form: Form
+    input_shapes: str      # per-item input shapes as JSON ("null" on step 0)
+    device_kind: str       # "cpu", or the GPU's name
+    engine: str
+    host: str
+
+    @property
+    def digest(self) -> str:
+        return digest(self, 16)
+
+
+@dataclass(frozen=True)
+class Bench:
+    """Where profiles are measured: what part of their key does not come from the step itself."""
+
+    device_kind: str       # "cpu", or the GPU's name
+    engine: str            # "local" or "ray"
+    device: int = -1       # where the profiled runners go: -1, or the first GPU of the budget
+    host: str = dataclasses.field(default_factory=host)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One group measured alone at one form: seconds a call occupies its runner, and its memory."""
+
+    key: ProfileKey
+    emit_s: tuple[float, ...]      # calls that handed an output on (every call of a step that holds nothing)
+    held_s: tuple[float, ...]      # calls that kept their input (a Batcher filling its batch); () otherwise
+    inside_s: tuple[float, ...]    # the model call's own part of each emitting call: the device's share
+    output_bytes: int              # one output slot's bytes (0 on the final step)
+    peak_rss_bytes: int | None
+    peak_device_bytes: int | None  # what NVML saw the runner hold on its GPU (its CUDA context included)
+    job_dir: str
+
+    @property
+    def mean_emit_s(self) -> float:
+        return float(np.mean(self.emit_s))
+
+    @property
+    def mean_held_s(self) -> float:
+        return float(np.mean(self.held_s)) if self.held_s else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Profile:
+        key = dict(data["key"])
+        key["form"] = Form(**key["form"])
+        return Profile(key=ProfileKey(**key), emit_s=tuple(data["emit_s"]), held_s=tuple(data["held_s"]),
+                       inside_s=tuple(data["inside_s"]), output_bytes=int(data["output_bytes"]),
+                       peak_rss_bytes=data["peak_rss_bytes"], peak_device_bytes=data["peak_device_bytes"],
+                       job_dir=str(data["job_dir"]))
+
+
+@dataclass(frozen=True)
+class ProfileJob:
+    """One profiling job to run: the config of its short pipeline, and what it measures."""
+
+    group: GroupChoices
+    form: Form
+    key: ProfileKey
+    document: Mapping[str, Any]
+    videos: int
+    position: int                        # the measured group's step in the profiling pipeline
+    batcher_key: ProfileKey | None       # the Batcher group measured in the same job, at `position - 1`
+    what: str                            # for progress lines and errors: "step 2 at batch 4"
+
+
+def forms_of(space: TuneSpace, candidate: Candidate) -> dict[tuple[int, int], Form]:
+    """The form of every group's calls in one candidate (only its batches and segments matter).
+
+    A Batcher is profiled the way it runs in front of the group it feeds:
+    whole items in, its batches split as they reach that group; its form
+    says so (segments 1, splits = the segments its batches arrive in).
+    """
+    produced: dict[int, tuple[int, int]] = {}    # out_queue of the previous step -> (cards, segments) of a message
+    forms: dict[tuple[int, int], Form] = {}
+    for k, step in enumerate(space.config.steps):
+        written: dict[int, tuple[int, int]] = {}
+        splits = candidate.steps[k].segments
+        merges = merges_segments(step.model)
+        for gi, group in enumerate(step.queue_groups):
+            cards, segments = (1, 1) if group.in_queue is None else produced[group.in_queue]
+            batch = candidate.group(k, gi).batch
+            forms[(k, gi)] = Form(cards, segments, splits) if batch is None else Form(cards, 1, segments * splits, batch)
+            batch = batch or 1
+            out = (cards * batch, (1 if merges else segments) * splits)
+            for q in group.out_queues:
+                written[q] = max(written.get(q, out), out)
+        produced = written
+    return forms
+
+
+def all_forms(space: TuneSpace, candidates: Iterable[Candidate]) -> dict[tuple[int, int], set[Form]]:
+    needed: dict[tuple[int, int], set[Form]] = {}
+    for candidate in candidates:
+        for where, form in forms_of(space, candidate).items():
+            needed.setdefault(where, set()).add(form)
+    return needed
+
+
+def form_candidates(space: TuneSpace) -> list[Candidate]:
+    """One candidate per combination of batches and segments: between them, every form any candidate has."""
+    batchers = space.batcher_groups
+    result = []
+    for batch_values in itertools.product(*(g.batches for g in batchers)):
+        batches = {(g.step, g.group): b for g, b in zip(batchers, batch_values)}
+        for segments in itertools.product(*space.segments):
+            result.append(space.candidate({(g.step, g.group): 1 for g in space.tuned_groups}, batches, segments))
+    return result
+
+
+def unit_plan(space: TuneSpace) -> list[Placement]:
+    """The plan of the config with every Batcher at batch 1 and no segments: each group's per-item input.
+
+    Only the first replica of each group, which is all a profile needs to know.
+    """
+    steps = []
+    for step in space.config.steps:
+        groups = tuple(dataclasses.replace(g, model_kwargs={**g.model_kwargs, "batch": 1})
+                       if "batch" in g.model_kwargs else g for g in step.queue_groups)
+        steps.append(dataclasses.replace(step, queue_groups=groups, num_segments=1))
+    return [p for p in plan_runners(dataclasses.replace(space.config, steps=tuple(steps)), 1) if p.instance == 0]
+
+
+def profile_key(space: TuneSpace, plan: Sequence[Placement], g: GroupChoices, form: Form, bench: Bench) -> ProfileKey:
+    """The key of a group's profile at a form: what the profiler stores and the estimator looks up."""
+    group = space.config.steps[g.step].queue_groups[g.group]
+    keywords = json.dumps({k: v for k, v in group.model_kwargs.items() if k != "batch" or g.kind == "work"},
+                          sort_keys=True, default=str)
+    shapes = next(p.input_shapes for p in plan if (p.step, p.group) == (g.step, g.group))
+    return ProfileKey(g.model, keywords, form, json.dumps(shapes), bench.device_kind, bench.engine, bench.host)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def plan_profiles(space: TuneSpace, bench: Bench, calls: int,
+                  candidates: Sequence[Candidate] | None = None) -> list[ProfileJob]:
+    """The profiling jobs every form of every work group needs (a Batcher is measured with the group it feeds)."""
+    plan = unit_plan(space)
+    needed = all_forms(space, form_candidates(space) if candidates is None else candidates)
+    return [_profile_job(space, plan, g, form, bench, calls)
+            for g in space.groups if g.kind == "work"
+            for form in sorted(needed[(g.step, g.group)], key=dataclasses.astuple)]
+
+
+def _profile_job(space: TuneSpace, plan: Sequence[Placement], g: GroupChoices, form: Form, bench: Bench,
+                 calls: int) -> ProfileJob:
+    """A feeder, the Batcher in front of the group (when it takes batches), the group, a sink."""
+    config = space.config
+    step = config.steps[g.step]
+    group = step.queue_groups[g.group]
+    final = g.step == space.num_steps - 1
+    device = [bench.device]
+    batcher = space.batcher_of(g)
+    pipeline: list[dict[str, Any]] = []
+    if g.step > 0:
+        producer = next(p for p in plan if p.step == g.step - 1 and group.in_queue in p.out_queues)
+        shapes = next(p.input_shapes for p in plan if (p.step, p.group) == (g.step, g.group)) or ()
+        pipeline.append({"model": FEEDER, "queue_groups": [{"gpus": device, "out_queues": [0]}],
+                         "num_shared_tensors": PROFILE_SLOTS, "shapes": [list(s) for s in shapes],
+                         "dtypes": [_dtype_name(d) for d in producer.output_dtypes]})
+        # A group further down a batched pipeline gets its batches from a Batcher like the nearest one upstream
+        # (its model and keywords, its timeout among them).
+        lender = batcher or next((b for b in reversed(space.batcher_groups) if b.step < g.step), None)
+        if lender is not None and (batcher is not None or form.cards > 1):
+            kwargs = dict(config.steps[lender.step].queue_groups[lender.group].model_kwargs)
+            pipeline.append({"model": config.steps[lender.step].model,
+                             "queue_groups": [{"gpus": device, "in_queue": 0, "out_queues": [0]}],
+                             "num_shared_tensors": PROFILE_SLOTS, **kwargs, "batch": form.cards})
+        pipeline[-1]["num_segments"] = form.segments
+    measured: dict[str, Any] = {"model": step.model, **dict(group.model_kwargs),
+                                "queue_groups": [{"gpus": device, **({"in_queue": 0} if pipeline else {}),
+                                                  **({} if final else {"out_queues": [0]})}]}
+    if not final:
+        measured.update(num_shared_tensors=step.num_shared_tensors, num_segments=form.splits)
+    pipeline.append(measured)
+    if not final:
+        pipeline.append({"model": SINK, "queue_groups": [{"gpus": device, "in_queue": 0}]})
+    batcher_key = None
+    if batcher is not None:
+        batcher_key = profile_key(space, plan, batcher, Form(1, 1, form.segments, form.cards), bench)
+    what = g.name + "".join(f" {name} {value}" for name, value in (
+        ("at batch", form.cards), ("with segments", form.segments), ("split in", form.splits)) if value != 1)
+    document = {"description": f"rnb-tune profile of {what} ({step.model})",
+                "source": dict(config.source) if g.step == 0 else {"synthetic": True}, "pipeline": pipeline}
+    return ProfileJob(g, form, profile_key(space, plan, g, form, bench), document, calls * form.cards,
+                      len(pipeline) - (1 if final else 2), batcher_key, what)
+
+
+# ---------------------------------------------------------------- reading a profiling job
+
+@dataclass(frozen=True)
+class Call:
+    """One model call of one runner, as its time cards recorded it."""
+
+    arrived: float       # when its input reached the queue (the producer's hand-over, or the enqueue)
+    taken: float         # runner_start
+    started: float       # inference_start
+    finished: float      # inference_finish: when the output left the model (for a held call: its batch's)
+    slot_wait: float
+    handed_over: float
+    cards: int
+
+
+def calls_of(job: Job, step: int) -> dict[int, list[Call]]:
+    """The calls of every replica (by instance) of group 0 of `step`, each replica's in the order taken.
+
+    Items that travelled in segments are read from each segment's own
+    columns (`seg{i}_...`), so a call is a segment's call; the cards of one
+    call share its `runner{step}_start`.
+    """
+    table = job.timings
+    events = StepEvents(step)
+    before = ENQUEUE if step == 0 else StepEvents(step - 1).handed_over
+    prefixes = sorted({name[: -len(events.arrived)] for name in table.column_names
+                       if name.startswith("seg") and name.endswith("_" + events.arrived)}) or [""]
+    members: dict[tuple[int, float], list[tuple[float, ...]]] = {}
+    for prefix in prefixes:
+        def column(name: str) -> np.ndarray:
+            for found in (prefix + name, name):   # a segment's own record, else what the item shares
+                if found in table.column_names:
+                    return table.column(found).to_numpy(zero_copy_only=False).astype(float)
+            return np.full(table.num_rows, np.nan)
+        times = [column(name) for name in (before, events.arrived, events.started, events.finished,
+                                           events.slot_acquired, events.handed_over)]
+        instances = column(f"instance{step}")
+        for i in range(table.num_rows):
+            row = tuple(float(values[i]) for values in times)
+            if math.isnan(row[1]) or math.isnan(row[5]):
+                continue
+            replica = 0 if math.isnan(instances[i]) else int(instances[i])
+            members.setdefault((replica, row[1]), []).append(row)
+    by_replica: dict[int, list[Call]] = {}
+    for (replica, _), rows in members.items():
+        _, taken, started, finished, slot, handed = rows[0]
+        wait = 0.0 if math.isnan(slot) else max(0.0, slot - finished)
+        by_replica.setdefault(replica, []).append(
+            Call(max(row[0] for row in rows), taken, started, finished, wait, handed, len(rows)))
+    for calls in by_replica.values():
+        calls.sort(key=lambda call: call.taken)
+    return by_replica
+
+
+def occupancy(calls: Sequence[Call]) -> tuple[list[float], list[float], list[float], list[int]]:
+    """Each call's occupancy of its runner, split into emitting and held calls (see the module's docstring).
+
+    A replica that holds inputs (a Batcher) also hands some batches on from
+    `flush`, once its input has been idle for a poll interval: the output
+    then leaves long after the last call returned, and the runner was idle,
+    not busy, meanwhile.  Such a call counts as a held call (its copy-in),
+    and the flush itself as no call: the estimator plays the Batcher's policy.
+
+    Returns (emit seconds, held seconds, inside seconds of the emitting calls,
+    cards of the emitting calls).
+    """
+    emit: list[float] = []
+    held: list[float] = []
+    inside: list[float] = []
+    cards: list[int] = []
+    later = [call.taken for call in calls[1:]] + [math.inf]
+    holding = any(call.finished > after for call, after in zip(calls, later))
+    free = -math.inf
+    for call, after in zip(calls, later):
+        holds = call.finished > after   # the next call was taken before this one's output left
+        flushed = holding and not holds and call.finished - call.started >= POLL_S
+        left = call.started if holds or flushed else call.handed_over - call.slot_wait
+        service = left - max(free, call.arrived)
+        free = call.started if holds else call.handed_over
+        if service < 0:
+            continue
+        if holds or flushed:
+            held.append(service)
+        else:
+            emit.append(service)
+            inside.append(max(0.0, call.finished - call.started))
+            cards.append(call.cards)
+    return emit, held, inside, cards
+
+
+def read_profile(job: Job, key: ProfileKey, position: int, cards: int | None = None) -> Profile:
+    """The profile of the group at `position` of a finished profiling job.
+
+    The first and last TRIM_FRACTION of its calls are left out (start-up,
+    the last partial batch); `cards` keeps only emitting calls of that many
+    items (a batch filled), where the group takes batches.
+    """
+    if job.meta.termination_reason != TARGET_REACHED:
+        raise ProfileError(f"its job {job.path} ended with {job.meta.termination_reason!r}: "
+                           f"{job.meta.error or 'no error recorded'}")
+    replica = calls_of(job, position).get(0, [])
+    cut = int(len(replica) * TRIM_FRACTION)
+    emit, held, inside, sizes = occupancy(replica[cut: len(replica) - cut] if cut else replica)
+    kept = [i for i, n in enumerate(sizes) if cards is None or n == cards]
+    if len(kept) < MIN_CALLS:
+        raise ProfileError(f"its job {job.path} left {len(kept)} full calls of step {position}, fewer than the "
+                           f"{MIN_CALLS} a profile needs; give a larger --profile-calls.")
+    process = next((p for p in job.meta.processes if p.name == runner_name(position, 0, 0)), None)
+    rss = None if process is None else process.peak_rss_bytes
+    device = None if process is None else process.device_process_bytes or process.peak_device_bytes
+    return Profile(key, tuple(emit[i] for i in kept), tuple(held), tuple(inside[i] for i in kept),
+                   _slot_bytes(job, position), rss, device, str(job.path))
+
+
+def _slot_bytes(job: Job, position: int) -> int:
+    """Bytes of one output slot of the measured step, from its plan in the job's own config."""
+    if position >= job.num_steps - 1:
+        return 0
+    config = parse_config(job.config, str(job.path / "config.json"))
+    placement = next(p for p in plan_runners(config, 1) if p.step == position)
+    dtypes = placement.output_dtypes or (torch.float32,) * len(placement.output_shapes)
+    return int(sum(math.prod(s) * torch.empty((), dtype=d).element_size() for s, d in zip(placement.output_shapes, dtypes)))
+
+
+# ---------------------------------------------------------------- the cache
+
+class ProfileCache:
+    """DIR/profiles/: one JSON file per profile key, written whole or not at all."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, key: ProfileKey) -> Path:
+        return self.root / f"{key.digest}.json"
+
+    def get(self, key: ProfileKey) -> Profile | None:
+        path = self.path(key)
+        if not path.is_file():
+            return None
+        try:
+            profile = Profile.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None   # a file from another version, or damaged: measure again
+        return profile if profile.key == key else None
+
+    def put(self, profile: Profile) -> None:
+        write_json_atomic(self.path(profile.key), profile.to_json())
+
+
+def write_json_atomic(path: Path, document: Any) -> None:
+    """Write a JSON file so that a reader (or a Ctrl-C) sees it whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
+    os.replace(partial, path)
+
+
+Runner = Callable[[Path, int], RunOutcome]   # (config file, -v) -> the job it left
+
+
+def profile_all(jobs: Sequence[ProfileJob], cache: ProfileCache, run: Runner,
+                progress: Callable[[ProfileJob, bool], None] = lambda job, cached: None) -> dict[ProfileKey, Profile]:
+    """Every job's profiles, from the cache where they are, else measured (and cached at once).
+
+    A job whose profile is cached is not run; a Batcher measured with the
+    group it feeds is cached under its own key in the same pass.
+    """
+    profiles: dict[ProfileKey, Profile] = {}
+    for job in jobs:
+        keys = (job.key,) if job.batcher_key is None else (job.key, job.batcher_key)
+        cached = {key: cache.get(key) for key in keys}
+        if all(profile is not None for profile in cached.values()):
+            profiles.update({key: profile for key, profile in cached.items() if profile is not None})
+            progress(job, True)
+            continue
+        config_path = cache.root / "configs" / f"{job.key.digest}.json"
+        write_json_atomic(config_path, job.document)
+        try:
+            outcome = run(config_path, job.videos)
+        except SweepError as error:
+            raise ProfileError(f"profiling {job.what} ({job.key.model}) failed: {error}") from None
+        try:
+            measured = read_job(outcome.job_dir)
+            profile = read_profile(measured, job.key, job.position, job.form.cards)
+            batcher = None if job.batcher_key is None else read_profile(measured, job.batcher_key, job.position - 1)
+        except (ProfileError, JobLogError) as error:
+            raise ProfileError(f"profiling {job.what} ({job.key.model}) failed: {error}") from None
+        for one in (profile, batcher):
+            if one is not None:
+                cache.put(one)
+                profiles[one.key] = one
+        progress(job, False)
+    return profiles

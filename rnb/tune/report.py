@@ -1,0 +1,390 @@
+"""Report: best.json, candidates.parquet, the throughput-vs-latency plot with its Pareto frontier, report.html.
+
+Every file is written whole or not at all (a temporary name, then a rename),
+so a reader never sees half a report, and best.json exists only when a
+finalist met the bound as measured.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rnb.analysis.html import figure, job_section, page, paragraph, table
+from rnb.analysis.jobs import ValidityRules, load_jobs, rows_to_table
+from rnb.analysis.sweep import format_interval
+from rnb.tune.estimate import Estimator
+from rnb.tune.profile import Profile, write_json_atomic
+from rnb.tune.search import Evaluated, Goal, Search
+from rnb.tune.space import Candidate, GroupChoices, TuneSpace
+from rnb.tune.verify import Verified, VerifySettings, videos_for
+
+BEST = "best.json"
+CANDIDATES = "candidates.parquet"
+PLOT = "pareto.png"
+REPORT = "report.html"
+MAX_TABLE_ROWS = 200   # candidates shown in the page's table; the Parquet file holds them all
+
+
+@dataclass(frozen=True)
+class Request:
+    """What was asked, as the report repeats it."""
+
+    config: str
+    budget: str
+    goal: Goal
+    bound_ms: float
+    percentile: float
+    search: str
+    engine: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Everything the tuner found: the search, the finalists as measured, the winner (None if none met the bound)."""
+
+    request: Request
+    search: Search
+    verified: tuple[Verified, ...]
+    winner: Verified | None
+    profiles: tuple[tuple[str, Profile], ...]   # what was profiled ("step 2 at batch 4") and its profile
+    seconds: Mapping[str, float]        # phase -> wall seconds
+
+
+def winner_of(verified: Sequence[Verified], space: TuneSpace, goal: Goal) -> Verified | None:
+    """The finalist that measured best: most items/s under the bound, or the fewest devices meeting the target.
+
+    Predictions play no part here; ties go to fewer devices.
+    """
+    met = [v for v in verified if v.best is not None]
+    if goal.objective == "devices" and goal.target_rate is not None:
+        serving = [v for v in met if v.rate >= goal.target_rate]
+        if serving:
+            return min(serving, key=lambda v: (space.devices_used(v.candidate), -v.rate))
+    return max(met, key=lambda v: (v.rate, -space.devices_used(v.candidate)), default=None)
+
+
+# ---------------------------------------------------------------- candidates.parquet
+
+def candidate_rows(space: TuneSpace, found: Search, verified: Sequence[Verified],
+                   rules: ValidityRules) -> list[dict[str, Any]]:
+    """One row per candidate predicted or pruned: its settings, prediction and, where run, what was measured."""
+    by_candidate = {v.candidate: v for v in verified}
+    ranked = found.ranked()
+    rows = []
+    for position, evaluated in enumerate(ranked, start=1):
+        rows.append(_row(space, evaluated.candidate, position, evaluated, by_candidate.get(evaluated.candidate),
+                         found.estimator.percentile, rules))
+    for candidate, why in found.pruned.items():
+        rows.append({**_row(space, candidate, None, None, None, found.estimator.percentile, rules), "pruned": why})
+    return rows
+
+
+def _row(space: TuneSpace, candidate: Candidate, position: int | None, evaluated: Evaluated | None,
+         verified: Verified | None, percentile: float, rules: ValidityRules) -> dict[str, Any]:
+    row: dict[str, Any] = {"key": candidate.key, "rank": position, "label": space.label(candidate),
+                           "short_label": space.short_label(candidate), "devices_used": space.devices_used(candidate),
+                           "cpu_slots_used": space.cpu_slots_used(candidate),
+                           "gpus_used": ",".join(str(g) for g in space.gpus_used(candidate))}
+    for g in space.groups:
+        settings = candidate.group(g.step, g.group)
+        if g.kind == "batcher":
+            row[f"{g.name} batch"] = settings.batch
+        else:
+            row[f"{g.name} replicas"] = settings.replicas
+            row[f"{g.name} devices"] = ",".join(str(d) for d in settings.devices)
+    for k, choices in enumerate(space.segments):
+        if len(choices) > 1:
+            row[f"step {k} segments"] = candidate.steps[k].segments
+    row["pruned"] = None
+    q = _stat(percentile)
+    if evaluated is not None:
+        estimate = evaluated.estimate
+        at = estimate.at_peak
+        row.update({"predicted_peak_rate_per_s": estimate.rate_per_s, "predicted_capacity_per_s": estimate.capacity_per_s,
+                    "predicted_throughput_items_per_s": None if at is None else at.throughput_items_per_s,
+                    "predicted_bottleneck": None if at is None else at.bottleneck})
+        for stat in sorted({50.0, 90.0, 99.0, percentile}):
+            row[f"predicted_{_stat(stat)}_ms"] = None if at is None else at.latency_ms.get(stat)
+        row[f"predicted_{q}_ms_at_lowest_rate"] = estimate.lowest.latency_ms.get(percentile)
+    row["verified"] = verified is not None
+    if verified is not None:
+        best = verified.best
+        row.update({"measured_peak_rate_per_s": None if best is None else best.rate_per_s,
+                    f"measured_{q}_ms": None if best is None else best.latency_ms,
+                    "job_log": None if best is None or best.job_dir is None else str(best.job_dir),
+                    "config_path": str(verified.config_path),
+                    "verify_trials": json.dumps([{"rate_per_s": t.rate_per_s,
+                                                  "latency_ms": None if math.isinf(t.latency_ms) else t.latency_ms,
+                                                  "job_dir": None if t.job_dir is None else str(t.job_dir)}
+                                                 for t in verified.trials])})
+        if best is not None and best.job_dir is not None:
+            job = load_jobs([best.job_dir], rules=rules).jobs.to_pylist()[0]
+            row["measured_throughput_items_per_s"] = job["measured_throughput_items_per_s"]
+            row["measured_p50_ms"] = job["e2e_p50_ms"]
+            row["measured_p99_ms"] = job["e2e_p99_ms"]
+            row["measured_bottleneck_step"] = job["bottleneck_step"]
+    return row
+
+
+def _stat(percentile: float) -> str:
+    return f"p{percentile:g}".replace(".", "_")
+
+
+def write_parquet_atomic(path: Path, table: pa.Table) -> None:
+    partial = path.with_name(path.name + ".partial")
+    pq.write_table(table, partial)
+    os.replace(partial, path)
+
+
+# ---------------------------------------------------------------- the plot
+
+@dataclass(frozen=True)
+class Point:
+    label: str
+    throughput: float
+    latency_ms: float
+
+
+def pareto(points: Sequence[Point]) -> list[Point]:
+    """The points no other beats on both counts (more throughput and less latency), by throughput."""
+    frontier: list[Point] = []
+    for point in sorted(points, key=lambda p: (-p.throughput, p.latency_ms)):
+        if not frontier or point.latency_ms < frontier[-1].latency_ms:
+            frontier.append(point)
+    return sorted(frontier, key=lambda p: p.throughput)
+
+
+def plot_points(space: TuneSpace, found: Search, verified: Sequence[Verified]) -> tuple[list[Point], dict[str, list[Point]]]:
+    """Each predicted candidate at its predicted peak; each finalist's measured trials."""
+    q = found.estimator.percentile
+    predicted = [Point(space.short_label(e.candidate), e.estimate.at_peak.throughput_items_per_s,
+                       e.estimate.at_peak.latency_ms[q])
+                 for e in found.ranked() if e.estimate.at_peak is not None]
+    measured = {space.short_label(v.candidate): [Point(format_interval(t.mean_interval_ms), t.rate_per_s, t.latency_ms)
+                                                 for t in v.trials if math.isfinite(t.latency_ms)]
+                for v in verified}
+    return predicted, measured
+
+
+def pareto_figure(space: TuneSpace, found: Search, verified: Sequence[Verified], winner: Verified | None,
+                  bound_ms: float) -> Any:
+    import plotly.graph_objects as go
+
+    q = found.estimator.percentile
+    predicted, measured = plot_points(space, found, verified)
+    front = pareto(predicted)
+    fig = go.Figure()
+    fig.add_scatter(x=[p.throughput for p in predicted], y=[p.latency_ms for p in predicted], mode="markers",
+                    name="predicted, at each candidate's predicted peak", text=[p.label for p in predicted],
+                    marker={"color": "#999", "size": 7})
+    fig.add_scatter(x=[p.throughput for p in front], y=[p.latency_ms for p in front], mode="lines+markers",
+                    name="Pareto frontier (predicted)", text=[p.label for p in front], line={"shape": "hv"})
+    for label, points in measured.items():
+        fig.add_scatter(x=[p.throughput for p in points], y=[p.latency_ms for p in points], mode="lines+markers",
+                        name=f"measured: {label}", text=[f"-mi {p.label}" for p in points])
+    if winner is not None and winner.best is not None:
+        fig.add_scatter(x=[winner.best.rate_per_s], y=[winner.best.latency_ms], mode="markers", name="winner (measured)",
+                        marker={"symbol": "star", "size": 16, "color": "gold", "line": {"width": 1, "color": "black"}})
+    fig.add_hline(y=bound_ms, line_dash="dash", annotation_text=f"bound {bound_ms:g} ms")
+    fig.update_layout(title=f"throughput against p{q:g} latency", xaxis_title="items/s (request rate)",
+                      yaxis_title=f"p{q:g} end-to-end latency (ms, log scale)", yaxis_type="log", height=460)
+    return fig
+
+
+def write_plot_png(path: Path, space: TuneSpace, found: Search, verified: Sequence[Verified],
+                   winner: Verified | None, bound_ms: float) -> None:
+    """The same plot as a PNG beside the page, for slides and documents."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    q = found.estimator.percentile
+    predicted, measured = plot_points(space, found, verified)
+    front = pareto(predicted)
+    fig, axis = plt.subplots(figsize=(8, 5))
+    axis.scatter([p.throughput for p in predicted], [p.latency_ms for p in predicted], color="#999", s=14,
+                 label="predicted peak of each candidate")
+    axis.step([p.throughput for p in front], [p.latency_ms for p in front], where="post", label="Pareto frontier (predicted)")
+    for label, points in measured.items():
+        axis.plot([p.throughput for p in points], [p.latency_ms for p in points], marker="o", label=f"measured: {label}")
+    if winner is not None and winner.best is not None:
+        axis.scatter([winner.best.rate_per_s], [winner.best.latency_ms], marker="*", s=200, color="gold",
+                     edgecolors="black", zorder=5, label="winner (measured)")
+    axis.axhline(bound_ms, linestyle="--", color="red", linewidth=1, label=f"bound {bound_ms:g} ms")
+    axis.set_xlabel("items/s (request rate)")
+    axis.set_yscale("log")   # a rate past the peak measures seconds, the ones under the bound tens of ms
+    axis.set_ylabel(f"p{q:g} end-to-end latency (ms, log scale)")
+    axis.set_title(f"throughput against p{q:g} latency")
+    axis.legend(fontsize=7)
+    fig.tight_layout()
+    partial = path.with_name(path.name + ".partial.png")
+    fig.savefig(partial, format="png")
+    plt.close(fig)
+    os.replace(partial, path)
+
+
+# ---------------------------------------------------------------- what bounds a finalist
+
+def bounding_sentence(space: TuneSpace, estimator: Estimator, verified: Verified, job: Mapping[str, Any]) -> str:
+    """One sentence on what bounds a measured finalist, and what one more replica of it would add (predicted).
+
+    The bound is the work group whose runners were busiest in the finalist's
+    job at its peak rate.  A Batcher is left out: its "inside" time is the
+    time it holds items for their batch, not work.
+    """
+    busy = json.loads(job.get("busy_fraction") or "{}")
+    shares = {g: _mean_busy(g, busy) for g in space.groups if g.kind == "work"}
+    if not any(shares.values()):
+        return f"{space.short_label(verified.candidate)}: its job recorded no busy runners, so nothing names a bottleneck."
+    group = max(shares, key=lambda g: shares[g])
+    settings = verified.candidate.group(group.step, group.group)
+    head = (f"{group.name}'s {settings.replicas} {'replica is' if settings.replicas == 1 else 'replicas are'} "
+            f"busy {shares[group]:.0%}")
+    if not group.tuned:
+        return head + "; the tuner does not choose its replicas, so only a faster step would lift it."
+    more = _with_one_more(space, verified.candidate, group)
+    unit = "GPU" if group.on_gpu else "CPU slot"
+    now = estimator.peak(verified.candidate).rate_per_s or 0.0
+    after = estimator.peak(more)
+    gain = (after.rate_per_s or 0.0) - now
+    beyond = "" if space.within_budget(more) else " (beyond the budget)"
+    if gain <= 0.01 * max(now, 1e-9):
+        neck = after.at_peak.bottleneck if after.at_peak is not None else group.name
+        return head + f": one more {unit}{beyond} would add little, {neck} would bound it next."
+    return head + f": one more {unit}{beyond} would add about {gain:.0f} items/s (predicted)."
+
+
+def _mean_busy(g: GroupChoices, busy: Mapping[str, float]) -> float:
+    """The mean busy fraction of a group's runners (named step{k}-g{group}-r{i} in the job log)."""
+    values = [share for name, share in busy.items() if name.startswith(f"step{g.step}-g{g.group}-")]
+    return sum(values) / len(values) if values else 0.0
+
+
+def _with_one_more(space: TuneSpace, candidate: Candidate, target: GroupChoices) -> Candidate:
+    replicas = space.replicas_of(candidate)
+    replicas[(target.step, target.group)] += 1
+    devices = {(g.step, g.group): candidate.group(g.step, g.group).devices
+               for g in space.tuned_groups if g.on_gpu and g is not target}
+    return space.candidate(replicas, space.batches_of(candidate), space.segments_of(candidate), devices)
+
+
+# ---------------------------------------------------------------- the files
+
+def best_document(space: TuneSpace, winner: Verified, request: Request, settings: VerifySettings) -> dict[str, Any]:
+    """The winner as a config that runs as is: its settings, and its measured peak rate as the default load."""
+    best = winner.best
+    assert best is not None
+    run: dict[str, Any] = {"mean_interval_ms": float(format_interval(best.mean_interval_ms)),
+                           "videos": videos_for(best.rate_per_s, settings), "warmup": settings.warmup}
+    if request.engine != "local":
+        run["engine"] = request.engine
+    description = (f"rnb-tune's best for p{request.percentile:g} < {request.bound_ms:g} ms on {request.budget}: "
+                   f"{space.label(winner.candidate)}; measured {best.rate_per_s:.4g} req/s with p{request.percentile:g} "
+                   f"{best.latency_ms:.3g} ms (job {best.job_dir.name if best.job_dir else '-'})")
+    return space.document_for(winner.candidate, run=run, description=description)
+
+
+def write_report(out: Path, space: TuneSpace, outcome: Outcome, settings: VerifySettings) -> None:
+    """All of the report's files; best.json last, and only with a winner."""
+    found = outcome.search
+    rules = settings.rules
+    rows = candidate_rows(space, found, outcome.verified, rules)
+    write_parquet_atomic(out / CANDIDATES, rows_to_table(rows))
+    write_plot_png(out / PLOT, space, found, outcome.verified, outcome.winner, outcome.request.bound_ms)
+    html_text = report_page(space, outcome, rows, rules)
+    partial = out / (REPORT + ".partial")
+    partial.write_text(html_text, encoding="utf-8")
+    os.replace(partial, out / REPORT)
+    if outcome.winner is not None:
+        write_json_atomic(out / BEST, best_document(space, outcome.winner, outcome.request, settings))
+
+
+def table_columns(percentile: float) -> tuple[tuple[str, str], ...]:
+    """The candidates table's (title, column) pairs."""
+    q = _stat(percentile)
+    return (("rank", "rank"), ("settings", "short_label"), ("devices", "devices_used"),
+            ("predicted req/s", "predicted_peak_rate_per_s"), ("predicted p50 ms", "predicted_p50_ms"),
+            (f"predicted p{percentile:g} ms", f"predicted_{q}_ms"), ("predicted bottleneck", "predicted_bottleneck"),
+            (f"predicted p{percentile:g} ms at the lowest rate tried", f"predicted_{q}_ms_at_lowest_rate"),
+            ("measured req/s", "measured_peak_rate_per_s"), (f"measured p{percentile:g} ms", f"measured_{q}_ms"),
+            ("pruned", "pruned"))
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def report_page(space: TuneSpace, outcome: Outcome, rows: Sequence[Mapping[str, Any]], rules: ValidityRules) -> str:
+    request = outcome.request
+    found = outcome.search
+    q = request.percentile
+    body = [paragraph(f"config {request.config}; budget {request.budget}; bound p{q:g} < {request.bound_ms:g} ms; "
+                      f"objective {request.goal.objective}"
+                      + (f" (target {request.goal.target_rate:g} items/s)" if request.goal.target_rate else "")
+                      + f"; search {request.search}; engine {request.engine}."),
+            paragraph(f"{len(found.evaluated)} candidates predicted, {len(found.pruned)} pruned, "
+                      f"{len(outcome.verified)} verified; " + ", ".join(
+                          f"{phase} {seconds:.0f} s" for phase, seconds in outcome.seconds.items()) + ".", "note")]
+    winner = outcome.winner
+    if winner is not None and winner.best is not None:
+        body.append(paragraph(f"Best, as measured: {space.label(winner.candidate)}: {winner.best.rate_per_s:.4g} req/s "
+                              f"with p{q:g} {winner.best.latency_ms:.3g} ms (best.json runs it as is).", "bounds"))
+    else:
+        body.append(paragraph(f"No finalist met p{q:g} < {request.bound_ms:g} ms as measured; no best.json was written.",
+                              "bounds"))
+    body.append("<h2>Throughput against latency</h2>")
+    body.append(figure(pareto_figure(space, found, outcome.verified, winner, request.bound_ms), "pareto"))
+    body.append("<h2>Candidates</h2>")
+    shown = list(rows)[:MAX_TABLE_ROWS]
+    best_index = next((i for i, r in enumerate(shown) if winner is not None and r["key"] == winner.candidate.key), None)
+    columns = table_columns(q)
+    body.append(table([title for title, _ in columns], [[_cell(r.get(c)) for _, c in columns] for r in shown], best_index))
+    if len(rows) > MAX_TABLE_ROWS:
+        body.append(paragraph(f"{len(rows) - MAX_TABLE_ROWS} more candidates are in {CANDIDATES}.", "note"))
+    body.append("<h2>Finalists, as measured</h2>")
+    for index, verified in enumerate(outcome.verified):
+        body.extend(_finalist(space, found.estimator, verified, index, q, rules))
+    body.append("<h2>Profiles</h2>")
+    body.append(table(["profiled", "model", "calls", "mean ms", "p50 ms", "p99 ms", "held mean ms", "job"],
+                      [_profile_row(what, p) for what, p in outcome.profiles]))
+    return page(f"rnb-tune: {Path(request.config).name}", body)
+
+
+def _finalist(space: TuneSpace, estimator: Estimator, verified: Verified, index: int, q: float,
+              rules: ValidityRules) -> list[str]:
+    heading = f"finalist {index + 1}: {space.label(verified.candidate)}"
+    parts = [f"<h3>{heading}</h3>"]
+    trials = [[format_interval(t.mean_interval_ms), f"{t.rate_per_s:.4g}",
+               "target not reached" if math.isinf(t.latency_ms) else f"{t.latency_ms:.3g}",
+               "-" if t.job_dir is None else t.job_dir.name] for t in verified.trials]
+    parts.append(table(["-mi", "req/s", f"p{q:g} ms", "job"], trials))
+    best = verified.best
+    if best is None or best.job_dir is None:
+        parts.append(paragraph("No measured rate met the bound; the lowest tried is in the table.", "bounds"))
+        return parts
+    job = load_jobs([best.job_dir], rules=rules).jobs.to_pylist()[0]
+    parts.append(paragraph(bounding_sentence(space, estimator, verified, job), "bounds"))
+    parts.extend(job_section(job, f"its job at the peak rate, {best.rate_per_s:.4g} req/s", f"finalist-{index + 1}"))
+    return parts
+
+
+def _profile_row(what: str, profile: Profile) -> list[str]:
+    """A profile's calls in ms: what a call of the group occupied its runner, the harness's part included."""
+    emit = np.array(profile.emit_s) * 1000.0
+    return [what, profile.key.model, str(len(emit)), f"{emit.mean():.3g}", f"{np.percentile(emit, 50):.3g}",
+            f"{np.percentile(emit, 99):.3g}", f"{profile.mean_held_s * 1000:.3g}" if profile.held_s else "-",
+            Path(profile.job_dir).name]

@@ -1,0 +1,60 @@
+"""Reading a runner's occupancy per call off its time cards: hand-made calls, and the cache."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rnb.tune.profile import Call, Form, Profile, ProfileCache, ProfileKey, occupancy
+
+
+def call(arrived: float, taken: float, started: float, finished: float, handed_over: float, slot_wait: float = 0.0,
+         cards: int = 1) -> Call:
+    return Call(arrived, taken, started, finished, slot_wait, handed_over, cards)
+
+
+def test_a_busy_runner_s_occupancy_is_the_gap_between_its_hand_overs() -> None:
+    # Three items queued at 0; each call hands over 10 ms after the previous one did.
+    calls = [call(0.0, 0.001, 0.002, 0.009, 0.010), call(0.0, 0.011, 0.012, 0.019, 0.020),
+             call(0.0, 0.021, 0.022, 0.029, 0.030)]
+    emit, held, inside, cards = occupancy(calls)
+    assert emit == pytest.approx([0.010, 0.010, 0.010]) and held == [] and cards == [1, 1, 1]
+    assert inside == pytest.approx([0.007, 0.007, 0.007])
+
+
+def test_an_idle_runner_s_occupancy_starts_when_its_input_arrives_and_leaves_out_the_slot_wait() -> None:
+    # The second input arrives 50 ms after the first was handed over; the third waits 4 ms for a free slot.
+    calls = [call(0.0, 0.001, 0.002, 0.009, 0.010), call(0.060, 0.061, 0.062, 0.069, 0.070),
+             call(0.060, 0.071, 0.072, 0.079, 0.084, slot_wait=0.004)]
+    emit, _, _, _ = occupancy(calls)
+    assert emit == pytest.approx([0.010, 0.010, 0.010])
+
+
+def test_a_batcher_s_holding_calls_are_kept_apart_from_the_call_that_hands_the_batch_on() -> None:
+    # Batch of 3: calls 1 and 2 keep their item (their finish is the batch's, after call 3 was taken).
+    calls = [call(0.0, 0.0010, 0.0012, 0.0050, 0.0060), call(0.0, 0.0020, 0.0022, 0.0050, 0.0060),
+             call(0.0, 0.0030, 0.0032, 0.0050, 0.0060)]
+    emit, held, _, cards = occupancy(calls)
+    assert held == pytest.approx([0.0012, 0.0010])          # until each one's model call started
+    assert emit == pytest.approx([0.0060 - 0.0022])         # the last: from the previous call's end to its hand-over
+    assert cards == [1]
+
+
+def test_the_cache_returns_a_profile_only_under_its_own_key(tmp_path: Path) -> None:
+    key = ProfileKey("m.M", "{}", Form(4), "null", "cpu", "local", "host")
+    profile = Profile(key, (0.01, 0.012), (), (0.009, 0.011), 100, 2**20, None, "job")
+    cache = ProfileCache(tmp_path)
+    cache.put(profile)
+    assert cache.get(key) == profile
+    assert cache.get(ProfileKey("m.M", "{}", Form(8), "null", "cpu", "local", "host")) is None
+    assert json.loads(cache.path(key).read_text())["key"]["form"] == {"cards": 4, "segments": 1, "splits": 1, "batch": 1}
+    cache.path(key).write_text("{")                          # damaged: measured again, not a crash
+    assert cache.get(key) is None
+
+
+def test_a_batch_handed_on_by_flush_counts_its_call_as_held_and_not_the_idle_wait() -> None:
+    # Batch of 4, but only 2 items came: the second call returned at 2.2 ms, the flush wrote the batch at 60 ms.
+    calls = [call(0.0, 0.0010, 0.0012, 0.0600, 0.0610), call(0.0020, 0.0021, 0.0022, 0.0600, 0.0610)]
+    emit, held, _, _ = occupancy(calls)
+    assert emit == [] and held == pytest.approx([0.0012, 0.0002])   # the second: from its arrival to its start

@@ -1,0 +1,118 @@
+"""What the tuner's tests share: the example config, profiles made by hand, a headless browser."""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rnb.analysis.jobs import Job
+from rnb.tune.estimate import Arrivals, Service, SimGroup, SimPipeline
+from rnb.tune.profile import Bench, Profile, ProfileKey, calls_of, occupancy, plan_profiles
+from rnb.tune.space import TuneSpace
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "config" / "tune-example.json"
+
+
+def example_document(path: Path = EXAMPLE) -> dict[str, Any]:
+    """config/tune-example.json as a JSON document."""
+    document: dict[str, Any] = json.loads(path.read_text())
+    return document
+
+
+def hand_profiles(space: TuneSpace, bench: Bench, hop_s: float = 0.0003) -> dict[ProfileKey, Profile]:
+    """Profiles of a space's sleeping steps as their keywords say they cost, plus `hop_s` of harness per call.
+
+    What the profiler would measure on an idle machine, without a process:
+    the search tests need exact, known costs to have a hand-worked optimum.
+    """
+    profiles = {}
+    for job in plan_profiles(space, bench, calls=1):
+        step = job.document["pipeline"][job.position]
+        device_s = (step.get("ms", 0.0) + step.get("ms_per_item", 0.0) * job.form.cards) / 1000.0
+        profiles[job.key] = Profile(job.key, (device_s + hop_s,), (), (device_s,), 24576, 100 * 2**20, None, "hand")
+        if job.batcher_key is not None:
+            profiles[job.batcher_key] = Profile(job.batcher_key, (hop_s,), (hop_s,), (1e-5,), 24576, 100 * 2**20, None,
+                                                "hand")
+    return profiles
+
+
+def write_example(directory: Path, batches: list[int] | None = None) -> Path:
+    """The example document written where a test can point rnb-tune at it (optionally with other batches)."""
+    document = example_document()
+    if batches is not None:
+        document["pipeline"][1]["batch"] = batches
+    path = directory / "tune-example.json"
+    path.write_text(json.dumps(document, indent=1))
+    return path
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What a headless browser saw of a page."""
+
+    plots: int                 # plotly plots drawn (their <svg class="main-svg"> is there)
+    traces: int                # paths drawn by their traces: bars, lines, markers
+    errors: tuple[str, ...]    # console messages at SEVERE
+    fetched: tuple[str, ...]   # resources the page loaded (a self-contained page loads none)
+
+
+def render(page: Path) -> Rendered:
+    """Open a page from a file:// URL in Debian's headless chromium and report what it drew."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--window-size=1280,2000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    try:
+        driver.get(page.resolve().as_uri())
+        plots = driver.execute_script(
+            "return Array.from(document.querySelectorAll('.js-plotly-plot')).filter(p => p.querySelector('.main-svg')).length")
+        drawn = driver.execute_script("return document.querySelectorAll('.js-plotly-plot .trace path').length")
+        fetched = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+        errors = tuple(entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE")
+    finally:
+        driver.quit()
+    return Rendered(int(plots), int(drawn), errors, tuple(fetched))
+
+
+def replay(job: Job) -> tuple[SimPipeline, Arrivals]:
+    """A measured job as the estimator sees it, from the job's own log: each group's calls as measured in it
+    (occupancy, as the profiler reads it), its replicas, queues, slots and batches, and its own arrivals.
+
+    Predicting a job from itself leaves out every error of the profiles (another moment's load, another
+    form), so what remains is the simulation's own: how it queues, batches, blocks and routes.
+    """
+    steps = job.config["pipeline"]
+    groups = []
+    for k, step in enumerate(steps):
+        (group,) = step["queue_groups"]
+        emit: list[float] = []
+        held: list[float] = []
+        inside: list[float] = []
+        by_cards: dict[int, list[float]] = {}
+        for calls in calls_of(job, k).values():
+            e, h, i, cards = occupancy(calls)
+            emit += e
+            held += h
+            inside += i
+            for seconds, count in zip(e, cards):
+                by_cards.setdefault(count, []).append(seconds)
+        full = max(by_cards)
+        means = {count: statistics.mean(values) for count, values in by_cards.items()}
+        partial = tuple(means.get(m, means[full]) / means[full] for m in range(1, full + 1))
+        final = k == len(steps) - 1
+        batch = group.get("batch", step.get("batch")) if step["model"] == "models.batcher.Batcher" else None
+        groups.append(SimGroup(f"step {k}", k, tuple(group["gpus"]), group.get("in_queue"),
+                               tuple(group.get("out_queues", ())), 0 if final else step.get("num_shared_tensors", 10),
+                               Service(tuple(emit), tuple(held), tuple(inside), partial), batch=batch))
+    enqueued = job.timings.column("enqueue").to_numpy(zero_copy_only=False)
+    start = float(enqueued.min())
+    return SimPipeline(tuple(groups), len(steps)), Arrivals("trace", times=tuple(float(t) - start for t in sorted(enqueued)))
