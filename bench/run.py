@@ -102,6 +102,15 @@ def _tune(name: str) -> Callable[[Effort, Workspace], list[Row]]:
     return run
 
 
+def _floor(name: str) -> Callable[[Effort, Workspace], list[Row]]:
+    def run(effort: Effort, space: Workspace) -> list[Row]:
+        from bench.access_bench import datasets, vga_datasets
+        from bench.floor_bench import floor_rows
+        return floor_rows(name, effort, lambda: datasets(DATA_CACHE), lambda: vga_datasets(DATA_CACHE, effort),
+                          space.dir)
+    return run
+
+
 BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P1s": _harness("p1_sleeping_steps"),
     "P1h": _harness("p1_harness_per_hop"),
@@ -110,13 +119,19 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P2r": _access("P2r"),
     "P3": p3_remote,
     "P3n": _access("P3n"),
+    "P3s": _access("P3s"),
     "P3r": _access("P3r"),
+    "P3rd": _floor("P3rd"),
     "P4": p4_decode,
+    "P4r": _access("P4r"),
     "P5": _harness("p5_ipc"),
     "P6": _harness("p6_scaling"),
     "P7": p7_sidecar,
     "P8": p8_gpu,
     "P10": _access("P10"),
+    "P10d": _floor("P10d"),
+    "P10n": _access("P10n"),
+    "P10r": _access("P10r"),
     "P11": _access("P11"),
     "P9": _harness("p9_ray_sleeping_steps"),
     "P9h": _harness("p9_ray_per_hop"),

@@ -120,10 +120,20 @@ def sample_clip_frames(length: int, num_clips: int, clip_length: int, rng: np.ra
     return np.minimum(starts[:, None] + np.arange(clip_length), length - 1)
 
 
-def to_clips(frames: torch.Tensor, num_clips: int, size: int) -> torch.Tensor:
-    """uint8 (clips*T, 3, H, W) frames -> normalised float (clips, 3, T, size, size), as R(2+1)D expects."""
-    x = F.resize(frames, [size, size], antialias=True).float().div_(255)
-    x = F.normalize(x, KINETICS_MEAN, KINETICS_STD)
+def to_clips(frames: torch.Tensor, num_clips: int, size: int, order: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 (clips*T, 3, H, W) frames -> normalised float (clips, 3, T, size, size), as R(2+1)D expects.
+
+    With `order` (clips*T indices into `frames`), `frames` are the distinct
+    frames and `order` picks each clip frame among them. They are resized
+    before the pick: a resize works frame by frame, so picking commutes with
+    it exactly, and the pick then moves frames of `size` instead of
+    gathering every clip frame at full resolution first (at 640x480, 74 MB
+    for 10 clips of 8 frames: 66 ms of a 153 ms item in issue 20's profile).
+    """
+    x = F.resize(frames, [size, size], antialias=True)
+    if order is not None:
+        x = x[order.to(x.device)]
+    x = F.normalize(x.float().div_(255), KINETICS_MEAN, KINETICS_STD)
     return x.reshape(num_clips, -1, *x.shape[1:]).permute(0, 2, 1, 3, 4).contiguous()
 
 
@@ -268,7 +278,7 @@ def decode_clips(frames: np.ndarray, decode: Callable[[], torch.Tensor], size: i
     decoded = synchronized(decode())
     card.record("decode_finish")
     card.set_field("frames_decoded", len(decoded))
-    return to_clips(decoded[torch.from_numpy(inverse.reshape(-1))], len(frames), size)
+    return to_clips(decoded, len(frames), size, order=torch.from_numpy(inverse.reshape(-1)))
 
 
 def warm_up(reader: EpisodeReader, request: Any, device: torch.device, size: int, watch: DecodeWatch) -> str:

@@ -1,18 +1,22 @@
-"""bench/access_bench.py on tiny datasets: row ids and goals, exact byte counts, identical values, every row runs."""
+"""bench/access_bench.py and bench/floor_bench.py on tiny datasets: ids, goals, exact counts, identical values, rows run."""
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
-from bench import access_bench
+from bench import access_bench, floor_bench
 from bench.common import Effort
-from episodes import open_dataset
+from bench.floor_bench import InMemoryFloor
+from episodes import EpisodeByteCache, FrameRequest, open_dataset
 from episodes.testing.synthetic import make_dataset
 from episodes.tools.streaming import random_targets, windows_track
+from rnb.core.timecard import TimeCard
 
 EFFORT = Effort.of(quick=True)
+THREADS = torch.get_num_threads()
 TINY = dict(episodes=6, episodes_per_file=3, min_length=24, max_length=40, width=64, height=64)
 
 
@@ -56,3 +60,64 @@ def test_timed_rows_run_on_tiny_data(tiny: dict[int, Path], tmp_path: Path) -> N
     assert loader[1].ratio < 1  # clips need fewer bytes than whole episodes
     with pytest.raises(ValueError, match="has no benchmark 'P99'"):
         access_bench.access_rows("P99", EFFORT, tmp_path, tmp_path, lambda: tiny[30])
+
+
+# ---- the decoding floor (P3rd, P10d), the network and 480x640 rows ----------------------------------
+
+
+def test_the_in_memory_floor_decodes_the_frames_the_cache_reads(tiny: dict[int, Path]) -> None:
+    ds = open_dataset(str(tiny[30]))
+    key = ds.video_keys[0]
+    floor = InMemoryFloor(ds, key)
+    with EpisodeByteCache(ds) as cache:
+        for ep in (0, 2, 3, 5):  # both files, an episode starting mid-GOP
+            numbers = [0, 1, ds.episode_length(ep) // 2, ds.episode_length(ep) - 1]
+            read = floor.read(ep, numbers)
+            assert read.path == ds.episode(ep).videos[key].path
+            assert torch.equal(floor.frames(read), cache.read_frames([FrameRequest(ep, key, frame_numbers=numbers)])[0].frames)
+
+
+def test_floor_items_are_the_items_the_loader_makes(tiny: dict[int, Path]) -> None:
+    root = str(tiny[30])
+    ds = open_dataset(root)
+    floor = InMemoryFloor(ds, ds.video_keys[0])
+    items = floor_bench.floor_items(root, floor, 4, 3)
+    requests = access_bench.item_requests(root, 4, 4)
+    loader = access_bench.LoaderSetup("episode", prefetch=0, workers=1, decode_threads=1).loader(4)
+    for i, item in enumerate(items, start=1):
+        (clips,), out, _ = loader((), {"request": requests[i]}, TimeCard(i))
+        assert item.frames.shape == (10, 8) and out["episode"] == requests[i].episode
+        assert torch.equal(floor_bench.floor_clips(floor, item), clips)
+
+
+def test_p10d_compares_the_loader_with_its_floor(tiny: dict[int, Path], tmp_path: Path) -> None:
+    (row,) = floor_bench.floor_rows("P10d", EFFORT, lambda: tiny, lambda: tiny, tmp_path)
+    assert (row.id, str(row.goal), row.reps) == ("P10d", ">= 0.85", EFFORT.reps)
+    assert row.a.unit == row.b.unit == "items/s" and row.ratio > 0
+    assert "64x64" in row.note and "waiting for its fetch" in row.note
+    assert torch.get_num_threads() == THREADS  # the row's one thread is given back
+    with pytest.raises(ValueError, match="has no benchmark 'P10'"):
+        floor_bench.floor_rows("P10", EFFORT, lambda: tiny, lambda: tiny, tmp_path)
+
+
+@pytest.mark.slow
+def test_480x640_rows_run_on_the_datasets_they_are_given(tiny: dict[int, Path], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(access_bench, "vga_datasets", lambda cache_dir, effort: tiny)
+    (decode,) = access_bench.access_rows("P4r", EFFORT, tmp_path, tmp_path, lambda: tiny[30])
+    loader = access_bench.access_rows("P10r", EFFORT, tmp_path, tmp_path, lambda: tiny[30])
+    assert (decode.id, str(decode.goal), decode.a.unit) == ("P4r", ">= 0.9", "frames/s")
+    assert "64x64" in decode.what
+    assert [(row.id, row.goal) for row in loader] == [("P10r", None), ("P10rb", None)]
+    assert loader[1].ratio < 1 and loader[1].reps == EFFORT.reps + 1  # the warm-up pair's bytes count too
+
+
+@pytest.mark.nginx
+@pytest.mark.slow
+def test_network_rows_run_on_tiny_data(tiny: dict[int, Path], tmp_path: Path) -> None:
+    (windows,) = floor_bench.floor_rows("P3rd", EFFORT, lambda: tiny, lambda: tiny, tmp_path)
+    assert (windows.id, str(windows.goal), windows.a.unit) == ("P3rd", "<= 1.3", "s") and windows.ratio > 0
+    assert "decoding" in windows.note
+    network = access_bench.access_rows("P10n", EFFORT, tmp_path, tmp_path, lambda: tiny[30])
+    assert [(row.id, str(row.goal)) for row in network] == [("P10n", ">= 2"), ("P10nb", "None")]
+    assert "were the clips' fetch free, the ratio would be" in network[0].note

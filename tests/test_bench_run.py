@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bench.harness_bench import Idle, chain_pipeline, hop_costs, per_hop_us, window_rates
+from bench.harness_bench import Idle, chain_pipeline, hop_costs, loader_windows, per_hop_us, window_rates
 from bench.run import BENCHMARKS
 
 ENTRY_KEYS = {"id", "what", "ratio", "goal", "met", "min", "max", "reps", "a", "b", "note"}
@@ -63,6 +63,21 @@ def test_hop_costs_split_wall_and_sampled_cpu_time_per_item_per_hop(tmp_path) ->
                              "cpu_s": [0.0, 6.0, 1.0, 2.0, None]}), tmp_path / "samples.parquet")
     assert hop_costs(tmp_path, 2, 4) == [(250_000.0, 312_500.0), (250_000.0, 312_500.0)]
     assert hop_costs(tmp_path, 1, 4) == [(250_000.0, 312_500.0)]
+
+
+def test_loader_windows_give_items_per_second_and_the_cores_only_the_loaders_got(tmp_path) -> None:
+    # Two windows of 2 items, (10, 12] and (12, 14]: loader-a runs on a full core, loader-b on half a core
+    # from 12 on; main and the client spend CPU too, but they are not loaders.
+    processes = [{"name": "client", "role": "client", "step": None}, {"name": "loader-a", "role": "runner", "step": 0},
+                 {"name": "loader-b", "role": "runner", "step": 0}, {"name": "counter", "role": "runner", "step": 1}]
+    (tmp_path / "meta.json").write_text(json.dumps({"start_time": 10.0, "num_steps": 2, "processes": processes}))
+    pq.write_table(pa.table({"runner1_finish": [11.0, 12.0, 13.0, 14.0]}), tmp_path / "timings.parquet")
+    pq.write_table(pa.table({"time": [10.0, 14.0, 10.0, 12.0, 14.0, 10.0, 14.0, 10.0, 14.0],
+                             "process": ["loader-a", "loader-a", "loader-b", "loader-b", "loader-b", "main", "main",
+                                         "client", "client"],
+                             "cpu_s": [0.0, 4.0, 1.0, 1.0, 2.0, 0.0, 4.0, 0.0, 1.0]}), tmp_path / "samples.parquet")
+    assert loader_windows(tmp_path, 2) == [(1.0, 1.0), (1.0, 1.5)]
+    assert loader_windows(tmp_path, 1) == [(1.0, 1.25)]
 
 
 def test_window_rates_refuses_more_windows_than_items() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from episodes.testing.network import NetworkProfile
+from episodes.testing.network import SLOW_WAN, WAN, NetworkProfile
 from episodes.testing.server import serve_directory
 
 pytestmark = pytest.mark.nginx
@@ -44,4 +44,5 @@ def test_the_relay_delivers_every_byte_no_faster_than_the_link(tmp_path: Path) -
 def test_a_profile_must_be_a_link() -> None:
     with pytest.raises(ValueError, match="needs mbit_per_s > 0 and rtt_ms >= 0"):
         NetworkProfile(mbit_per_s=0, rtt_ms=20)
-    assert str(NetworkProfile(100, 20)) == "100 Mbit/s, 20 ms RTT"
+    assert str(NetworkProfile(100, 20)) == str(WAN) == "100 Mbit/s, 20 ms RTT"
+    assert str(SLOW_WAN) == "20 Mbit/s, 80 ms RTT" and SLOW_WAN.bytes_per_s == 2.5e6

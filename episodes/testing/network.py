@@ -50,6 +50,7 @@ class NetworkProfile:
 
 
 WAN = NetworkProfile(mbit_per_s=100, rtt_ms=20)
+SLOW_WAN = NetworkProfile(mbit_per_s=20, rtt_ms=80)  # a far or shared link: another continent, a busy uplink
 
 
 class _Link:

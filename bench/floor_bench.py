@@ -1,0 +1,206 @@
+"""The data path against what decoding alone costs: rows P3rd and P10d of bench/run.py.
+
+P3r (remote decoder / frame windows) and P10 (clips / whole episodes)
+compare two ways of reading, and both sides of each decode the same frames,
+so their ratios say which way is cheaper, not how much is left of either once
+decoding is paid. These rows put the data path next to its floor: exactly the
+same frames decoded from bytes already in memory. As MLPerf LoadGen's
+performance mode loads its samples into memory before the timed run, the
+floor reads each source file whole into memory before timing and opens one
+torchcodec decoder over it (exact mode, one FFmpeg thread); as torchcodec's
+own benchmarks do, only the `get_frames_at` calls (and, for P10d, the same
+resize and normalisation the loader does) are timed. Decoder creation is
+outside too, so the floor is decoding alone and a ratio of 1 is out of reach
+by whatever a reader must do besides: index, fetch, wrap a mini-MP4, open a
+decoder per read. Before timing, both sides must give identical frames
+(P3rd) or clips (P10d).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torchcodec.decoders import VideoDecoder
+
+from bench.access_bench import LoaderSetup, item_requests, loader_rate, random_targets_of, resolution
+from bench.common import Effort, Goal, Row, measure_pair
+from episodes import EpisodeByteCache, EpisodeDataset, FrameRequest, open_dataset
+from episodes.testing.network import WAN
+from episodes.testing.server import serve_directory
+from episodes.tools.streaming import TrackResult, windows_track
+from episodes.tools.verify import FullFileReference
+from models.episode import ClipPlan, EpisodeReader, decode_clips
+from rnb.core.timecard import TimeCard
+
+CLIPS, CLIP_LENGTH, SIZE = 10, 8, 112  # P10d: the R(2+1)D loader's defaults
+
+
+@dataclass(frozen=True)
+class FloorRead:
+    """What the floor decodes for one read: frames of one source file, by position in presentation order."""
+
+    path: str
+    positions: tuple[int, ...]
+
+
+class InMemoryFloor:
+    """torchcodec over whole source files held in memory, one decoder per file opened before anything is timed."""
+
+    def __init__(self, ds: EpisodeDataset, key: str) -> None:
+        self.ds, self.key = ds, key
+        paths = sorted({ds.episode(ep).videos[key].path for ep in range(ds.num_episodes)})
+        storage = ds.storage
+        self._decoders = {rel: VideoDecoder(storage.fs.cat_file(storage.path(rel)), seek_mode="exact",
+                                            num_ffmpeg_threads=1) for rel in paths}
+        # Where each episode's frame 0 sits in its file, as the full-file check finds it (files visited in order).
+        reference = FullFileReference(ds)
+        try:
+            by_file = sorted(range(ds.num_episodes), key=lambda ep: ds.episode(ep).videos[key].path)
+            self._first = {ep: reference.global_indices(ep, key, [0])[0] for ep in by_file}
+        finally:
+            reference.close()
+
+    def read(self, ep: int, frame_numbers: Iterable[int]) -> FloorRead:
+        return FloorRead(self.ds.episode(ep).videos[self.key].path,
+                         tuple(self._first[ep] + int(n) for n in frame_numbers))
+
+    def frames(self, read: FloorRead) -> torch.Tensor:
+        """uint8 (N, C, H, W) frames of one read."""
+        return self._decoders[read.path].get_frames_at(list(read.positions)).data
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads set to `count` for the block (resizing and normalising run on them)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# ---- P3rd: random frames over the network, frame windows / the decoding floor -----------------------
+
+
+def windows_floor_rows(root: Path, workdir: Path, effort: Effort) -> list[Row]:
+    """Seconds for random frames: frame windows through the network profile / decoding them from memory."""
+    count = effort.pick(64, 128)
+    local = open_dataset(str(root))
+    floor = InMemoryFloor(local, local.video_keys[0])
+    with serve_directory(root, workdir / "nginx-p3rd", profile=WAN) as server:
+        ds = open_dataset(server.url)
+        targets, options = random_targets_of(ds, count, include_decode=True, cache_dir=str(workdir / "sidecar-p3rd"))
+        reads = [floor.read(ep, np.rint(stamps * ds.fps).astype(np.int64)) for (ep, _), stamps in targets.items()]
+        with EpisodeByteCache(local) as cache:
+            got = cache.read_frames([FrameRequest(ep, key, timestamps=stamps) for (ep, key), stamps in targets.items()],
+                                    fetch="windows")
+        if not all(torch.equal(floor.frames(read), g.frames) for read, g in zip(reads, got)):
+            raise AssertionError("frame windows and the in-memory decode give different frames")
+        windows_track(ds, targets, options)  # writes the sidecar the timed runs index from
+        seen: list[TrackResult] = []
+
+        def windows() -> float:
+            row, _ = windows_track(ds, targets, options)
+            seen.append(row)
+            return row.index_s + row.wall_s
+
+        def in_memory() -> float:
+            started = time.perf_counter()
+            for read in reads:
+                floor.frames(read)
+            return time.perf_counter() - started
+
+        row = measure_pair("P3rd", f"s for random frames: frame windows over HTTP ({WAN}) / decoding them from memory "
+                           "(the floor), GOP 30", Goal("<=", 1.3), ("windows", "s", windows),
+                           ("in memory", "s", in_memory), effort.reps, warmup=0)
+    decode_s = float(np.median([r.stage_ms["decode"] * r.jobs / 1000 for r in seen]))
+    wall_s = float(np.median([r.index_s + r.wall_s for r in seen]))
+    assert row.b is not None  # measure_pair always measures both sides
+    # The link's own floor for those bytes: one round trip, then the bytes at its rate.
+    link_s = WAN.rtt_ms / 1000 + seen[-1].bytes_fetched / WAN.bytes_per_s
+    note = (f"{count} random frames over {len(targets)} episodes; windows at LeRobot's 256 KiB gap, "
+            f"{seen[-1].ranges_after} range requests, {seen[-1].bytes_fetched / 1e6:.3g} MB, indexes from the sidecar; "
+            f"the floor: one decoder per source file in memory, one thread; frames checked identical. Windows spends "
+            f"{decode_s:.2f} of its {wall_s:.2f} s decoding (1 thread, once all ranges are in), the rest indexing, "
+            f"fetching and cutting mini-MP4s. The link alone needs {link_s:.2f} s for those bytes: fetching then "
+            f"decoding is bound to {(link_s + row.b.median) / row.b.median:.2f}x the floor, overlapping them to "
+            f"{max(link_s, row.b.median) / row.b.median:.2f}x")
+    return [dataclasses.replace(row, note=note)]
+
+
+# ---- P10d: the R(2+1)D loader / the same clips decoded from memory ---------------------------------
+
+
+@dataclass(frozen=True)
+class FloorItem:
+    """One loader item as the floor makes it: the sampled clip frames and where their distinct frames are."""
+
+    frames: np.ndarray
+    read: FloorRead
+
+
+def floor_items(root: str, floor: InMemoryFloor, start: int, items: int) -> list[FloorItem]:
+    """The items 1..`items` a loader seeded `start` makes (item 0 is its warm-up), planned by the loader's own sampler."""
+    planner = EpisodeReader(None, None, CLIPS, CLIP_LENGTH, prefetch=0, byte_budget=0, workers=1, seed=start)
+    out = []
+    for i, request in enumerate(item_requests(root, start, items + 1)[1:], start=1):
+        plan: ClipPlan = planner.plan(request, i)
+        out.append(FloorItem(plan.frames, floor.read(plan.episode, np.unique(plan.frames))))
+    return out
+
+
+def floor_clips(floor: InMemoryFloor, item: FloorItem) -> torch.Tensor:
+    return decode_clips(item.frames, functools.partial(floor.frames, item.read), SIZE, TimeCard(0))
+
+
+def loader_floor_rows(root: Path, effort: Effort) -> list[Row]:
+    """Loader items/s / the same decode, resize and normalisation of the same frames from memory, one thread."""
+    items = effort.pick(6, 10)
+    local = open_dataset(str(root))
+    floor = InMemoryFloor(local, local.video_keys[0])
+    setup = LoaderSetup("episode", prefetch=2, workers=1, decode_threads=1)
+    with torch_threads(1):
+        check = item_requests(str(root), 999, 2)[1]
+        (clips,), _, _ = dataclasses.replace(setup, prefetch=0).loader(999)((), {"request": check}, TimeCard(1))
+        if not torch.equal(clips, floor_clips(floor, floor_items(str(root), floor, 999, 1)[0])):
+            raise AssertionError("the loader and the in-memory decode give different clips")
+        starts_a, starts_b = iter(range(1000)), iter(range(1000))
+        cards: list[TimeCard] = []
+
+        def in_memory() -> float:
+            planned = floor_items(str(root), floor, next(starts_b), items)
+            started = time.perf_counter()
+            for item in planned:
+                floor_clips(floor, item)
+            return items / (time.perf_counter() - started)
+
+        row = measure_pair("P10d", "R(2+1)D loader items/s / the same frames decoded, resized and normalised from "
+                           "memory (the floor), 1 thread", Goal(">=", 0.85),
+                           ("loader", "items/s", lambda: loader_rate(str(root), setup, items, next(starts_a), cards)),
+                           ("in memory", "items/s", in_memory), effort.reps)
+    fetch_ms = 1000 * np.median([c.events["fetch_finish"] - c.events["fetch_start"] for c in cards])
+    decode_ms = 1000 * np.median([c.events["decode_finish"] - c.events["decode_start"] for c in cards])
+    note = (f"{items} items per repetition, {CLIPS} clips of {CLIP_LENGTH} frames resized to {SIZE}, from local disk, "
+            f"{local.num_episodes} episodes of {resolution(root)} (GOP 30, B-frames); the loader fetches whole "
+            "episodes 2 ahead on one thread and decodes on one; clips checked identical. Per loader item (median): "
+            f"waiting for its fetch {fetch_ms:.0f} ms, decoding {decode_ms:.0f} ms")
+    return [dataclasses.replace(row, note=note)]
+
+
+def floor_rows(name: str, effort: Effort, roots: Callable[[], dict[int, Path]],
+               vga_roots: Callable[[], dict[int, Path]], workdir: Path) -> list[Row]:
+    """The rows of benchmark `name` (P3rd or P10d)."""
+    if name == "P3rd":
+        return windows_floor_rows(roots()[30], workdir, effort)
+    if name == "P10d":
+        return loader_floor_rows(vga_roots()[30], effort)
+    raise ValueError(f"bench/floor_bench.py has no benchmark {name!r}")
+
