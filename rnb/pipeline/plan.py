@@ -18,7 +18,7 @@ import torch
 from rnb.core.model import ChecksDataset, DeclaresDtypes, Keywords, Shapes, StepModelClass, input_side, output_side
 from rnb.core.records import Json, json_at
 from rnb.pipeline.config import ConfigError, KeywordError, PipelineConfig, QueueGroup
-from rnb.pipeline.dataset_source import KINDS, EpisodeRequest
+from rnb.pipeline.dataset_source import KINDS, READ_RETRIES, READ_TIMEOUT_S, EpisodeRequest
 from rnb.pipeline.dotted import load_object
 
 
@@ -196,7 +196,9 @@ def warmup_request(source: Mapping[str, Any]) -> EpisodeRequest | None:
     if "://" not in root and not os.path.isabs(root):
         root = os.path.abspath(root)
     episodes = source.get("episodes") or [0]
-    return EpisodeRequest(kind, root, int(episodes[0]))
+    # The source's read limits too: the loader keeps the dataset the warm-up opened, and reads every item through it.
+    return EpisodeRequest(kind, root, int(episodes[0]), timeout_s=float(source.get("timeout_s", READ_TIMEOUT_S)),
+                          retries=int(source.get("retries", READ_RETRIES)))
 
 
 def _per_segment(shapes: Shapes, num_segments: int) -> Shapes:

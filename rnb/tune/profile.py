@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rnb.analysis.jobs import TARGET_REACHED, Job, JobLogError, read_job
+from rnb.analysis.jobs import Job, JobLogError, read_job
 from rnb.analysis.sweep import RunOutcome, SweepError
 from rnb.core.joblog import host
 from rnb.core.stages import ENQUEUE, StepEvents
-from rnb.core.termination import POLL_S
+from rnb.core.termination import POLL_S, Termination
 from rnb.pipeline.config import merges_segments, parse_config
 from rnb.pipeline.plan import Placement, plan_runners, runner_name
 from rnb.tune.space import Candidate, GroupChoices, TuneSpace, digest
@@ -371,7 +371,7 @@ def read_profile(job: Job, key: ProfileKey, position: int, cards: int | None = N
     the last partial batch); `cards` keeps only emitting calls of that many
     items (a batch filled), where the group takes batches.
     """
-    if job.meta.termination_reason != TARGET_REACHED:
+    if job.meta.termination_reason != Termination.TARGET_REACHED.reason:
         raise ProfileError(f"its job {job.path} ended with {job.meta.termination_reason!r}: "
                            f"{job.meta.error or 'no error recorded'}")
     replica = calls_of(job, position).get(0, [])
