@@ -58,6 +58,7 @@ from episodes import (
     Fetch,
     FetchedFrames,
     FrameRequest,
+    SourceKind,
     decode_backend,
     decode_mini_mp4,
     open_decoder,
@@ -175,7 +176,7 @@ class EpisodeReader:
         self.usage_cache = usage_cache
         self._open: dict[tuple[str, str], tuple[EpisodeDataset, EpisodeByteCache]] = {}
 
-    def _dataset(self, kind: str, root: str, timeout_s: float = READ_TIMEOUT_S, retries: int = READ_RETRIES,
+    def _dataset(self, kind: SourceKind, root: str, timeout_s: float = READ_TIMEOUT_S, retries: int = READ_RETRIES,
                  ) -> tuple[EpisodeDataset, EpisodeByteCache]:
         if (kind, root) not in self._open:
             ds = open_episodes(root, kind, usage_cache_dir=cache_dir() if self.usage_cache else None,

@@ -156,10 +156,10 @@ class SleepingDevice:
     """
 
     def __init__(self) -> None:
-        self._work: queue.SimpleQueue[tuple[float, Callable[[], None]]] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[float, Callable[[], object]]] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="sleeping-device", daemon=True).start()
 
-    def submit(self, seconds: float, effect: Callable[[], None]) -> None:
+    def submit(self, seconds: float, effect: Callable[[], object]) -> None:
         self._work.put((seconds, effect))
 
     def mark(self) -> SleepMark:

@@ -51,7 +51,8 @@ def generate(spec: ClientSpec, transport: ClientTransport) -> None:
         try:
             payload = next(payloads)
         except StopIteration:
-            raise ValueError(f"{spec.config_path}: source: ran out after {item_id} requests, but -v asks for {spec.videos}") from None
+            raise ValueError(f"{spec.config_path}: source: ran out after {item_id} requests, "
+                             f"but -v asks for {spec.videos}") from None
         card = TimeCard(item_id, repr(payload))
         card.record(ENQUEUE)
         if not transport.submit(Request(payload, card)):
