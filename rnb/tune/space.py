@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rnb.core.model import Flushes
+from rnb.core.records import Json
 from rnb.pipeline.config import ConfigError, PipelineConfig, merges_segments, parse_config
 from rnb.pipeline.dotted import load_object
 
@@ -282,7 +283,7 @@ class TuneSpace:
             parts.append(text)
         return " | ".join(parts)
 
-    def document_for(self, candidate: Candidate, run: Mapping[str, Any] | None = None,
+    def document_for(self, candidate: Candidate, run: Mapping[str, Json] | None = None,
                      description: str | None = None) -> dict[str, Any]:
         """The candidate as a config document that benchmark.py runs as is."""
         document = copy.deepcopy(dict(self.document))
@@ -337,7 +338,7 @@ def spread(replicas: Mapping[tuple[int, int], int], gpus: Sequence[int]) -> dict
     return placed
 
 
-def _choices(value: Any, file: str, where: str) -> tuple[int, ...] | None:
+def _choices(value: object, file: str, where: str) -> tuple[int, ...] | None:
     """A list of positive integers given in place of one (the tuner's choices); None where a single value is."""
     if not isinstance(value, list):
         return None
