@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rnb.core.model import Flushes
-from rnb.core.records import Json
+from rnb.core.records import Json, JsonObject
 from rnb.pipeline.config import ConfigError, PipelineConfig, merges_segments, parse_config
 from rnb.pipeline.dotted import load_object
 
@@ -284,7 +284,7 @@ class TuneSpace:
         return " | ".join(parts)
 
     def document_for(self, candidate: Candidate, run: Mapping[str, Json] | None = None,
-                     description: str | None = None) -> dict[str, Any]:
+                     description: str | None = None) -> JsonObject:
         """The candidate as a config document that benchmark.py runs as is."""
         document = copy.deepcopy(dict(self.document))
         for k, step in enumerate(document["pipeline"]):
