@@ -32,7 +32,8 @@ def test_truncated_mp4(root: Path, tmp_path: Path) -> None:
     video.write_bytes(video.read_bytes()[: video.stat().st_size // 2])
     ds = open_dataset(str(root))
     with EpisodeByteCache(ds, cache_dir=tmp_path) as cache:
-        expect_fault(ds, cache, f"{root}/{BROKEN}", Mp4FormatError, r"box 'mdat' at byte \d+ declares \d+ bytes but only \d+ remain \(truncated")
+        expect_fault(ds, cache, f"{root}/{BROKEN}", Mp4FormatError,
+                     r"box 'mdat' at byte \d+ declares \d+ bytes but only \d+ remain \(truncated")
 
 
 def test_corrupt_sample_tables(root: Path, tmp_path: Path) -> None:

@@ -125,8 +125,11 @@ class MainGpuMemory:
 
     @staticmethod
     def from_json(document: Mapping[str, Json], where: str) -> MainGpuMemory:
-        return MainGpuMemory(**{f.name: _optional(document, f.name, int, where)  # type: ignore[arg-type]
-                                for f in dataclasses.fields(MainGpuMemory) if f.name in document})
+        return MainGpuMemory(
+            device_process_bytes=_optional(document, "device_process_bytes", int, where),
+            device_outside_allocator_bytes=_optional(document, "device_outside_allocator_bytes", int, where),
+            slot_bytes=_optional(document, "slot_bytes", int, where) or 0,
+            left_after_release_bytes=_optional(document, "left_after_release_bytes", int, where))
 
 
 @dataclass(frozen=True)
