@@ -146,7 +146,8 @@ class RayJob:
         if not bundles:
             return []
         shapes = [choice.bundle() for choice in bundles]
-        self.group = placement_group([s for s, _ in shapes], strategy="PACK", bundle_label_selector=[label for _, label in shapes])
+        self.group = placement_group([s for s, _ in shapes], strategy="PACK",
+                                     bundle_label_selector=[label for _, label in shapes])
         ready, _ = ray.wait([self.group.ready()], timeout=PLACE_TIMEOUT_S)
         if not ready:
             first = next(seat for seat in self.seats if seat.bundle is not None)
