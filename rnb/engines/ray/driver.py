@@ -37,7 +37,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from tqdm import tqdm
 
 from rnb.core.joblog import SAMPLES_FILE
-from rnb.core.records import GpuRecord, ProcessRecord
+from rnb.core.records import GpuRecord, ProcessRecord, Role
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
 from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
@@ -88,8 +88,8 @@ def run_ray_job(config: PipelineConfig, args: RunArgs, placements: list[Placemen
                 machine_gpus: int = 0, allow_busy_gpus: bool = False) -> JobResult:
     """Run the job on Ray.  Raises ConfigError (exit 2) for what the cluster cannot host, before any log exists."""
     labels = tuple(dict.fromkeys(g.node for s in config.steps for g in s.queue_groups if g.node))
-    gpu_labels = frozenset(config.steps[p.step].queue_groups[p.group].node for p in placements
-                           if p.device.startswith("cuda"))
+    gpu_labels = frozenset(node for node in (config.steps[p.step].queue_groups[p.group].node for p in placements
+                                             if p.device.startswith("cuda")) if node)
     config = paths_every_node_sees(config)
     with JobRay(address, labels, gpu_labels, machine_gpus) as cluster:
         nodes = cluster.nodes()
@@ -168,8 +168,9 @@ class RayJob:
 
     def run(self, job_dir: Path) -> JobEnding:
         """Create the actors, start them together, wait for the flag, stop them; how the job ended."""
-        previous = {number: signal.signal(number, lambda number, _: self.stopped_from_outside(STOP_SIGNALS[number]))
-                    for number in STOP_SIGNALS}
+        previous = {number: signal.signal(
+            number, lambda number, _: self.stopped_from_outside(STOP_SIGNALS[signal.Signals(number)]))
+            for number in STOP_SIGNALS}
         setup_error = None
         job = job_dir.name
         self.job_dir = job_dir
@@ -193,6 +194,7 @@ class RayJob:
             self.stop(self.outside if self.interrupted.is_set() or self.start is not None else Termination.SETUP_FAILED)
             sampler.stop()
             self.spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
+        assert self.state is not None  # stop() leaves the flag's state, whatever came before
         reason = self.state.reason
         stacks = kept_stacks(job_dir)
         for name, path in stacks.items():
@@ -248,8 +250,11 @@ class RayJob:
         strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=seat.bundle)
         return {**options, "num_gpus": seat.gpu_share, "scheduling_strategy": strategy}
 
-    def _add(self, name: str, role: str, p: Placement | None, actor: Any) -> None:
-        self.book.add(ProcessRecord(name, role, p and p.step, p and p.group, p and p.instance, p and p.device))
+    def _add(self, name: str, role: Role, p: Placement | None, actor: Any) -> None:
+        if p is None:
+            self.book.add(ProcessRecord(name, role, None, None, None, None))
+        else:
+            self.book.add(ProcessRecord(name, role, p.step, p.group, p.instance, p.device))
         self.members.append(Member(name, actor))
 
     def _locate(self) -> None:
@@ -294,14 +299,19 @@ class RayJob:
     def start_together(self, job: str) -> float:
         """Measure each node's clock offset, then open every actor's start gate; the start time."""
         for member in self.members:
-            node = self.book[member.name].node
+            node = self._node_id(member)
             if node not in self.offsets:
                 self.offsets[node] = measure_offset(lambda: ray.get(member.actor.clock.remote()))
         start = time.time()
         for member in self.members:
-            member.actor.start.remote(self.offsets[self.book[member.name].node].offset_s)
+            member.actor.start.remote(self.offsets[self._node_id(member)].offset_s)
         log.info("started %s on Ray: client and %d runners ready on %d nodes", job, len(self.seats), len(self.offsets))
         return start
+
+    def _node_id(self, member: Member) -> str:
+        node = self.book[member.name].node
+        assert node is not None, f"{member.name} has no node"  # _locate recorded every member's
+        return node
 
     def follow(self) -> None:
         """Until the flag is raised: take in statuses and cards, notice failures, show progress."""
@@ -313,6 +323,7 @@ class RayJob:
         duration raises the flag."""
         while True:
             self.poll()
+            assert self.spool is not None and self.state is not None  # run() made the spool, poll() the state
             if bar is not None:
                 bar.update(self.spool.rows - bar.n)
             if self.state.reason != Termination.RUNNING:
@@ -419,6 +430,7 @@ class RayJob:
             for member in self.members:
                 member.actor.halt.remote()
         self.state = state
+        assert self.spool is not None  # a job collects only once it runs
         self.spool.add(state.cards)
         for status in state.statuses:
             self.book.on_status(status)
@@ -503,7 +515,9 @@ def _own_gpu(device: str) -> str:
 def paths_every_node_sees(config: PipelineConfig) -> PipelineConfig:
     """A relative local dataset root or video glob made absolute here: an actor's working directory is its node's."""
     kind = next(iter(config.source), None)
-    where = config.source.get(kind) if kind in KINDS else None
+    if kind is None or kind not in KINDS:
+        return config
+    where = config.source[kind]
     if not isinstance(where, str) or "://" in where or os.path.isabs(where):
         return config
     return dataclasses.replace(config, source={**config.source, kind: os.path.abspath(where)})
