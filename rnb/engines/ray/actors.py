@@ -77,12 +77,17 @@ class ControlState:
 class JobControl:
     """The job's shared state on Ray (a plain actor: one call at a time, in the order each caller sent them).
 
-    It lives on the driver's node, so the time it stamps on the flag, the
-    end of the job, is on the driver's clock.
+    It lives on the driver's node, so the time it stamps on the flag is on
+    the driver's clock.  At the target the flag's time, the end of the job,
+    is when the final step counted the last item it accepted (its stamp
+    `counted`, on the driver's clock too), as the local engine raises its
+    flag at the count: the cards may have waited a little on their way here.
     """
 
-    def __init__(self, target: int) -> None:
+    def __init__(self, target: int, counted: str) -> None:
         self.target = target
+        self.counted = counted
+        self.last_counted = 0.0
         self.finished = 0
         self.reason = Termination.RUNNING
         self.raised_at = 0.0
@@ -97,10 +102,10 @@ class JobControl:
         if self.reason != Termination.RUNNING:
             self._halt_all()
 
-    def stop(self, reason: Termination) -> None:
-        """The first reason wins; every actor is told to halt."""
+    def stop(self, reason: Termination, at: float | None = None) -> None:
+        """The first reason wins; every actor is told to halt.  The flag's time is `at`, or now."""
         if self.reason == Termination.RUNNING:
-            self.reason, self.raised_at = Termination(reason), time.time()
+            self.reason, self.raised_at = Termination(reason), time.time() if at is None else at
             self._halt_all()
 
     def _halt_all(self) -> None:
@@ -113,10 +118,11 @@ class JobControl:
         accepted = cards[: max(0, self.target - self.finished)]
         self.finished += len(accepted)
         self.cards.extend(accepted)
+        self.last_counted = max([self.last_counted, *(card.event(self.counted) or 0.0 for card in accepted)])
         if self.client is not None:
             self.client.release.remote(len(cards))
         if self.finished >= self.target:
-            self.stop(Termination.TARGET_REACHED)
+            self.stop(Termination.TARGET_REACHED, self.last_counted)
 
     def report(self, status: Status) -> None:
         self.statuses.append(status)
@@ -134,6 +140,7 @@ class RayWiring:
     control: Any
     consumers: tuple[tuple[Any, ...], ...]   # out_queues[i] -> the runner actors reading it
     num_slots: int                            # hand-offs it may have untaken at once (num_shared_tensors)
+    count_at_once: bool = False               # final step, closed loop: cards go as soon as the input is empty
 
 
 class _Member:
@@ -323,13 +330,10 @@ class RayTransport(_RayParticipant):
 
     def receive(self, timeout: float) -> Input | None:
         try:
-            arrival = self.inbox.get_nowait()
+            arrival = self.inbox.get(timeout=timeout)
         except queue.Empty:
-            self.finished.send()  # a final step sends the cards it holds before it waits for new work
-            try:
-                arrival = self.inbox.get(timeout=timeout)
-            except queue.Empty:
-                return None
+            self.finished.send()  # the input is idle: a final step sends the cards it holds
+            return None
         arrived = now()
         message = arrival.parcel.opened()
         if isinstance(message, Request):
@@ -362,13 +366,15 @@ class RayTransport(_RayParticipant):
     def finish(self, cards: tuple[TimeCard, ...]) -> bool:
         """Count at the JobControl, which ends the job itself at the target: always False here.
 
-        While more items wait in the inbox, counted cards gather (up to
-        RESULTS_BATCH) and go in one call, as an actor call per item costs
-        both sides; with none waiting they go at once, so no card is held
-        back from the count, the one that reaches the target included.
+        Counted cards gather and go in one call once RESULTS_BATCH are held
+        or the oldest has waited RESULTS_WAIT_S (FinishedCards), as a call
+        per item would cost as much as a hop; the JobControl dates the end
+        by the cards' own count, not by their arrival.  A closed loop's
+        client waits for each count to send its next request, so there
+        they go as soon as the input is empty.
         """
         self.finished.add(cards)
-        if len(self.finished) >= RESULTS_BATCH or self.inbox.empty():
+        if len(self.finished) >= RESULTS_BATCH or (self.wiring.count_at_once and self.inbox.empty()):
             self.finished.send()
         return False
 

@@ -8,9 +8,9 @@
     driver: every actor ready -> clock offsets per node -> start; flag raised -> halt, kill, log
 
 The start time is taken when every actor has reported ready, the end time is
-when the JobControl raised the flag; both on the driver's clock, on which
-every time card is stamped too (each actor shifts its stamps by its node's
-measured offset).  A failed or lost actor ends the job within a poll
+the JobControl's flag (at the target, when the final step counted the last
+item it accepted); both on the driver's clock, on which every time card is
+stamped too (each actor shifts its stamps by its node's measured offset).  A failed or lost actor ends the job within a poll
 interval of Ray noticing; whatever way the job ends, every actor it created
 is killed and its placement group removed.  The driver looks at every actor
 a few times a second (its progress and its loop's CPU: rnb.engines.stall),
@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from rnb.core.joblog import SAMPLES_FILE
 from rnb.core.records import GpuRecord, ProcessRecord, Role
+from rnb.core.stages import StepEvents
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
 from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
@@ -213,7 +214,8 @@ class RayJob:
         """The JobControl and client on the driver's node, one actor per runner on its seat; then their run() calls."""
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.control = ray.remote(JobControl).options(
-            name=f"{job}/control", num_cpus=0, scheduling_strategy=here).remote(self.args.videos)
+            name=f"{job}/control", num_cpus=0, scheduling_strategy=here
+        ).remote(self.args.videos, StepEvents(len(self.config.steps) - 1).handed_over)
         self._add("client", "client", None, ray.remote(ClientActor).options(
             name=f"{job}/client", num_cpus=0, scheduling_strategy=here, runtime_env={"env_vars": ACTOR_ENV}
         ).remote(self.control, self.args.concurrency))
@@ -284,7 +286,7 @@ class RayJob:
                                    device_uuid=self.gpu_uuids[seat.bundle] if seat.bundle is not None else "")
         consumers = tuple(tuple(by_name[s.placement.name] for s in self.seats
                                 if s.placement.step == p.step + 1 and s.placement.in_queue == q) for q in p.out_queues)
-        wiring = RayWiring(self.control, consumers, max(1, p.num_slots))
+        wiring = RayWiring(self.control, consumers, max(1, p.num_slots), count_at_once=bool(self.args.concurrency))
         member.run = member.actor.run.remote(spec, wiring)
 
     def _threads(self, member: Member, seat: Seat) -> int | None:
