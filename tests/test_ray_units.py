@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from rnb import cli
-from rnb.core.messages import Request
+from rnb.core.messages import Request, Results
+from rnb.core.termination import Termination
 from rnb.core.timecard import TimeCard
-from rnb.engines.ray.actors import ACTOR_ENV
+from rnb.engines.ray.actors import ACTOR_ENV, JobControl
 from rnb.engines.ray.cluster import NodeInfo, is_loopback_address, resolve_address, split_label, use_loopback_if_local
 from rnb.engines.ray.driver import measure_offset, paths_every_node_sees
 from rnb.engines.ray.handoffs import Courier, Outbox, Parcel
@@ -199,6 +200,20 @@ def test_a_call_that_raises_is_told_and_frees_its_items_and_the_calls_after_it_a
     courier.post(lambda: made.append(1))
     assert courier.flush()
     assert [str(e) for e in failures] == ["cannot pickle 'generator' object"] and made == [1] and outbox.total == 0
+
+
+def test_the_job_control_ends_at_the_target_dated_by_the_last_accepted_cards_count_and_drops_the_rest():
+    control = JobControl(3, "runner1_finish")
+    cards = []
+    for item, counted in enumerate([10.0, 12.0, 11.0, 9.0]):
+        cards.append(TimeCard(item, str(item)))
+        cards[-1].record("runner1_finish", counted)
+    control.finish(Results(tuple(cards[:2])))
+    assert control.collect().reason == Termination.RUNNING
+    control.finish(Results(tuple(cards[2:])))   # the fourth is past the target
+    state = control.collect()
+    assert state.reason == Termination.TARGET_REACHED and state.raised_at == 12.0
+    assert [card.item_id for card in state.cards] == [2] and control.finished == 3
 
 
 def test_a_ray_address_without_the_ray_engine_is_exit_2_in_one_sentence(capsys):
