@@ -169,9 +169,8 @@ class RayJob:
 
     def run(self, job_dir: Path) -> JobEnding:
         """Create the actors, start them together, wait for the flag, stop them; how the job ended."""
-        previous = {number: signal.signal(
-            number, lambda number, _: self.stopped_from_outside(STOP_SIGNALS[signal.Signals(number)]))
-            for number in STOP_SIGNALS}
+        previous = {number: signal.signal(number, lambda number, _: self.stopped_from_outside(STOP_SIGNALS[number]))
+                    for number in STOP_SIGNALS}
         setup_error = None
         job = job_dir.name
         self.job_dir = job_dir
