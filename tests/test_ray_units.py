@@ -9,9 +9,13 @@ from typing import Any
 import pytest
 
 from rnb import cli
-from rnb.engines.ray.actors import ACTOR_ENV, Outstanding
+from rnb.core.messages import Request, Results
+from rnb.core.termination import Termination
+from rnb.core.timecard import TimeCard
+from rnb.engines.ray.actors import ACTOR_ENV, JobControl
 from rnb.engines.ray.cluster import NodeInfo, is_loopback_address, resolve_address, split_label, use_loopback_if_local
 from rnb.engines.ray.driver import measure_offset, paths_every_node_sees
+from rnb.engines.ray.handoffs import Courier, Outbox, Parcel
 from rnb.engines.ray.placement import RESOURCE_SLIVER, seat_runners
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.plan import plan_runners
@@ -112,7 +116,7 @@ def test_the_cluster_to_use_and_whether_this_machine_is_loopback_to_ray(monkeypa
 
 
 class _Ref:
-    """Stands in for an ObjectRef: its future completes when the test says the hand-off was taken."""
+    """Stands in for an ObjectRef: its future completes when the test says the hand-off call was taken."""
 
     def __init__(self) -> None:
         self.done: concurrent.futures.Future = concurrent.futures.Future()
@@ -121,19 +125,95 @@ class _Ref:
         return self.done
 
 
-def test_hand_offs_go_to_the_least_loaded_consumer_and_hold_a_slot_until_taken():
-    outstanding = Outstanding(3)
-    refs = []
-    for _ in range(4):
-        chosen = outstanding.least_loaded([1, 2])
-        refs.append((chosen, _Ref()))
-        outstanding.add(chosen, refs[-1][1])
-    assert sorted(chosen for chosen, _ in refs) == [1, 1, 2, 2] and outstanding.counts == [0, 2, 2]
-    assert outstanding.wait_below(4, lambda: True) is False   # full, and the job ended: no wait
-    taker = threading.Timer(0.2, lambda: refs[0][1].done.set_result(None))
+class _Calls:
+    """Stands in for the consumers: records every call's consumer and parcels, hands back its _Ref."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[int, list[str]]] = []
+        self.refs: list[_Ref] = []
+        self.arrived = threading.Condition()
+
+    def __call__(self, consumer: int, parcels: list[Parcel]) -> _Ref:
+        with self.arrived:
+            self.made.append((consumer, [p.opened().payload for p in parcels]))
+            self.refs.append(_Ref())
+            self.arrived.notify_all()
+            return self.refs[-1]
+
+    def wait_for(self, count: int) -> None:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.made) >= count, timeout=5)
+
+
+def request(name: str) -> Parcel:
+    return Parcel.of(Request(name, TimeCard(0, name)))
+
+
+def test_items_for_a_consumer_with_a_call_untaken_wait_and_go_together_in_its_next_call():
+    calls = _Calls()
+    courier = Courier(lambda error: None)
+    outbox = Outbox(2, calls, courier)
+    outbox.put(0, request("a"))
+    calls.wait_for(1)
+    for name in "bcd":
+        outbox.put(0, request(name))
+    outbox.put(1, request("e"))
+    calls.wait_for(2)
+    assert courier.flush() and calls.made == [(0, ["a"]), (1, ["e"])] and outbox.counts == [4, 1]
+    calls.refs[0].done.set_result(None)   # "a" taken: b, c and d go in one call
+    calls.wait_for(3)
+    assert calls.made[2] == (0, ["b", "c", "d"]) and outbox.counts == [3, 1]
+    calls.refs[2].done.set_result(None)
+    calls.refs[1].done.set_result(None)
+    outbox.put(0, request("f"))            # nothing untaken to consumer 0: at once, alone
+    calls.wait_for(4)
+    assert calls.made[3] == (0, ["f"]) and outbox.counts == [1, 0] and outbox.calls == 4
+
+
+def test_each_item_holds_a_slot_until_its_call_is_taken_and_goes_to_the_least_loaded_consumer():
+    calls = _Calls()
+    outbox = Outbox(3, calls, Courier(lambda error: None))
+    for name in "ab":
+        outbox.put(outbox.least_loaded([1, 2]), request(name))
+    calls.wait_for(2)
+    for name in "cd":
+        outbox.put(outbox.least_loaded([1, 2]), request(name))
+    assert outbox.counts == [0, 2, 2] and sorted(consumer for consumer, _ in calls.made) == [1, 2]
+    assert outbox.wait_below(4, lambda: True) is False   # full, and the job ended: no wait
+    first = calls.made[0][0]
+    taker = threading.Timer(0.2, lambda: calls.refs[0].done.set_result(None))
     taker.start()
-    assert outstanding.wait_below(4, lambda: False) is True
-    assert outstanding.total == 3 and outstanding.least_loaded([1, 2]) == refs[0][0]
+    assert outbox.wait_below(4, lambda: False) is True
+    assert outbox.total == 3 and outbox.least_loaded([1, 2]) == first
+
+
+def test_a_call_that_raises_is_told_and_frees_its_items_and_the_calls_after_it_are_still_made():
+    failures: list[BaseException] = []
+    made: list[int] = []
+
+    def call(consumer: int, parcels: list[Parcel]) -> _Ref:
+        raise TypeError("cannot pickle 'generator' object")
+
+    courier = Courier(failures.append)
+    outbox = Outbox(1, call, courier)
+    outbox.put(0, request("a"))
+    courier.post(lambda: made.append(1))
+    assert courier.flush()
+    assert [str(e) for e in failures] == ["cannot pickle 'generator' object"] and made == [1] and outbox.total == 0
+
+
+def test_the_job_control_ends_at_the_target_dated_by_the_last_accepted_cards_count_and_drops_the_rest():
+    control = JobControl(3, "runner1_finish")
+    cards = []
+    for item, counted in enumerate([10.0, 12.0, 11.0, 9.0]):
+        cards.append(TimeCard(item, str(item)))
+        cards[-1].record("runner1_finish", counted)
+    control.finish(Results(tuple(cards[:2])))
+    assert control.collect().reason == Termination.RUNNING
+    control.finish(Results(tuple(cards[2:])))   # the fourth is past the target
+    state = control.collect()
+    assert state.reason == Termination.TARGET_REACHED and state.raised_at == 12.0
+    assert [card.item_id for card in state.cards] == [2] and control.finished == 3
 
 
 def test_a_ray_address_without_the_ray_engine_is_exit_2_in_one_sentence(capsys):

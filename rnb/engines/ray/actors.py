@@ -7,14 +7,16 @@
 The client and every runner run the same loops as on the local engine
 (rnb.engines.client.generate, rnb.engines.runner.Runner), each in a thread
 of its own async actor, while the actor's event loop takes hand-offs, the
-start signal and the halt.  A hand-off is one actor call whose tensors are
-an argument: Ray moves them through its object store, across nodes when the
-consumer lives elsewhere.  The call returns once the consumer has taken the
-item off its inbox and copied the tensors out; until then the hand-off
-holds one of the producer's `num_shared_tensors` slots, as a shared slot
-does on the local engine.  Of a queue's consumers, a producer hands each
-item to the one with the fewest of its hand-offs still untaken, so replicas
-that share an input queue share its work.
+start signal and the halt.  A hand-off is an actor call carrying one item,
+or several while the consumer is backlogged, whose tensors are an argument:
+Ray moves them through its object store, across nodes when the consumer
+lives elsewhere.  The call returns once the consumer has taken every item of
+it off its inbox and copied the tensors out; until then each item holds one
+of the producer's `num_shared_tensors` slots, as a shared slot does on the
+local engine.  Of a queue's consumers, a producer hands each item to the one
+with the fewest of its items still untaken, so replicas that share an input
+queue share its work.  Every call an actor makes, hand-offs, finished cards
+and reports, goes through its courier thread (rnb.engines.ray.handoffs).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from typing import Any
 import ray
 import torch
 
-from rnb.core.messages import Exited, Handoff, Request, Results, Status
+from rnb.core.messages import Exited, Failed, Handoff, Request, Results, Status
 from rnb.core.progress import Progress, empty_cells
 from rnb.core.stages import StepEvents
 from rnb.core.termination import POLL_S, Termination
@@ -41,6 +43,7 @@ from rnb.core.timecard import TimeCard, as_cards, now, set_clock_offset
 from rnb.engines import client
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.participant import run_and_report
+from rnb.engines.ray.handoffs import Courier, Outbox, Parcel
 from rnb.engines.runner import Runner
 from rnb.engines.stall import Look, cpu_seconds
 from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
@@ -74,12 +77,17 @@ class ControlState:
 class JobControl:
     """The job's shared state on Ray (a plain actor: one call at a time, in the order each caller sent them).
 
-    It lives on the driver's node, so the time it stamps on the flag, the
-    end of the job, is on the driver's clock.
+    It lives on the driver's node, so the time it stamps on the flag is on
+    the driver's clock.  At the target the flag's time, the end of the job,
+    is when the final step counted the last item it accepted (its stamp
+    `counted`, on the driver's clock too), as the local engine raises its
+    flag at the count: the cards may have waited a little on their way here.
     """
 
-    def __init__(self, target: int) -> None:
+    def __init__(self, target: int, counted: str) -> None:
         self.target = target
+        self.counted = counted
+        self.last_counted = 0.0
         self.finished = 0
         self.reason = Termination.RUNNING
         self.raised_at = 0.0
@@ -94,10 +102,10 @@ class JobControl:
         if self.reason != Termination.RUNNING:
             self._halt_all()
 
-    def stop(self, reason: Termination) -> None:
-        """The first reason wins; every actor is told to halt."""
+    def stop(self, reason: Termination, at: float | None = None) -> None:
+        """The first reason wins; every actor is told to halt.  The flag's time is `at`, or now."""
         if self.reason == Termination.RUNNING:
-            self.reason, self.raised_at = Termination(reason), time.time()
+            self.reason, self.raised_at = Termination(reason), time.time() if at is None else at
             self._halt_all()
 
     def _halt_all(self) -> None:
@@ -110,10 +118,11 @@ class JobControl:
         accepted = cards[: max(0, self.target - self.finished)]
         self.finished += len(accepted)
         self.cards.extend(accepted)
+        self.last_counted = max([self.last_counted, *(card.event(self.counted) or 0.0 for card in accepted)])
         if self.client is not None:
             self.client.release.remote(len(cards))
         if self.finished >= self.target:
-            self.stop(Termination.TARGET_REACHED)
+            self.stop(Termination.TARGET_REACHED, self.last_counted)
 
     def report(self, status: Status) -> None:
         self.statuses.append(status)
@@ -124,50 +133,6 @@ class JobControl:
         return state
 
 
-class Outstanding:
-    """Hand-offs a producer sent that their consumers have not taken yet, per consumer; thread-safe.
-
-    A hand-off's call returns when the consumer takes it, so its ObjectRef
-    completing (ok or failed) is what frees it.
-    """
-
-    def __init__(self, consumers: int) -> None:
-        self.counts = [0] * consumers
-        self._next = 0
-        self._changed = threading.Condition()
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts)
-
-    def least_loaded(self, candidates: Sequence[int]) -> int:
-        """The candidate with the fewest untaken hand-offs; ties go round robin."""
-        with self._changed:
-            fewest = min(self.counts[c] for c in candidates)
-            tied = [c for c in candidates if self.counts[c] == fewest]
-            self._next += 1
-            return tied[self._next % len(tied)]
-
-    def add(self, consumer: int, ref: ray.ObjectRef) -> None:
-        with self._changed:
-            self.counts[consumer] += 1
-        ref.future().add_done_callback(lambda _: self._taken(consumer))
-
-    def _taken(self, consumer: int) -> None:
-        with self._changed:
-            self.counts[consumer] -= 1
-            self._changed.notify_all()
-
-    def wait_below(self, limit: int, stopped: Callable[[], bool]) -> bool:
-        """Block until fewer than `limit` are untaken; False if the job ended first."""
-        with self._changed:
-            while self.total >= limit:
-                if stopped():
-                    return False
-                self._changed.wait(POLL_S)
-        return not stopped()
-
-
 @dataclass(frozen=True)
 class RayWiring:
     """A runner's connections: the control, and the consumers of each of its out_queues (by position)."""
@@ -175,6 +140,7 @@ class RayWiring:
     control: Any
     consumers: tuple[tuple[Any, ...], ...]   # out_queues[i] -> the runner actors reading it
     num_slots: int                            # hand-offs it may have untaken at once (num_shared_tensors)
+    count_at_once: bool = False               # final step, closed loop: cards go as soon as the input is empty
 
 
 class _Member:
@@ -192,7 +158,8 @@ class _Member:
 
     async def where(self) -> Whereabouts:
         context = ray.get_runtime_context()
-        return Whereabouts(context.get_node_id(), os.getpid(), tuple(str(g) for g in context.get_accelerator_ids().get("GPU", ())))
+        gpus = tuple(str(g) for g in context.get_accelerator_ids().get("GPU", ()))
+        return Whereabouts(context.get_node_id(), os.getpid(), gpus)
 
     async def clock(self) -> float:
         """This node's time, for the driver's clock-offset round trips."""
@@ -224,19 +191,30 @@ class _Member:
             file.seek(0)
             return file.read()
 
-    async def _in_thread(self, work: Callable[[], int]) -> int:
+    async def _in_thread(self, transport: _RayParticipant, work: Callable[[], None],
+                         device: torch.device | None = None) -> int:
+        """Run the loop in a thread of its own, then wait for the calls its courier still holds (its last words)."""
         def run() -> int:
             self.loop_thread = threading.get_native_id()
-            return work()
+            code = run_and_report(transport.name, transport, work, device)
+            transport.courier.flush()
+            return code
 
         return await asyncio.get_running_loop().run_in_executor(None, run)
 
 
 class _RayParticipant:
-    """What the client's and the runners' Ray transports do alike (rnb.engines.transport.Participant)."""
+    """What the client's and the runners' Ray transports do alike (rnb.engines.transport.Participant).
 
-    def __init__(self, member: _Member) -> None:
+    Its reports and its stop go through the courier, behind the hand-offs
+    and cards posted before them: a Failed arrives before the stop it
+    causes, an Exited after every card counted.
+    """
+
+    def __init__(self, member: _Member, name: str) -> None:
         self.member = member
+        self.name = name
+        self.courier = Courier(self._call_failed)
 
     @property
     def stopped(self) -> bool:
@@ -244,10 +222,16 @@ class _RayParticipant:
 
     def stop(self, reason: Termination) -> None:
         self.member.halted.set()
-        self.member.control.stop.remote(reason)
+        self.courier.post(lambda: self.member.control.stop.remote(reason))
 
     def report(self, status: Status) -> None:
-        self.member.control.report.remote(status)
+        self.courier.post(lambda: self.member.control.report.remote(status))
+
+    def _call_failed(self, error: BaseException) -> None:
+        """A call the courier could not make (on its thread): this participant failed, and the job ends."""
+        self.member.halted.set()
+        self.member.control.report.remote(Failed(self.name, f"{type(error).__name__}: {error}"))
+        self.member.control.stop.remote(Termination.PROCESS_FAILED)
 
     def wait_for_start(self) -> bool:
         while not self.member.started.wait(POLL_S):
@@ -258,9 +242,22 @@ class _RayParticipant:
 
 @dataclass(frozen=True)
 class _Arrival:
-    message: Handoff | Request
-    tensors: tuple[torch.Tensor, ...]
-    taken: Callable[[], None]     # completes the producer's push call
+    parcel: Parcel
+    taken: Callable[[], None]     # counts it taken: the last of its call's parcels completes the producer's call
+
+
+class _Countdown:
+    """The parcels of one push call not yet taken; only the runner's loop thread counts them down."""
+
+    def __init__(self, parcels: int, loop: asyncio.AbstractEventLoop, call: asyncio.Future[None]) -> None:
+        self.left = parcels
+        self.loop = loop
+        self.call = call
+
+    def one_taken(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.loop.call_soon_threadsafe(_settle, self.call)
 
 
 class RunnerActor(_Member):
@@ -270,20 +267,23 @@ class RunnerActor(_Member):
         super().__init__(control)
         self.step = step
         self.inbox: queue.Queue[_Arrival] = queue.Queue(queue_size)
-        self.pending: set[asyncio.Future] = set()
+        self.pending: set[asyncio.Future[None]] = set()
         self.progress = Progress(empty_cells())
 
-    async def push(self, message: Handoff | Request, tensors: tuple[torch.Tensor, ...] = ()) -> None:
-        """Take a hand-off into the inbox; return once the runner has taken it (or the job ended)."""
-        loop = asyncio.get_running_loop()
-        taken = loop.create_future()
-        try:
-            self.inbox.put_nowait(_Arrival(message, tensors, lambda: loop.call_soon_threadsafe(_settle, taken)))
-        except queue.Full:
-            self.halted.set()
-            full = Termination.REQUEST_QUEUE_FULL if self.step == 0 else Termination.INTER_STEP_QUEUE_FULL
-            self.control.stop.remote(full)
+    async def push(self, parcels: Sequence[Parcel]) -> None:
+        """Take hand-offs into the inbox; return once the runner has taken every one (or the job ended)."""
+        if self.halted.is_set():
             return
+        taken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        countdown = _Countdown(len(parcels), asyncio.get_running_loop(), taken)
+        for parcel in parcels:
+            try:
+                self.inbox.put_nowait(_Arrival(parcel, countdown.one_taken))
+            except queue.Full:
+                self.halted.set()
+                full = Termination.REQUEST_QUEUE_FULL if self.step == 0 else Termination.INTER_STEP_QUEUE_FULL
+                self.control.stop.remote(full)
+                return
         self.pending.add(taken)
         taken.add_done_callback(self.pending.discard)
         await taken
@@ -297,11 +297,10 @@ class RunnerActor(_Member):
     async def run(self, spec: Placement, wiring: RayWiring) -> int:
         """The runner loop, until the job ends; 0 ok, 1 failed (reported to the control as Failed)."""
         transport = RayTransport(spec, wiring, self)
-        return await self._in_thread(lambda: run_and_report(
-            spec.name, transport, lambda: Runner(spec, transport).run(), torch.device(spec.device)))
+        return await self._in_thread(transport, lambda: Runner(spec, transport).run(), torch.device(spec.device))
 
 
-def _settle(future: asyncio.Future) -> None:
+def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 
@@ -310,17 +309,18 @@ class RayTransport(_RayParticipant):
     """A runner's transport (rnb.engines.transport.Transport) over actor calls and Ray's object store."""
 
     def __init__(self, spec: Placement, wiring: RayWiring, member: RunnerActor) -> None:
-        super().__init__(member)
+        super().__init__(member, spec.name)
         self.spec = spec
         self.wiring = wiring
         self.inbox = member.inbox
         self.device = torch.device(spec.device)
         self.events = StepEvents(spec.step)
         self.inputs = LocalBuffers(torch.device(spec.input_device))
-        # Each out_queue's consumers have a run of numbers of their own in `outstanding`, from first[queue].
+        # Each out_queue's consumers have a run of numbers of their own in the outbox, from first[queue].
         self.first = [sum(len(c) for c in wiring.consumers[:q]) for q in range(len(wiring.consumers))]
-        self.outstanding = Outstanding(sum(len(c) for c in wiring.consumers))
-        self.finished = FinishedCards(lambda results: self.member.control.finish.remote(results))
+        targets = [actor for consumers in wiring.consumers for actor in consumers]
+        self.outbox = Outbox(len(targets), lambda c, parcels: targets[c].push.remote(parcels), self.courier)
+        self.finished = FinishedCards(lambda results: self.courier.post(lambda: member.control.finish.remote(results)))
         assert member.progress is not None
         self.progress = member.progress
 
@@ -330,52 +330,51 @@ class RayTransport(_RayParticipant):
 
     def receive(self, timeout: float) -> Input | None:
         try:
-            arrival = self.inbox.get_nowait()
+            arrival = self.inbox.get(timeout=timeout)
         except queue.Empty:
-            self.finished.send()  # a final step sends the cards it holds before it waits for new work
-            try:
-                arrival = self.inbox.get(timeout=timeout)
-            except queue.Empty:
-                return None
+            self.finished.send()  # the input is idle: a final step sends the cards it holds
+            return None
         arrived = now()
-        message = arrival.message
+        message = arrival.parcel.opened()
         if isinstance(message, Request):
             arrival.taken()
             return Input((), {"request": message.payload}, message.card, arrived)
         # Copied out so the object store's copy can go, as a shared slot is released on the local engine.
         tensors = tuple(self.inputs.shaped(i, t).copy_(t, non_blocking=self.inputs.on_cuda)
-                        for i, t in enumerate(arrival.tensors))
+                        for i, t in enumerate(arrival.parcel.tensors))
         self._sync()
         arrival.taken()
         return Input(tensors, message.non_tensors, message.time_card, arrived)
 
     def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> bool:
-        if not self.outstanding.wait_below(self.wiring.num_slots, lambda: self.stopped):
+        if not self.outbox.wait_below(self.wiring.num_slots, lambda: self.stopped):
             return False
         cards = as_cards(time_card)
         for card in cards:
             card.record(self.events.slot_acquired)
-        # CUDA tensors go out through host memory (the copy waits for this runner's stream): the object
-        # store holds CPU tensors.
-        payload = tuple(t.to("cpu") for t in tensors)
+        # The producer's own copies (Parcel): CUDA tensors go out through host memory (the copy waits for this
+        # runner's stream), as the object store holds CPU tensors; a CPU output may be the model's buffer.
+        payload = tuple(t.clone() if t.device.type == "cpu" else t.to("cpu") for t in tensors)
         consumers, first = self.wiring.consumers[queue_index], self.first[queue_index]
-        chosen = self.outstanding.least_loaded(range(first, first + len(consumers)))
+        chosen = self.outbox.least_loaded(range(first, first + len(consumers)))
         for card in cards:
             card.record(self.events.handed_over)
         message = Handoff(self.spec.step, self.spec.group, self.spec.instance, non_tensors, time_card)
-        self.outstanding.add(chosen, consumers[chosen - first].push.remote(message, payload))
+        self.outbox.put(chosen, Parcel.of(message, payload))
         return True
 
     def finish(self, cards: tuple[TimeCard, ...]) -> bool:
         """Count at the JobControl, which ends the job itself at the target: always False here.
 
-        While more items wait in the inbox, counted cards gather (up to
-        RESULTS_BATCH) and go in one call, as an actor call per item costs
-        both sides; with none waiting they go at once, so no card is held
-        back from the count, the one that reaches the target included.
+        Counted cards gather and go in one call once RESULTS_BATCH are held
+        or the oldest has waited RESULTS_WAIT_S (FinishedCards), as a call
+        per item would cost as much as a hop; the JobControl dates the end
+        by the cards' own count, not by their arrival.  A closed loop's
+        client waits for each count to send its next request, so there
+        they go as soon as the input is empty.
         """
         self.finished.add(cards)
-        if len(self.finished) >= RESULTS_BATCH or self.inbox.empty():
+        if len(self.finished) >= RESULTS_BATCH or (self.wiring.count_at_once and self.inbox.empty()):
             self.finished.send()
         return False
 
@@ -399,7 +398,7 @@ class ClientActor(_Member):
 
     async def run(self, spec: client.ClientSpec, step0: tuple[Any, ...], queue_size: int) -> int:
         transport = RayClientTransport(self, step0, queue_size)
-        return await self._in_thread(lambda: run_and_report("client", transport, lambda: client.generate(spec, transport)))
+        return await self._in_thread(transport, lambda: client.generate(spec, transport))
 
 
 class RayClientTransport(_RayParticipant):
@@ -410,11 +409,10 @@ class RayClientTransport(_RayParticipant):
     """
 
     def __init__(self, member: ClientActor, step0: tuple[Any, ...], queue_size: int) -> None:
-        super().__init__(member)
+        super().__init__(member, "client")
         self.in_flight = member.in_flight
-        self.step0 = step0
         self.queue_size = queue_size
-        self.outstanding = Outstanding(len(step0))
+        self.outbox = Outbox(len(step0), lambda c, parcels: step0[c].push.remote(parcels), self.courier)
 
     def wait_for_room(self) -> bool:
         if self.in_flight is not None:
@@ -424,9 +422,9 @@ class RayClientTransport(_RayParticipant):
         return not self.stopped
 
     def submit(self, request: Request) -> bool:
-        if self.outstanding.total >= self.queue_size:
+        if self.outbox.total >= self.queue_size:
             self.stop(Termination.REQUEST_QUEUE_FULL)
             return False
-        chosen = self.outstanding.least_loaded(range(len(self.step0)))
-        self.outstanding.add(chosen, self.step0[chosen].push.remote(request))
+        chosen = self.outbox.least_loaded(range(len(self.outbox.counts)))
+        self.outbox.put(chosen, Parcel.of(request))
         return True

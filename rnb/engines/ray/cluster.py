@@ -204,21 +204,20 @@ class JobRay:
     def __enter__(self) -> JobRay:
         import ray
 
-        init = {"namespace": NAMESPACE, "logging_level": logging.WARNING}
         said: list[str] = []
         try:
             if self.address is not None:
                 # Ray's own client logs each refused connection attempt to stderr from C++ for as long as it
                 # retries; kept aside, they tell why it failed.
                 with _stderr_kept_in(said):
-                    ray.init(address=self.address, **init)
+                    ray.init(address=self.address, namespace=NAMESPACE, logging_level=logging.WARNING)
             elif self.labels:
                 self.cluster = _simulated_cluster(self.labels, self.gpu_labels, self.machine_gpus)
-                ray.init(address=self.cluster.address, **init)
+                ray.init(address=self.cluster.address, namespace=NAMESPACE, logging_level=logging.WARNING)
             else:
                 ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False,
                          num_cpus=len(os.sched_getaffinity(0)), num_gpus=self.machine_gpus,
-                         _system_config=OWN_SYSTEM_CONFIG, **init)
+                         _system_config=OWN_SYSTEM_CONFIG, namespace=NAMESPACE, logging_level=logging.WARNING)
         except Exception as error:
             self._shutdown()
             if self.address is not None and _refused_auth(error, "".join(said)):
@@ -287,15 +286,15 @@ def _simulated_cluster(labels: Sequence[str], gpu_labels: frozenset[str], machin
     """A head node (the driver's) and one node per label, all on 127.0.0.1, sharing this machine's cores."""
     from ray.cluster_utils import Cluster
 
-    cores = len(os.sched_getaffinity(0))
-    common = {"node_ip_address": LOOPBACK, "num_cpus": max(1, cores // (len(labels) + 1)),
-              "object_store_memory": SIMULATED_OBJECT_STORE_BYTES}
-    cluster = Cluster(initialize_head=True, head_node_args={**common, "num_gpus": 0, "include_dashboard": False,
-                                                            "_system_config": OWN_SYSTEM_CONFIG})
+    cpus = max(1, len(os.sched_getaffinity(0)) // (len(labels) + 1))
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "node_ip_address": LOOPBACK, "num_cpus": cpus, "object_store_memory": SIMULATED_OBJECT_STORE_BYTES,
+        "num_gpus": 0, "include_dashboard": False, "_system_config": OWN_SYSTEM_CONFIG})
     try:
         for label in labels:
             key, value = split_label(label)
-            cluster.add_node(**common, labels={key: value}, num_gpus=machine_gpus if label in gpu_labels else 0)
+            cluster.add_node(node_ip_address=LOOPBACK, num_cpus=cpus, object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
+                             labels={key: value}, num_gpus=machine_gpus if label in gpu_labels else 0)
     except BaseException:
         cluster.shutdown()
         raise

@@ -8,9 +8,9 @@
     driver: every actor ready -> clock offsets per node -> start; flag raised -> halt, kill, log
 
 The start time is taken when every actor has reported ready, the end time is
-when the JobControl raised the flag; both on the driver's clock, on which
-every time card is stamped too (each actor shifts its stamps by its node's
-measured offset).  A failed or lost actor ends the job within a poll
+the JobControl's flag (at the target, when the final step counted the last
+item it accepted); both on the driver's clock, on which every time card is
+stamped too (each actor shifts its stamps by its node's measured offset).  A failed or lost actor ends the job within a poll
 interval of Ray noticing; whatever way the job ends, every actor it created
 is killed and its placement group removed.  The driver looks at every actor
 a few times a second (its progress and its loop's CPU: rnb.engines.stall),
@@ -37,7 +37,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from tqdm import tqdm
 
 from rnb.core.joblog import SAMPLES_FILE
-from rnb.core.records import GpuRecord, ProcessRecord
+from rnb.core.records import GpuRecord, ProcessRecord, Role
+from rnb.core.stages import StepEvents
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
 from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
@@ -88,8 +89,8 @@ def run_ray_job(config: PipelineConfig, args: RunArgs, placements: list[Placemen
                 machine_gpus: int = 0, allow_busy_gpus: bool = False) -> JobResult:
     """Run the job on Ray.  Raises ConfigError (exit 2) for what the cluster cannot host, before any log exists."""
     labels = tuple(dict.fromkeys(g.node for s in config.steps for g in s.queue_groups if g.node))
-    gpu_labels = frozenset(config.steps[p.step].queue_groups[p.group].node for p in placements
-                           if p.device.startswith("cuda"))
+    gpu_labels = frozenset(node for node in (config.steps[p.step].queue_groups[p.group].node for p in placements
+                                             if p.device.startswith("cuda")) if node)
     config = paths_every_node_sees(config)
     with JobRay(address, labels, gpu_labels, machine_gpus) as cluster:
         nodes = cluster.nodes()
@@ -146,7 +147,8 @@ class RayJob:
         if not bundles:
             return []
         shapes = [choice.bundle() for choice in bundles]
-        self.group = placement_group([s for s, _ in shapes], strategy="PACK", bundle_label_selector=[label for _, label in shapes])
+        self.group = placement_group([s for s, _ in shapes], strategy="PACK",
+                                     bundle_label_selector=[label for _, label in shapes])
         ready, _ = ray.wait([self.group.ready()], timeout=PLACE_TIMEOUT_S)
         if not ready:
             first = next(seat for seat in self.seats if seat.bundle is not None)
@@ -192,6 +194,7 @@ class RayJob:
             self.stop(self.outside if self.interrupted.is_set() or self.start is not None else Termination.SETUP_FAILED)
             sampler.stop()
             self.spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
+        assert self.state is not None  # stop() leaves the flag's state, whatever came before
         reason = self.state.reason
         stacks = kept_stacks(job_dir)
         for name, path in stacks.items():
@@ -210,7 +213,8 @@ class RayJob:
         """The JobControl and client on the driver's node, one actor per runner on its seat; then their run() calls."""
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.control = ray.remote(JobControl).options(
-            name=f"{job}/control", num_cpus=0, scheduling_strategy=here).remote(self.args.videos)
+            name=f"{job}/control", num_cpus=0, scheduling_strategy=here
+        ).remote(self.args.videos, StepEvents(len(self.config.steps) - 1).handed_over)
         self._add("client", "client", None, ray.remote(ClientActor).options(
             name=f"{job}/client", num_cpus=0, scheduling_strategy=here, runtime_env={"env_vars": ACTOR_ENV}
         ).remote(self.control, self.args.concurrency))
@@ -247,8 +251,11 @@ class RayJob:
         strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=seat.bundle)
         return {**options, "num_gpus": seat.gpu_share, "scheduling_strategy": strategy}
 
-    def _add(self, name: str, role: str, p: Placement | None, actor: Any) -> None:
-        self.book.add(ProcessRecord(name, role, p and p.step, p and p.group, p and p.instance, p and p.device))
+    def _add(self, name: str, role: Role, p: Placement | None, actor: Any) -> None:
+        if p is None:
+            self.book.add(ProcessRecord(name, role, None, None, None, None))
+        else:
+            self.book.add(ProcessRecord(name, role, p.step, p.group, p.instance, p.device))
         self.members.append(Member(name, actor))
 
     def _locate(self) -> None:
@@ -278,7 +285,7 @@ class RayJob:
                                    device_uuid=self.gpu_uuids[seat.bundle] if seat.bundle is not None else "")
         consumers = tuple(tuple(by_name[s.placement.name] for s in self.seats
                                 if s.placement.step == p.step + 1 and s.placement.in_queue == q) for q in p.out_queues)
-        wiring = RayWiring(self.control, consumers, max(1, p.num_slots))
+        wiring = RayWiring(self.control, consumers, max(1, p.num_slots), count_at_once=bool(self.args.concurrency))
         member.run = member.actor.run.remote(spec, wiring)
 
     def _threads(self, member: Member, seat: Seat) -> int | None:
@@ -293,14 +300,19 @@ class RayJob:
     def start_together(self, job: str) -> float:
         """Measure each node's clock offset, then open every actor's start gate; the start time."""
         for member in self.members:
-            node = self.book[member.name].node
+            node = self._node_id(member)
             if node not in self.offsets:
                 self.offsets[node] = measure_offset(lambda: ray.get(member.actor.clock.remote()))
         start = time.time()
         for member in self.members:
-            member.actor.start.remote(self.offsets[self.book[member.name].node].offset_s)
+            member.actor.start.remote(self.offsets[self._node_id(member)].offset_s)
         log.info("started %s on Ray: client and %d runners ready on %d nodes", job, len(self.seats), len(self.offsets))
         return start
+
+    def _node_id(self, member: Member) -> str:
+        node = self.book[member.name].node
+        assert node is not None, f"{member.name} has no node"  # _locate recorded every member's
+        return node
 
     def follow(self) -> None:
         """Until the flag is raised: take in statuses and cards, notice failures, show progress."""
@@ -312,6 +324,7 @@ class RayJob:
         duration raises the flag."""
         while True:
             self.poll()
+            assert self.spool is not None and self.state is not None  # run() made the spool, poll() the state
             if bar is not None:
                 bar.update(self.spool.rows - bar.n)
             if self.state.reason != Termination.RUNNING:
@@ -418,6 +431,7 @@ class RayJob:
             for member in self.members:
                 member.actor.halt.remote()
         self.state = state
+        assert self.spool is not None  # a job collects only once it runs
         self.spool.add(state.cards)
         for status in state.statuses:
             self.book.on_status(status)
@@ -502,7 +516,9 @@ def _own_gpu(device: str) -> str:
 def paths_every_node_sees(config: PipelineConfig) -> PipelineConfig:
     """A relative local dataset root or video glob made absolute here: an actor's working directory is its node's."""
     kind = next(iter(config.source), None)
-    where = config.source.get(kind) if kind in KINDS else None
+    if kind is None or kind not in KINDS:
+        return config
+    where = config.source[kind]
     if not isinstance(where, str) or "://" in where or os.path.isabs(where):
         return config
     return dataclasses.replace(config, source={**config.source, kind: os.path.abspath(where)})
