@@ -6,7 +6,7 @@ final-step checks.  How an input reaches a step, how outputs reach the next
 one, how the start barrier, the termination flag and the job's results are
 shared: that is the engine's, behind these two small protocols.  The local
 engine implements them in `rnb.engines.local.transport` (shared slots and
-torch.multiprocessing queues); another engine implements the same methods.
+rings of messages in shared memory); another engine implements the same methods.
 """
 from __future__ import annotations
 

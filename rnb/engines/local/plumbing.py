@@ -287,6 +287,11 @@ class Plumbing:
             in_flight=ctx.Semaphore(concurrency) if concurrency else None,
         )
 
+    @property
+    def finished_count(self) -> int:
+        """The finished count, read without its lock: a child killed while counting holds that lock for good."""
+        return int(self.finished.get_obj().value)
+
     def open_start_gate(self) -> None:
         """Main: let every child start (they look every START_POLL_S)."""
         self.start.value = 1

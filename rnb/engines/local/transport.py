@@ -165,9 +165,10 @@ class LocalTransport(_LocalParticipant):
             if self.stopped:
                 return False
         try:
-            accepted = cards[: max(0, self.target - finished.value)]
-            finished.value += len(accepted)
-            reached = finished.value >= self.target
+            count = finished.get_obj()  # under the lock already: the Value's own accessors would take it again
+            accepted = cards[: max(0, self.target - count.value)]
+            count.value += len(accepted)
+            reached = count.value >= self.target
         finally:
             lock.release()
         self.finished.add(accepted)
