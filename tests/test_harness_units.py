@@ -288,7 +288,8 @@ def _runner(plumbing: Plumbing, step: int, model: str, slots, sources, out_queue
     return Runner(spec, LocalTransport(spec, target, LocalWiring(slots, sources), plumbing))
 
 
-def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
+def test_runners_hand_tensors_over_through_slots_and_queues_carry_none(monkeypatch):
+    monkeypatch.setattr(transport_module, "RESULTS_WAIT_S", 3600.0)  # on a loaded machine item 1 may come 50 ms later
     plumbing = Plumbing.build(CTX, [{0}], 10, None)
     kwargs = {"clips": 2, "frames": 2, "height": 4, "width": 4}
     shapes = SyntheticFrames.output_shape(**kwargs)

@@ -153,10 +153,12 @@ class SharedSlot:
                              f"{len(self.tensors)}")
         for index, (output, slot, form) in enumerate(zip(outputs, self.tensors, self.forms)):
             shape = output.shape
-            if len(shape) != len(form) or shape[0] > form[0] or shape[1:] != form[1:]:
-                raise ValueError(f"{where}: output tensor {index} has shape {tuple(shape)}, which does not fit "
-                                 f"output_shape() {form}")
-            (slot if shape[0] == form[0] else slot[: shape[0]]).copy_(output, non_blocking=True)
+            if shape != form:  # a full output (the usual case) needs no slicing of shapes, each a new torch.Size
+                if len(shape) != len(form) or shape[0] > form[0] or shape[1:] != form[1:]:
+                    raise ValueError(f"{where}: output tensor {index} has shape {tuple(shape)}, which does not fit "
+                                     f"output_shape() {form}")
+                slot = slot[: shape[0]]
+            slot.copy_(output, True)  # non_blocking, passed by position: torch parses a keyword at each call
             self.sizes[index] = shape[0]
 
     @property
@@ -195,7 +197,7 @@ class SharedSlot:
                 copies.append(valid.to(device, copy=True, non_blocking=non_blocking))
             else:
                 buffer = buffers.like(index, slot)
-                copies.append((buffer if full else buffer[:size]).copy_(valid, non_blocking=non_blocking))
+                copies.append((buffer if full else buffer[:size]).copy_(valid, non_blocking))
         return tuple(copies)
 
 
