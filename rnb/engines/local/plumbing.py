@@ -16,7 +16,7 @@ import torch
 
 from rnb.core.termination import Termination
 from rnb.engines.buffers import LocalBuffers
-from rnb.engines.local.ring import RingQueue
+from rnb.engines.local.ring import REQUEST_BYTES, RING_BYTES, RingQueue
 
 # The results queue is not bounded by -qs: the final step's batches wait only for room in its ring.
 RESULTS_MAXSIZE = 1 << 30
@@ -278,8 +278,9 @@ class Plumbing:
               request_queue_size: int | None = None) -> Plumbing:
         """Every queue holds `queue_size` messages, the request queue `request_queue_size` if given."""
         flag = TerminationFlag(ctx)
+        requests = request_queue_size or queue_size
         return Plumbing(
-            requests=RingQueue(request_queue_size or queue_size, flag, ctx=ctx),
+            requests=RingQueue(requests, flag, ctx=ctx, capacity=max(RING_BYTES, REQUEST_BYTES * requests)),
             step_queues=tuple({q: RingQueue(queue_size, flag, ctx=ctx) for q in sorted(names)} for names in queue_names),
             results=RingQueue(RESULTS_MAXSIZE, flag, ctx=ctx),
             status=ctx.Queue(),

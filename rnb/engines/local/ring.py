@@ -29,6 +29,9 @@ from rnb.core.termination import POLL_S
 # Bytes of each queue's ring: far more than the signals that can be in flight (each holds one of its producer's
 # few slots until it is read), so a producer never waits for room in practice.
 RING_BYTES = 1 << 22
+# The request ring's room per place of the request queue: in bulk mode the queue holds every request (-v), and a
+# request (its payload and a new card) pickles to well under this, so the client never waits for room either.
+REQUEST_BYTES = 256
 _WORD = 8             # a message is its length in one int64 word, then its pickle, padded to whole words
 _HEAD, _TAIL = 0, 1   # bytes ever taken and ever written, in the ends array
 ROOM_WAIT_S = 0.001   # how often a producer looks for room in a full ring
@@ -85,7 +88,7 @@ class RingQueue:
         if size > self.capacity:
             raise ValueError(f"a message of {len(data)} bytes does not fit the inter-step queue's ring of "
                              f"{self.capacity} bytes; pass less in non_tensors")
-        if not self._until(lambda: bool(self._wlock.acquire(timeout=POLL_S))):
+        if not (self._wlock.acquire(False) or self._until(lambda: bool(self._wlock.acquire(timeout=POLL_S)))):
             return
         try:
             if self._items.get_value() >= self.maxsize:
@@ -106,7 +109,7 @@ class RingQueue:
         """The next message, waiting up to `timeout` seconds for one; queue.Empty if none came (or the job ended)."""
         if not self._items.acquire(timeout=timeout):
             raise queue.Empty
-        if not self._until(lambda: bool(self._rlock.acquire(timeout=POLL_S))):
+        if not (self._rlock.acquire(False) or self._until(lambda: bool(self._rlock.acquire(timeout=POLL_S)))):
             raise queue.Empty  # a consumer killed while reading holds the lock for good; the job is ending anyway
         try:
             head = self._ends[_HEAD]
