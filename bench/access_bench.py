@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
-from bench.episode_bench import SPEED_GOAL, decode_rows, grainy_dataset, remote_rows
+from bench.episode_bench import SPEED_GOAL, decode_rows, frame_size, grainy_dataset, remote_rows
 from episodes import LeRobotDataset, open_dataset
 from episodes.testing.network import SLOW_WAN, WAN, NetworkProfile
 from episodes.testing.server import serve_directory
@@ -182,7 +182,9 @@ def loader_rate(root: str, setup: LoaderSetup, items: int, start: int, cards: li
     requests = item_requests(root, start, items + 1)
 
     def item(i: int) -> TimeCard:
-        return loader((), {"request": requests[i]}, TimeCard(i))[2]
+        card = TimeCard(i)
+        loader((), {"request": requests[i]}, card)  # the loader stamps the card it was given
+        return card
 
     item(0)
     started = time.perf_counter()
@@ -194,7 +196,7 @@ def loader_rate(root: str, setup: LoaderSetup, items: int, start: int, cards: li
 
 def _item_bytes(cards: Sequence[TimeCard], items: int) -> list[int]:
     """Source bytes per item, one figure per repetition of `items` cards."""
-    used = [card.fields["bytes_fetched"] + card.fields["bytes_reused"] for card in cards]
+    used = [int(card.fields["bytes_fetched"]) + int(card.fields["bytes_reused"]) for card in cards]
     return [sum(used[i : i + items]) // items for i in range(0, len(used), items)]
 
 
@@ -235,7 +237,7 @@ def loader_rows(roots: dict[int, Path], effort: Effort, cases: Sequence[tuple[in
 def resolution(root: Path) -> str:
     """'HxW' of the dataset's first camera."""
     ds = open_dataset(str(root))
-    height, width, _ = ds.features[ds.video_keys[0]]["shape"]
+    height, width = frame_size(ds, ds.video_keys[0])
     return f"{height}x{width}"
 
 

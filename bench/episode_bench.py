@@ -32,7 +32,7 @@ import torch
 from torchcodec.decoders import VideoDecoder
 
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
-from episodes import EpisodeByteCache, FrameRequest, open_dataset, open_decoder
+from episodes import EpisodeByteCache, FrameRequest, LeRobotDataset, open_dataset, open_decoder
 from episodes.testing.server import NginxServer
 from episodes.testing.synthetic import SyntheticSpec, camera_keys, draw_frames, encode_video, make_dataset
 from episodes.tools.spans import episode_bytes
@@ -215,6 +215,14 @@ def benchmark_seconds(output: str) -> float:
     return float(match.group(1))
 
 
+def frame_size(ds: LeRobotDataset, key: str) -> tuple[int, int]:
+    """(height, width) of camera `key`, as info.json's feature shape [height, width, channels] gives it."""
+    shape = ds.features[key]["shape"]
+    if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(n, int) for n in shape)):
+        raise ValueError(f"{ds.root}: features.{key}.shape: expected [height, width, channels], found {shape!r}")
+    return shape[0], shape[1]
+
+
 def decode_rows(root: Path, workdir: Path, effort: Effort, episode: int = EPISODE, id: str = "P4") -> list[Row]:
     """Frames/s decoding every sample of one episode's mini-MP4 on one thread: ours / ffmpeg."""
     ds = open_dataset(str(root))
@@ -233,7 +241,7 @@ def decode_rows(root: Path, workdir: Path, effort: Effort, episode: int = EPISOD
         done = subprocess.run(ffmpeg_command(path), capture_output=True, text=True, check=True)
         return len(every) / benchmark_seconds(done.stderr)
 
-    height, width, _ = ds.features[KEY]["shape"]
+    height, width = frame_size(ds, KEY)
     note = (f"{len(every)} frames of {height}x{width} (the episode plus its keyframe widening); both convert to RGB "
             "(ffmpeg -pix_fmt rgb24); ours also opens its decoder each time, ffmpeg's rtime excludes its start-up")
     return [measure_pair(id, f"decode frames/s of one {height}x{width} episode, 1 thread: loader (torchcodec) / "

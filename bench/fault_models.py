@@ -62,7 +62,8 @@ class DiesHolding:
             os.kill(os.getpid(), signal.SIGKILL)
 
         if self.hold == "flag":  # the flag reads the clock once it has claimed the right to be raised
-            plumbing_module.time = SimpleNamespace(time=die, sleep=time.sleep, monotonic=time.monotonic)
+            # the module the plumbing reads its clock from, replaced by one whose time() kills
+            vars(plumbing_module)["time"] = SimpleNamespace(time=die, sleep=time.sleep, monotonic=time.monotonic)
             plumbing.flag.raise_(Termination.TARGET_REACHED)
         elif self.hold == "finished":
             plumbing.finished.get_lock().acquire()

@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from bench.fault_inputs import TOY, check_config, hand_made, mutants, remote_trial
@@ -128,10 +129,10 @@ def kill_a_child(work: Path) -> Callable[[int, int], float]:
 
 def judge(run: JobRun, struck: float | None, code: int, reason: str | None) -> tuple[bool, float | None, str]:
     """Whether a job trial ended as it must; the time from fault to exit; what went wrong."""
-    if run.returncode is None:
+    if run.returncode is None or run.exit_time is None:  # the report's last line carries both, or neither
         return False, None, f"no exit within {HANG_S:g} s, or no report: {run.stderr.strip()[-300:]!r}"
     if reason is None:  # the main process was killed: its children must go at once, its log stays incomplete
-        exit_s = None if run.gone_time is None else run.gone_time - struck
+        exit_s = None if run.gone_time is None or struck is None else run.gone_time - struck
         ok = exit_s is not None and exit_s < 2.0 and run.meta is None
         return ok, exit_s, f"children gone after {exit_s} s; meta.json {'written' if run.meta else 'absent'}"
     meta = run.meta or {}
@@ -182,9 +183,9 @@ def job_faults(groups: set[str]) -> list[JobFault]:
     if "signal" in groups:
         for name, (sig, reason, code) in STOPS.items():
             faults += [JobFault(f"signal-{name.lower()}-main", f"{name} to the main process mid-run", toy(), BUSY,
-                                code, reason, lambda w, s=sig: signal_at(w, s, False)),
+                                code, reason, partial(signal_at, sig=sig, to_group=False)),
                        JobFault(f"signal-{name.lower()}-group", f"{name} to the whole process group mid-run", toy(),
-                                BUSY, code, reason, lambda w, s=sig: signal_at(w, s, True))]
+                                BUSY, code, reason, partial(signal_at, sig=sig, to_group=True))]
         faults += [JobFault("signal-sigint-group-start-up", "Ctrl-C to the process group while children start",
                             toy(), SHORT, 130, "interrupted",
                             lambda w: signal_at(w, signal.SIGINT, True, start_up=True)),
@@ -482,7 +483,7 @@ def memory_rows(work: Path, sizes: tuple[int, ...], isolated: bool) -> list[Memo
         meta = run.meta or {}
         peak = meta.get("main_peak_rss_bytes")
         before = rows[-1] if rows else None
-        slope = None if before is None or None in (peak, before.main_peak_rss_bytes) else (
+        slope = None if before is None or peak is None or before.main_peak_rss_bytes is None else (
             (peak - before.main_peak_rss_bytes) / (videos - before.videos))
         rows.append(MemoryRow(videos, meta.get("finished_items", 0), peak, slope))
         print(memory_table(rows[-1:], header=False), flush=True)

@@ -71,6 +71,7 @@ import torch
 from bench import gpu_bundle
 from bench.common import Effort, Goal, Row, table_text
 from bench.harness_bench import chain_pipeline, harness_pair, loop_throughput
+from rnb.core.timecard import TimeCard
 
 REPO = Path(__file__).resolve().parents[1]
 WHEEL_DIR = Path(".whl")
@@ -513,11 +514,11 @@ def compare_dtypes() -> dict[str, Any]:
                           ("bfloat16", True)):
         net = R2P1DRunner(device, 1, 5, num_clips=4, clip_length=8, size=112, dtype=dtype, channels_last=layout)
         for _ in range(3):
-            (out,), _, _ = net((x,), {}, None)
+            (out,), _, _ = net((x,), {}, TimeCard(0))
         torch.cuda.synchronize()
         started = time.perf_counter()
         for _ in range(20):
-            (out,), _, _ = net((x,), {}, None)
+            (out,), _, _ = net((x,), {}, TimeCard(0))
         torch.cuda.synchronize()
         rate = 20 / (time.perf_counter() - started)
         out = out.float()

@@ -8,10 +8,9 @@ prediction, set on its time card as the field `prediction`.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from rnb.core.model import Cards, NonTensors, Shapes, StepOutput, Tensors
 from rnb.core.timecard import TimeCard
 
 
@@ -29,8 +28,8 @@ class Aggregator:
         self.pending: dict[tuple, list[tuple[TimeCard, torch.Tensor]]] = {}
 
     @staticmethod
-    def output_shape(num_classes: int = 400, batch: int = 1, input_shapes: tuple[tuple[int, ...], ...] | None = None,
-                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+    def output_shape(num_classes: int = 400, batch: int = 1, input_shapes: Shapes | None = None,
+                     **kwargs: object) -> Shapes:
         if input_shapes is None:
             return ((batch, num_classes),)
         (rows, *classes), *rest = input_shapes
@@ -39,8 +38,7 @@ class Aggregator:
                              f"outputs {input_shapes}")
         return ((rows, classes[0]),)
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
         logits = tensors[0]
         if not isinstance(time_card, TimeCard):
             counts = [item["num_clips"] for item in non_tensors["items"]]
@@ -53,19 +51,18 @@ class Aggregator:
             parts = self.pending.setdefault(time_card.segment_key, [])
             parts.append((time_card, logits.clone()))  # inputs live only during the call
             if len(parts) < time_card.segments[-1][1]:
-                return (), non_tensors, None
+                return StepOutput((), non_tensors, None)
             del self.pending[time_card.segment_key]
             parts.sort(key=lambda part: part[0].segments[-1][0])
             logits = torch.cat([part for _, part in parts])
             time_card = TimeCard.merge(card for card, _ in parts)
         sums = logits.sum(0, keepdim=True)
-        out, non_tensors, cards = self._predict(sums, non_tensors, (time_card,))
-        return out, non_tensors, cards[0]
+        out, non_tensors, _ = self._predict(sums, non_tensors, (time_card,))
+        return StepOutput(out, non_tensors, time_card)
 
     @staticmethod
-    def _predict(sums: torch.Tensor, non_tensors: dict,
-                 cards: tuple[TimeCard, ...]) -> tuple[tuple[torch.Tensor, ...], dict, tuple[TimeCard, ...]]:
+    def _predict(sums: torch.Tensor, non_tensors: NonTensors, cards: tuple[TimeCard, ...]) -> StepOutput:
         predictions = sums.argmax(1).tolist()
         for card, prediction in zip(cards, predictions):
             card.set_field("prediction", prediction)
-        return (sums,), {**non_tensors, "predictions": predictions}, cards
+        return StepOutput((sums,), {**non_tensors, "predictions": predictions}, cards)

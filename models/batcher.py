@@ -11,12 +11,12 @@ items are never stuck waiting for company.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 
-from models.episode import clip_shape
+from models.episode import NumClips, clip_shape
+from rnb.core.model import NOTHING_YET, NonTensors, Shapes, StepOutput, Tensors
+from rnb.core.timecard import TimeCard
 
 
 class Batcher:
@@ -26,40 +26,39 @@ class Batcher:
     repeat the loader's keywords, and describe the input only without it.
     """
 
-    def __init__(self, device: torch.device, batch: int = 1, num_clips: int | Mapping[str, Any] = 10,
+    def __init__(self, device: torch.device, batch: int = 1, num_clips: NumClips = 10,
                  clip_length: int = 8, size: int = 112, timeout_ms: float = 50.0) -> None:
         if batch < 1 or timeout_ms < 0:
             raise ValueError(f"batch must be >= 1 and timeout_ms >= 0, got {batch} and {timeout_ms}")
         self.batch = batch
         self.timeout_s = timeout_ms / 1000
-        self.pending: list[tuple[tuple[torch.Tensor, ...], dict, Any]] = []
+        self.pending: list[tuple[Tensors, NonTensors, TimeCard]] = []
         self.first_arrival = 0.0
 
     @staticmethod
-    def output_shape(batch: int = 1, num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8,
-                     size: int = 112, input_shapes: tuple[tuple[int, ...], ...] | None = None,
-                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+    def output_shape(batch: int = 1, num_clips: NumClips = 10, clip_length: int = 8,
+                     size: int = 112, input_shapes: Shapes | None = None,
+                     **kwargs: object) -> Shapes:
         """`batch` inputs stacked along the first dimension; without `input_shapes`, clips of the loader's keywords."""
         if input_shapes is None:
             input_shapes = (clip_shape(num_clips, clip_length, size),)
         return tuple((batch * rows, *rest) for rows, *rest in input_shapes)
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
         if not self.pending:
             self.first_arrival = time.monotonic()
         # Inputs live only during the call (the runner reuses their buffers), so held items are copied.
         self.pending.append((tuple(tensor.clone() for tensor in tensors), non_tensors, time_card))
         if len(self.pending) < self.batch:
-            return (), {}, None
+            return NOTHING_YET
         return self._hand_over()
 
-    def flush(self) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
+    def flush(self) -> StepOutput:
         if not self.pending or time.monotonic() - self.first_arrival < self.timeout_s:
-            return (), {}, None
+            return NOTHING_YET
         return self._hand_over()
 
-    def _hand_over(self) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
+    def _hand_over(self) -> StepOutput:
         items, self.pending = self.pending, []
         tensors = tuple(torch.cat(parts) for parts in zip(*(item[0] for item in items)))
-        return tensors, {"items": [item[1] for item in items]}, tuple(item[2] for item in items)
+        return StepOutput(tensors, {"items": [item[1] for item in items]}, tuple(item[2] for item in items))

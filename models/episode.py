@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
 import torch
@@ -58,14 +58,22 @@ from episodes import (
     Fetch,
     FetchedFrames,
     FrameRequest,
+    SourceKind,
     decode_backend,
     decode_mini_mp4,
     open_decoder,
     open_episodes,
 )
+from rnb.core.model import NonTensors, StepOutput, Tensors
 from rnb.core.timecard import TimeCard
 from rnb.pipeline.config import KeywordError
 from rnb.pipeline.dataset_source import READ_RETRIES, READ_TIMEOUT_S, EpisodeRequest
+
+# `num_clips` as a config gives it: a count, or {"choices": [...], "weights": [...]} (ClipCount.parse checks it).
+NumClips: TypeAlias = int | Mapping[str, Sequence[float]]
+# What a loader reads for an item: an EpisodeRequest from a dataset or videos source, or an episode number of
+# the step's own `dataset`.
+Request: TypeAlias = EpisodeRequest | int
 
 FETCH = ("episode", "clips")
 CACHE_ENV = "RNB_CACHE_DIR"
@@ -86,7 +94,8 @@ class ClipCount:
     weights: tuple[float, ...]
 
     @staticmethod
-    def parse(value: int | Mapping[str, Any]) -> ClipCount:
+    def parse(value: NumClips) -> ClipCount:
+        counts: list[float]
         if isinstance(value, int) and not isinstance(value, bool):
             counts, weights = [value], [1.0]
         elif isinstance(value, Mapping) and set(value) == {"choices", "weights"}:
@@ -99,7 +108,7 @@ class ClipCount:
             raise ValueError(f"num_clips: every choice must be an int >= 1, got {counts!r}")
         if any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 for w in weights) or sum(weights) <= 0:
             raise ValueError(f"num_clips: weights must be numbers >= 0 with a positive sum, got {weights!r}")
-        return ClipCount(tuple(counts), tuple(float(w) for w in weights))
+        return ClipCount(tuple(int(c) for c in counts), tuple(float(w) for w in weights))
 
     @property
     def maximum(self) -> int:
@@ -151,7 +160,7 @@ class ClipPlan:
 class EpisodeReader:
     """The part every episode step shares: one cache per dataset, clip sampling and prefetching."""
 
-    def __init__(self, dataset: str | None, camera: str | None, num_clips: int | Mapping[str, Any],
+    def __init__(self, dataset: str | None, camera: str | None, num_clips: NumClips,
                  clip_length: int, prefetch: int, byte_budget: int, workers: int | None, seed: int,
                  decode_threads: int | None = None, usage_cache: bool = False, fetch: str = "episode",
                  coalesce_gap: int = DEFAULT_COALESCE_GAP) -> None:
@@ -175,7 +184,7 @@ class EpisodeReader:
         self.usage_cache = usage_cache
         self._open: dict[tuple[str, str], tuple[EpisodeDataset, EpisodeByteCache]] = {}
 
-    def _dataset(self, kind: str, root: str, timeout_s: float = READ_TIMEOUT_S, retries: int = READ_RETRIES,
+    def _dataset(self, kind: SourceKind, root: str, timeout_s: float = READ_TIMEOUT_S, retries: int = READ_RETRIES,
                  ) -> tuple[EpisodeDataset, EpisodeByteCache]:
         if (kind, root) not in self._open:
             ds = open_episodes(root, kind, usage_cache_dir=cache_dir() if self.usage_cache else None,
@@ -185,7 +194,7 @@ class EpisodeReader:
                                                             coalesce_gap=self.coalesce_gap)
         return self._open[(kind, root)]
 
-    def locate(self, request: Any, item_id: int) -> tuple[EpisodeDataset, EpisodeByteCache, int, str]:
+    def locate(self, request: Request, item_id: int) -> tuple[EpisodeDataset, EpisodeByteCache, int, str]:
         """A request's dataset, its cache, the episode and the camera (an EpisodeRequest, or an int with `dataset`)."""
         if self.dataset is not None:
             ds, cache = self._dataset("dataset", self.dataset)
@@ -198,7 +207,7 @@ class EpisodeReader:
                              "source, or give the step a `dataset` keyword")
         return ds, cache, episode, self.camera or ds.video_keys[0]
 
-    def plan(self, request: Any, item_id: int) -> ClipPlan:
+    def plan(self, request: Request, item_id: int) -> ClipPlan:
         """Resolve a request (an EpisodeRequest, or an int when `dataset` is set) and sample its clips."""
         ds, cache, episode, camera = self.locate(request, item_id)
         upcoming: Sequence[int] = request.upcoming if isinstance(request, EpisodeRequest) else ()
@@ -281,7 +290,7 @@ def decode_clips(frames: np.ndarray, decode: Callable[[], torch.Tensor], size: i
     return to_clips(decoded, len(frames), size, order=torch.from_numpy(inverse.reshape(-1)))
 
 
-def warm_up(reader: EpisodeReader, request: Any, device: torch.device, size: int, watch: DecodeWatch) -> str:
+def warm_up(reader: EpisodeReader, request: Request, device: torch.device, size: int, watch: DecodeWatch) -> str:
     """Decode one frame of `request`'s episode on `device` before the start barrier; the job-log note.
 
     Only that frame's window is fetched (fetch="windows"), which the cache
@@ -299,14 +308,14 @@ def warm_up(reader: EpisodeReader, request: Any, device: torch.device, size: int
             f"({(time.perf_counter() - started) * 1000:.0f} ms)")
 
 
-def warmup_from(request: Any, dataset: str | None) -> Any:
+def warmup_from(request: EpisodeRequest | None, dataset: str | None) -> Request | None:
     """What a loader warms up on: the harness's `warmup_request`, else episode 0 of its own `dataset`, else None."""
     if request is not None:
         return request
     return 0 if dataset is not None else None
 
 
-def clip_shape(num_clips: int | Mapping[str, Any], clip_length: int, size: int) -> tuple[int, ...]:
+def clip_shape(num_clips: NumClips, clip_length: int, size: int) -> tuple[int, ...]:
     return (ClipCount.parse(num_clips).maximum, 3, clip_length, size, size)
 
 
@@ -349,11 +358,11 @@ class EpisodeLoader:
     """
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
-                 num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
+                 num_clips: NumClips = 10, clip_length: int = 8, size: int = 112,
                  tabular: list[str] | None = None, prefetch: int = 2, byte_budget: int = 2**30,
                  workers: int | None = None, seed: int = 0, decode_threads: int | None = None,
                  tabular_cache: bool = True, fetch: str = "episode", coalesce_gap: int = DEFAULT_COALESCE_GAP,
-                 require_nvdec: bool = False, warmup_request: Any = None) -> None:
+                 require_nvdec: bool = False, warmup_request: EpisodeRequest | None = None) -> None:
         self.device = device
         self.size = size
         self.tabular = list(tabular or [])
@@ -367,17 +376,16 @@ class EpisodeLoader:
             self.notes.append(warm_up(self.reader, request, device, size, self.watch))
 
     @staticmethod
-    def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
-                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+    def output_shape(num_clips: NumClips = 10, clip_length: int = 8, size: int = 112,
+                     **kwargs: object) -> tuple[tuple[int, ...], ...]:
         return (clip_shape(num_clips, clip_length, size),)
 
     @staticmethod
     def check_dataset(source: EpisodeDataset | None, dataset: str | None = None, camera: str | None = None,
-                      tabular: list[str] | None = None, **kwargs: Any) -> None:
+                      tabular: list[str] | None = None, **kwargs: object) -> None:
         check_reads(source, dataset, camera, tabular)
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
         plan = self.reader.plan(non_tensors["request"], time_card.item_id)
         got = self.reader.fetch(plan, time_card)
 
@@ -389,7 +397,7 @@ class EpisodeLoader:
         out = {"request": non_tensors["request"], "episode": plan.episode, "num_clips": len(plan.frames)}
         if self.tabular:
             out["tabular"] = plan.ds.episode_columns(plan.episode, self.tabular)
-        return (clips,), out, time_card
+        return StepOutput((clips,), out, time_card)
 
 
 class EpisodeFetcher:
@@ -407,7 +415,7 @@ class EpisodeFetcher:
     output_device = "cpu"  # the decoder reads bytes from host memory (rnb.core.model.PlacesOutputs)
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
-                 num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, prefetch: int = 2,
+                 num_clips: NumClips = 10, clip_length: int = 8, prefetch: int = 2,
                  byte_budget: int = 2**30, workers: int | None = None, seed: int = 0, max_bytes: int = 2**24,
                  fetch: str = "episode", coalesce_gap: int = DEFAULT_COALESCE_GAP) -> None:
         self.max_bytes = max_bytes
@@ -415,20 +423,19 @@ class EpisodeFetcher:
                                     fetch=fetch, coalesce_gap=coalesce_gap)
 
     @staticmethod
-    def output_shape(max_bytes: int = 2**24, **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+    def output_shape(max_bytes: int = 2**24, **kwargs: object) -> tuple[tuple[int, ...], ...]:
         return ((max_bytes,),)
 
     @staticmethod
-    def output_dtypes(**kwargs: Any) -> tuple[torch.dtype, ...]:
+    def output_dtypes(**kwargs: object) -> tuple[torch.dtype, ...]:
         return (torch.uint8,)
 
     @staticmethod
     def check_dataset(source: EpisodeDataset | None, dataset: str | None = None, camera: str | None = None,
-                      **kwargs: Any) -> None:
+                      **kwargs: object) -> None:
         check_reads(source, dataset, camera, ())
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
         plan = self.reader.plan(non_tensors["request"], time_card.item_id)
         mini = self.reader.fetch(plan, time_card).mini
         if len(mini.data) > self.max_bytes:
@@ -437,7 +444,7 @@ class EpisodeFetcher:
         data = torch.frombuffer(bytearray(mini.data), dtype=torch.uint8)
         out = {"request": non_tensors["request"], "episode": plan.episode, "num_clips": len(plan.frames),
                "mini": dataclasses.replace(mini, data=b""), "frames": plan.frames}
-        return (data,), out, time_card
+        return StepOutput((data,), out, time_card)
 
 
 class EpisodeDecoder:
@@ -449,8 +456,8 @@ class EpisodeDecoder:
 
     input_device = "cpu"  # rnb.core.model.PlacesInputs
 
-    def __init__(self, device: torch.device, num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8,
-                 size: int = 112, require_nvdec: bool = False, warmup_request: Any = None,
+    def __init__(self, device: torch.device, num_clips: NumClips = 10, clip_length: int = 8,
+                 size: int = 112, require_nvdec: bool = False, warmup_request: EpisodeRequest | None = None,
                  camera: str | None = None) -> None:
         self.device = device
         self.size = size
@@ -461,12 +468,11 @@ class EpisodeDecoder:
             self.notes.append(warm_up(reader, warmup_request, device, size, self.watch))
 
     @staticmethod
-    def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
-                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+    def output_shape(num_clips: NumClips = 10, clip_length: int = 8, size: int = 112,
+                     **kwargs: object) -> tuple[tuple[int, ...], ...]:
         return (clip_shape(num_clips, clip_length, size),)
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
         mini = dataclasses.replace(non_tensors["mini"], data=tensors[0].cpu().numpy().tobytes())
         frames = non_tensors["frames"]
 
@@ -477,4 +483,4 @@ class EpisodeDecoder:
             return decoded
         clips = decode_clips(frames, decode, self.size, time_card)
         out = {key: value for key, value in non_tensors.items() if key not in ("mini", "frames")}
-        return (clips,), out, time_card
+        return StepOutput((clips,), out, time_card)

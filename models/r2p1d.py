@@ -20,15 +20,15 @@ say both.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
 from torchvision.models.video import r2plus1d_18
 
-from models.episode import ClipCount, EpisodeLoader, clip_shape
+from models.episode import ClipCount, EpisodeLoader, NumClips, clip_shape
+from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
 from rnb.core.timecard import TimeCard
+from rnb.pipeline.dataset_source import EpisodeRequest
 
 NUM_STAGES = 5
 DEFAULT_CLIPS = 10  # clips per item a network assumes when neither its input nor its keywords say
@@ -85,7 +85,7 @@ def input_clip(start_index: int, input_shapes: tuple[tuple[int, ...], ...]) -> t
     return tuple(clip)
 
 
-def input_rows(num_clips: int | Mapping[str, Any], batch: int) -> list[int]:
+def input_rows(num_clips: NumClips, batch: int) -> list[int]:
     """Every first dimension an input can have: the clip counts of 1 to `batch` items stacked together.
 
     A batcher hands over a partial batch when its input is idle, so every count of items up to `batch`
@@ -100,7 +100,7 @@ def input_rows(num_clips: int | Mapping[str, Any], batch: int) -> list[int]:
     return sorted(totals)
 
 
-def warm_up_rows(num_clips: int | Mapping[str, Any] | None, batch: int,
+def warm_up_rows(num_clips: NumClips | None, batch: int,
                  input_shapes: tuple[tuple[int, ...], ...] | None) -> list[int]:
     """The input sizes to warm up: exactly those the loader's clip counts allow, when the step is told them;
     else every row count up to the largest input (any may come); else those of the default 10 clips."""
@@ -137,7 +137,7 @@ class R2P1DRunner:
     """
 
     def __init__(self, device: torch.device, start_index: int = 1, end_index: int = 5,
-                 num_clips: int | Mapping[str, Any] | None = None, clip_length: int = 8, size: int = 112,
+                 num_clips: NumClips | None = None, clip_length: int = 8, size: int = 112,
                  num_classes: int = 400, batch: int = 1, checkpoint: str | None = None, seed: int = 0,
                  warmup: int = 1, input_shapes: tuple[tuple[int, ...], ...] | None = None,
                  dtype: str = "float32", channels_last: bool = False) -> None:
@@ -180,10 +180,10 @@ class R2P1DRunner:
         return f"R2P1DRunner warm-up ({how}): {passes} pass(es) at {', '.join(map(str, sizes))} rows"
 
     @staticmethod
-    def output_shape(start_index: int = 1, end_index: int = 5, num_clips: int | Mapping[str, Any] | None = None,
+    def output_shape(start_index: int = 1, end_index: int = 5, num_clips: NumClips | None = None,
                      clip_length: int = 8, size: int = 112, num_classes: int = 400, batch: int = 1,
                      checkpoint: str | None = None, input_shapes: tuple[tuple[int, ...], ...] | None = None,
-                     dtype: str = "float32", **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+                     dtype: str = "float32", **kwargs: object) -> tuple[tuple[int, ...], ...]:
         check_cut(start_index, end_index)
         compute_dtype(dtype)
         if checkpoint is not None and not os.path.isfile(checkpoint):
@@ -195,20 +195,19 @@ class R2P1DRunner:
             clip = stage_shape(start_index - 1, clip_length, size, num_classes)
         return ((rows, *run_stages(clip, start_index, end_index, num_classes)),)
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
         x = tensors[0]
         if x.shape[0] == 0:  # an empty segment (fewer clips than segments) has nothing to compute
-            return (x.new_zeros((0, *self.output), dtype=self.dtype),), non_tensors, time_card
+            return StepOutput((x.new_zeros((0, *self.output), dtype=self.dtype),), non_tensors, time_card)
         with torch.inference_mode():
-            return (self.net(self._shaped(x)),), non_tensors, time_card
+            return StepOutput((self.net(self._shaped(x)),), non_tensors, time_card)
 
     def _shaped(self, x: torch.Tensor) -> torch.Tensor:
         """An input in the network's dtype and layout (itself when it already is)."""
         return x.to(dtype=self.dtype, memory_format=self.layout) if x.dim() == 5 else x.to(self.dtype)
 
     @staticmethod
-    def output_dtypes(dtype: str = "float32", **kwargs: Any) -> tuple[torch.dtype, ...]:
+    def output_dtypes(dtype: str = "float32", **kwargs: object) -> tuple[torch.dtype, ...]:
         """Outputs travel in the network's dtype."""
         return (compute_dtype(dtype),)
 
@@ -217,11 +216,11 @@ class R2P1DSingleStep:
     """Loader and the whole network in one step: RnB's no-pipeline baseline. Outputs (clips, num_classes) logits."""
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
-                 num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
+                 num_clips: NumClips = 10, clip_length: int = 8, size: int = 112,
                  prefetch: int = 2, byte_budget: int = 2**30, workers: int = 4, seed: int = 0,
                  num_classes: int = 400, checkpoint: str | None = None, warmup: int = 1,
                  dtype: str = "float32", channels_last: bool = False, require_nvdec: bool = False,
-                 warmup_request: Any = None) -> None:
+                 warmup_request: EpisodeRequest | None = None) -> None:
         self.loader = EpisodeLoader(device, dataset, camera, num_clips, clip_length, size, None, prefetch,
                                     byte_budget, workers, seed, require_nvdec=require_nvdec,
                                     warmup_request=warmup_request)
@@ -230,16 +229,16 @@ class R2P1DSingleStep:
         self.notes = [*self.loader.notes, *self.net.notes]
 
     @staticmethod
-    def output_shape(num_clips: int | Mapping[str, Any] = 10, clip_length: int = 8, size: int = 112,
+    def output_shape(num_clips: NumClips = 10, clip_length: int = 8, size: int = 112,
                      num_classes: int = 400, checkpoint: str | None = None, dtype: str = "float32",
-                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+                     **kwargs: object) -> tuple[tuple[int, ...], ...]:
         return R2P1DRunner.output_shape(1, NUM_STAGES, num_clips, clip_length, size, num_classes, 1, checkpoint,
                                         dtype=dtype)
 
     @staticmethod
-    def output_dtypes(dtype: str = "float32", **kwargs: Any) -> tuple[torch.dtype, ...]:
+    def output_dtypes(dtype: str = "float32", **kwargs: object) -> tuple[torch.dtype, ...]:
         return R2P1DRunner.output_dtypes(dtype)
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
-        return self.net(*self.loader(tensors, non_tensors, time_card))
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
+        clips, passed, _ = self.loader(tensors, non_tensors, time_card)
+        return self.net(tuple(clips), passed, time_card)

@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -34,7 +33,7 @@ class FaultInjection:
         if self.fail_at_init:
             raise RuntimeError(f"{model} failed at init on purpose (fail_at_init)")
 
-    def at_items(self, model: str, time_card: Any) -> None:
+    def at_items(self, model: str, time_card: Cards) -> None:
         ids = {card.item_id for card in as_cards(time_card)}
         if self.exit_at_item in ids:
             os._exit(3)
@@ -58,7 +57,7 @@ class SyntheticFrames:
 
     @staticmethod
     def output_shape(clips: int = 2, frames: int = 4, height: int = 16, width: int = 16,
-                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+                     **kwargs: object) -> tuple[tuple[int, ...], ...]:
         return ((clips, 3, frames, height, width),)
 
     @staticmethod
@@ -68,16 +67,15 @@ class SyntheticFrames:
             numel *= dim
         return ((torch.arange(numel, dtype=torch.float32) + item_id * 7919) % 251 / 251).reshape(shape)
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard]:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
         self.faults.at_items(type(self).__name__, time_card)
         frames = self.frames_for(time_card.item_id, self.shape).to(self.device)
         time_card.set_field("frames_decoded", self.shape[0] * self.shape[2])
-        return (frames,), {"request": non_tensors["request"]}, time_card
+        return StepOutput((frames,), {"request": non_tensors["request"]}, time_card)
 
 
 class TinyConvNet:
-    """Any later step: a one-layer Conv3d classifier with seeded random weights; `clips` is accepted, not needed."""
+    """A later step: a one-layer Conv3d classifier with seeded random weights; `clips` is accepted, not needed."""
 
     def __init__(self, device: torch.device, clips: int = 2, classes: int = 10, channels: int = 8,
                  seed: int = 0, record_pid: bool = False, fail_at_init: bool = False,
@@ -95,19 +93,18 @@ class TinyConvNet:
 
     @staticmethod
     def output_shape(clips: int = 2, classes: int = 10, input_shapes: tuple[tuple[int, ...], ...] | None = None,
-                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+                     **kwargs: object) -> tuple[tuple[int, ...], ...]:
         """(clips, classes): the clips are the input's rows (`clips` only describes them without an input)."""
         return ((clips if input_shapes is None else input_shapes[0][0], classes),)
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: Any) -> tuple[tuple[torch.Tensor, ...], dict, Any]:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
         self.faults.at_items(type(self).__name__, time_card)
         with torch.inference_mode():
             logits = self.net(tensors[0])
         if self.record_pid:
             for card in as_cards(time_card):
                 card.set_field("convnet_pid", str(os.getpid()))
-        return (logits,), non_tensors, time_card
+        return StepOutput((logits,), non_tensors, time_card)
 
 
 class SegmentMerger:
@@ -126,22 +123,21 @@ class SegmentMerger:
         self.pending: dict[tuple, list[tuple[TimeCard, tuple[torch.Tensor, ...]]]] = {}
 
     @staticmethod
-    def output_shape(**kwargs: Any) -> None:
+    def output_shape(**kwargs: object) -> None:
         return None
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict,
-                 time_card: TimeCard) -> tuple[tuple[torch.Tensor, ...], dict, TimeCard | None]:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
         self.faults.at_items(type(self).__name__, time_card)
         if not time_card.segments:
-            return tensors, non_tensors, time_card
+            return StepOutput(tensors, non_tensors, time_card)
         parts = self.pending.setdefault(time_card.segment_key, [])
         parts.append((time_card, tuple(tensor.clone() for tensor in tensors)))  # inputs live only during the call
         if len(parts) < time_card.segments[-1][1]:
-            return (), non_tensors, None
+            return StepOutput((), non_tensors, None)
         del self.pending[time_card.segment_key]
         parts.sort(key=lambda part: part[0].segments[-1][0])
         merged = tuple(torch.cat(pieces) for pieces in zip(*(part[1] for part in parts)))
-        return merged, non_tensors, TimeCard.merge(card for card, _ in parts)
+        return StepOutput(merged, non_tensors, TimeCard.merge(card for card, _ in parts))
 
 
 class SleepingDevice:
@@ -156,10 +152,10 @@ class SleepingDevice:
     """
 
     def __init__(self) -> None:
-        self._work: queue.SimpleQueue[tuple[float, Callable[[], None]]] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[float, Callable[[], object]]] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="sleeping-device", daemon=True).start()
 
-    def submit(self, seconds: float, effect: Callable[[], None]) -> None:
+    def submit(self, seconds: float, effect: Callable[[], object]) -> None:
         self._work.put((seconds, effect))
 
     def mark(self) -> SleepMark:
@@ -220,7 +216,7 @@ class AsyncSleep:
     @staticmethod
     def output_shape(clips: int = 2, frames: int = 4, height: int = 16, width: int = 16,
                      input_shapes: tuple[tuple[int, ...], ...] | None = None,
-                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+                     **kwargs: object) -> tuple[tuple[int, ...], ...]:
         """Its input's shapes after step 0; there, (clips, 3, frames, height, width)."""
         return input_shapes if input_shapes is not None else ((clips, 3, frames, height, width),)
 
@@ -268,7 +264,7 @@ class GpuSpin:
     @staticmethod
     def output_shape(clips: int = 2, frames: int = 4, height: int = 16, width: int = 16,
                      input_shapes: tuple[tuple[int, ...], ...] | None = None,
-                     **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+                     **kwargs: object) -> tuple[tuple[int, ...], ...]:
         return input_shapes if input_shapes is not None else ((clips, 3, frames, height, width),)
 
     def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:

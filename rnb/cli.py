@@ -105,7 +105,7 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
         values[key] = given if given is not None else config.run.get(key, default)
     if not (math.isfinite(ns.sample_interval_ms) and ns.sample_interval_ms > 0):
         raise ConfigError("command line", "--sample-interval-ms", f"expected a positive number, found {ns.sample_interval_ms:g}")
-    engine = ns.engine or config.run.get("engine", RUN_CHOICES["engine"][0])
+    engine = ns.engine or str(config.run.get("engine", RUN_CHOICES["engine"][0]))  # _parse_run checked it is a choice
     if ns.ray_address is not None and engine != "ray":
         raise ConfigError("command line", "--ray-address", f"expected the Ray engine (--engine ray or the config's "
                                                           f"\"run\": {{\"engine\": \"ray\"}}), found the {engine} engine")

@@ -60,7 +60,8 @@ def test_measure_pair_builds_the_row_from_measurements() -> None:
 
 
 def test_a_zero_denominator_names_the_row_and_repetition() -> None:
-    with pytest.raises(ValueError, match=r"^P5: side B \(queue\) measured 0 items/s in repetition 3, so the ratio A/B is undefined$"):
+    with pytest.raises(ValueError, match=r"^P5: side B \(queue\) measured 0 items/s in repetition 3, "
+                                         r"so the ratio A/B is undefined$"):
         compare("P5", "ipc", Goal(">=", 5), Side.of("slot", "items/s", (1, 1, 1, 1, 1)),
                 Side.of("queue", "items/s", (1, 1, 0, 1, 1)))
 

@@ -44,12 +44,15 @@ CASES: dict[str, tuple[str, str]] = {
     "missing_out_queues": ("pipeline[0].queue_groups[0].out_queues", "found no such key"),
     "missing_pipeline": ("pipeline", "expected a non-empty list of steps, found no such key"),
     "missing_queue_groups": ("pipeline[0].queue_groups", "expected a non-empty list of queue groups, found no such key"),
-    "model_keyword_missing": ("pipeline[1].queue_groups[1].width", "expected the keyword width, which tests.fixture_models.NeedsWidth requires"),
-    "model_keyword_typo": ("pipeline[0].clip", 'takes (clips, frames, height, width, fail_at_init, fail_at_item, exit_at_item), found an unknown keyword (did you mean "clips"?)'),
+    "model_keyword_missing": ("pipeline[1].queue_groups[1].width",
+                              "expected the keyword width, which tests.fixture_models.NeedsWidth requires"),
+    "model_keyword_typo": ("pipeline[0].clip", "takes (clips, frames, height, width, fail_at_init, fail_at_item, "
+                                               'exit_at_item), found an unknown keyword (did you mean "clips"?)'),
     "group_keyword_typo": ("pipeline[1].queue_groups[0].clases", 'found an unknown keyword (did you mean "classes"?)'),
     "model_missing_class": ("pipeline[1].model", 'class "NoSuchClass" in module "tests.fixture_models", found nothing'),
     "model_missing_module": ("pipeline[1].model", 'found no module named "models.no_such_module"'),
-    "model_no_dot": ("pipeline[0].model", 'expected a dotted class path such as "package.module.Class", found the string "Frames"'),
+    "model_no_dot": ("pipeline[0].model",
+                     'expected a dotted class path such as "package.module.Class", found the string "Frames"'),
     "model_not_class": ("pipeline[0].model", 'expected a class "NOT_A_CLASS"'),
     "model_not_string": ("pipeline[1].model", "expected a dotted class path"),
     "model_without_output_shape": ("pipeline[1].model", "to have a callable output_shape, found none"),
@@ -66,7 +69,8 @@ CASES: dict[str, tuple[str, str]] = {
     "out_queue_string": ("pipeline[0].queue_groups[0].out_queues[0]", 'expected an integer >= 0, found the string "0"'),
     "out_queue_unread": ("pipeline[1].queue_groups", "expected a group with in_queue 1"),
     "out_queues_duplicate": ("pipeline[0].queue_groups[0].out_queues[1]", "expected each queue index once, found 0 twice"),
-    "out_queues_on_final": ("pipeline[1].queue_groups[0].out_queues", "expected no out_queues on the final step, found the list [0]"),
+    "out_queues_on_final": ("pipeline[1].queue_groups[0].out_queues",
+                            "expected no out_queues on the final step, found the list [0]"),
     "pipeline_object": ("pipeline", "expected a non-empty list of steps, found the object"),
     "run_batch_size_float": ("run.batch_size", "expected an integer >= 1, found 1.5"),
     "run_concurrency_zero": ("run.concurrency", "expected an integer from 1 to 2147483647, found 0"),
@@ -144,5 +148,6 @@ def test_benchmark_subprocess_exits_2_without_traceback() -> None:
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 2
-    assert f"{file}: pipeline[1].queue_groups[0].in_queue: expected one of the out_queues of pipeline[0] {{0}}, found 3" in done.stderr
+    assert (f"{file}: pipeline[1].queue_groups[0].in_queue: expected one of the out_queues of pipeline[0] {{0}}, "
+            "found 3") in done.stderr
     assert "Traceback" not in done.stderr

@@ -155,7 +155,8 @@ def test_model_module_that_fails_at_import(tmp_path: Path, monkeypatch: pytest.M
 
 def test_every_run_key_accepts_its_boundary_value() -> None:
     run = {"videos": 1, "mean_interval_ms": 0, "batch_size": 1, "queue_size": 2**31 - 1, "concurrency": 1, "warmup": 0, "seed": 0}
-    config = parse_config({"run": run, "pipeline": [{"model": "tests.fixture_models.Head", "queue_groups": [{"gpus": [-1]}]}]}, "r.json")
+    step = {"model": "tests.fixture_models.Head", "queue_groups": [{"gpus": [-1]}]}
+    config = parse_config({"run": run, "pipeline": [step]}, "r.json")
     assert config.run == run
     assert isinstance(config, PipelineConfig)
 

@@ -179,13 +179,15 @@ def test_bad_info_fields(root: Path, changes: dict, message: str) -> None:
 def test_template_outside_root_names_the_field(root: Path) -> None:
     edit_info(root, video_path="../../{video_key}/file-{file_index:03d}.mp4")
     # Refused when the dataset opens, not at the first episode that uses the path.
-    with pytest.raises(DatasetFormatError, match=r"info\.json: field 'video_path' gives '\.\./\.\./observation\.images\.cam0/file-000\.mp4' for episode 0, which is outside the dataset root"):
+    with pytest.raises(DatasetFormatError, match=r"info\.json: field 'video_path' gives "
+                       r"'\.\./\.\./observation\.images\.cam0/file-000\.mp4' for episode 0, which is outside the dataset root"):
         open_dataset(str(root))
 
 
 def test_template_with_unknown_placeholder(root: Path) -> None:
     edit_info(root, data_path="data/{shard}.parquet")
-    with pytest.raises(DatasetFormatError, match=r"info\.json: field 'data_path' is not a valid path template \(KeyError\('shard'\)\)"):
+    with pytest.raises(DatasetFormatError,
+                       match=r"info\.json: field 'data_path' is not a valid path template \(KeyError\('shard'\)\)"):
         open_dataset(str(root))
 
 
@@ -197,7 +199,8 @@ def rewrite_episodes(root: Path, change) -> Path:
 
 def test_episodes_parquet_missing_column(root: Path) -> None:
     rewrite_episodes(root, lambda t: t.drop_columns(["videos/observation.images.cam1/to_timestamp"]))
-    with pytest.raises(DatasetFormatError, match=r"chunk-000/file-001\.parquet: field 'videos/observation\.images\.cam1/to_timestamp' is missing"):
+    with pytest.raises(DatasetFormatError,
+                       match=r"chunk-000/file-001\.parquet: field 'videos/observation\.images\.cam1/to_timestamp' is missing"):
         open_dataset(str(root))
 
 

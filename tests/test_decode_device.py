@@ -145,10 +145,10 @@ def test_cpu_loaders_record_cpu_decoding_and_warm_up_too(root: str):
 
 def test_the_plan_hands_loaders_the_source_s_first_request(root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tmp_path)
-    assert warmup_request({"dataset": "data/x", "episodes": [5, 2]}) == EpisodeRequest(
+    assert warmup_request({"dataset": "data/x", "episodes": [5, 2]}, "c.json") == EpisodeRequest(
         "dataset", str(tmp_path / "data/x"), 5)
-    assert warmup_request({"videos": "http://host/*.mp4"}) == EpisodeRequest("videos", "http://host/*.mp4", 0)
-    assert warmup_request({"synthetic": True}) is None
+    assert warmup_request({"videos": "http://host/*.mp4"}, "c.json") == EpisodeRequest("videos", "http://host/*.mp4", 0)
+    assert warmup_request({"synthetic": True}, "c.json") is None
     config = parse_config({"source": {"dataset": root}, "pipeline": [
         {"model": "models.episode.EpisodeFetcher", "queue_groups": [{"gpus": [-1], "out_queues": [0]}]},
         {"model": "models.episode.EpisodeDecoder", "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0]}]},

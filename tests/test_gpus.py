@@ -122,7 +122,8 @@ def test_logical_index_beyond_visible_list_names_the_variable(fake: FakeNvml, mo
 
 
 @pytest.mark.parametrize("variable", ["", "7,0", "-1", "x", "GPU-9"])
-def test_cuda_visible_devices_ends_at_the_first_invalid_entry(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, variable: str) -> None:
+def test_cuda_visible_devices_ends_at_the_first_invalid_entry(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch,
+                                                              variable: str) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", variable)
     with pytest.raises(GpuRequestError, match="found no GPU visible through CUDA_VISIBLE_DEVICES"):
         validate_gpus(_config([[0]]), cpu_only=False)
@@ -144,7 +145,8 @@ def test_mig_entries_are_refused(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
 def test_missing_physical_gpu(fake: FakeNvml) -> None:
     with pytest.raises(GpuRequestError) as caught:
         validate_gpus(_config([[-1]], [[0, 5]]), cpu_only=False)
-    assert str(caught.value) == "gpu.json: pipeline[1].queue_groups[0].gpus[1]: expected GPU 5 to exist, found 4 GPUs on this machine"
+    assert str(caught.value) == ("gpu.json: pipeline[1].queue_groups[0].gpus[1]: expected GPU 5 to exist, "
+                                 "found 4 GPUs on this machine")
     assert fake.exited == 1
 
 

@@ -61,7 +61,8 @@ def test_queue_selector_kwargs_reach_the_selector_and_bad_ones_are_config_errors
         "accepts, found TypeError: LargeSmallSelector.__init__() got an unexpected keyword argument 'treshold'")
 
     document["pipeline"][0]["queue_groups"][0]["queue_selector_kwargs"] = {"threshold": -1}
-    with pytest.raises(ConfigError, match=r"found ValueError: LargeSmallSelector's threshold must be an int >= 0 \(clips\), got -1"):
+    with pytest.raises(ConfigError,
+                       match=r"found ValueError: LargeSmallSelector's threshold must be an int >= 0 \(clips\), got -1"):
         plan_runners(parse_config(document, "c.json"), 1)
 
 

@@ -74,7 +74,8 @@ def test_merge_follows_the_first_segment_to_arrive_and_keeps_each_segments_own_r
         "inference1_finish": 9.5, "slot1_acquired": 9.7, "runner1_finish": 10.5, "runner2_start": 11.0,
         "inference2_start": 13.0, "siblings2_arrived": 12.0}
     assert merged.devices == {0: "cpu", 1: "cuda:0+cuda:1", 2: "cpu"}
-    assert [merged.route_entry(name) for name in ["group1", "instance1", "batch1", "batch_size1", "out_queue1"]] == [0, 1, 5, 1, 1]
+    names = ["group1", "instance1", "batch1", "batch_size1", "out_queue1"]
+    assert [merged.route_entry(name) for name in names] == [0, 1, 5, 1, 1]
     assert merged.fields == {"bytes_fetched": 100, "episode": "ep7", "frames_decoded": 16}
     own = {"slot0_acquired": 0, "runner0_finish": 1, "runner1_start": 2, "inference1_start": 3, "inference1_finish": 4,
            "slot1_acquired": 5, "runner1_finish": 6, "runner2_start": 7, "inference2_start": 8}
@@ -263,7 +264,8 @@ def test_shared_slot_keeps_valid_rows_and_rejects_outputs_that_do_not_fit():
     (copy,) = slot.read(torch.device("cpu"))
     assert torch.equal(copy, torch.ones(2, 3))
     assert copy.data_ptr() != slot.tensors[0].data_ptr()
-    with pytest.raises(ValueError, match=r"here: output tensor 0 has shape \(5, 3\), which does not fit output_shape\(\) \(4, 3\)"):
+    with pytest.raises(ValueError,
+                       match=r"here: output tensor 0 has shape \(5, 3\), which does not fit output_shape\(\) \(4, 3\)"):
         slot.write((torch.ones(5, 3),), "here")
     with pytest.raises(ValueError, match=r"here: the model returned 2 output tensors but output_shape\(\) declares 1"):
         slot.write((torch.ones(1, 3), torch.ones(1, 3)), "here")

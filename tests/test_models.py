@@ -89,7 +89,8 @@ def test_loader_frames_equal_the_cache_frames_at_the_sampled_timestamps(dataset)
     assert out["tabular"]["action"].shape == (ds.episode_length(2), 6)
     assert card.fields["frames_decoded"] == len(np.unique(numbers)) and card.fields["bytes_fetched"] > 0
     assert card.fields["episode"] == 2 and card.fields["num_clips"] == 3
-    assert card.events["fetch_start"] <= card.events["fetch_finish"] <= card.events["decode_start"] <= card.events["decode_finish"]
+    events = card.events
+    assert events["fetch_start"] <= events["fetch_finish"] <= events["decode_start"] <= events["decode_finish"]
 
 
 def test_split_fetch_then_decode_gives_the_loaders_clips_through_a_uint8_slot(dataset):

@@ -74,7 +74,8 @@ def test_a_final_step_that_hangs_after_k_items_leaves_exactly_k_rows(tmp_path, c
     stacks = log.dir / "stacks"
     assert meta["error"].startswith(f"step 1 replica 0 (pid {log.meta['processes'][2]['pid']}, cpu) has held item {k} "
                                     "for ")
-    assert meta["error"].endswith(f"s with no item finished since; the Python stacks of every process are in {stacks}/ "
+    assert meta["error"].endswith("s with no item finished since (a step only this slow needs a larger --stall-s); the Python "
+                                  f"stacks of every process are in {stacks}/ "
                                   "(step1-g0-r0.txt is its own)")
     assert f"benchmark.py: {meta['error']}\n" in said.err and "Traceback" not in said.err
     assert meta["end_time"] - hung_at(said.err) <= STALL_S + 2.0   # the bound, from before the last progress
@@ -201,7 +202,8 @@ def test_the_watch_blames_the_oldest_held_item_once_no_item_left_any_step_for_st
     assert watch.running(still, RUNNERS, 112.4) is None
     stall = watch.running(still, RUNNERS, 113.0)
     assert stall is not None and stall.process == "step1-g0-r0"
-    assert stall.sentence == "step 1 group 0 replica 0 (pid 12, cuda:0) has held item 5 for 11.5 s with no item finished since"
+    assert stall.sentence == ("step 1 group 0 replica 0 (pid 12, cuda:0) has held item 5 for 11.5 s with no item finished "
+                              "since (a step only this slow needs a larger --stall-s)")
 
 
 def test_the_stall_is_put_on_the_runner_inside_its_model_not_on_those_waiting_for_it_to_take_their_items():
@@ -213,7 +215,7 @@ def test_the_stall_is_put_on_the_runner_inside_its_model_not_on_those_waiting_fo
     stall = watch.running(blocked, RUNNERS, 13.0)
     assert stall is not None and stall.process == "step1-g0-r0"
     assert stall.sentence == ("step 1 group 0 replica 0 (pid 12, cuda:0) has been inside its model for 11.0 s with no item "
-                              "finished since")
+                              "finished since (a step only this slow needs a larger --stall-s)")
 
 
 def test_a_quiet_pipeline_holding_nothing_never_stalls_and_a_new_hold_starts_its_own_clock():

@@ -13,7 +13,7 @@ import html
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rnb.analysis.jobs import ValidityRules, load_jobs, stat_column
 from rnb.analysis.report import (
@@ -25,6 +25,9 @@ from rnb.analysis.report import (
     utilisation_lines,
 )
 from rnb.core.stages import PARTS, part_key
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 # Inline scripts and styles only; data: and blob: images are what plotly's own toolbar draws with.
 POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -57,7 +60,7 @@ def page(title: str, body: Sequence[str]) -> str:
         *body, "</body></html>", ""])
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[Any]], highlight: int | None = None) -> str:
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], highlight: int | None = None) -> str:
     """An HTML table of text cells (escaped); row `highlight` (0-based) is marked as the best."""
     head = "".join(f"<th>{html.escape(str(cell))}</th>" for cell in header)
     body = []
@@ -68,7 +71,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]], highlight: int |
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def figure(fig: Any, div_id: str) -> str:
+def figure(fig: go.Figure, div_id: str) -> str:
     """A plotly figure as a <div> and the script that draws it (plotly.js itself is in the page's head)."""
     return str(fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
                            config={"displaylogo": False, "responsive": True}))

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
 from rnb.analysis.utilisation import utilisation_columns
-from rnb.core.joblog import CONFIG_FILE, META_FILE, SAMPLES_FILE, SPOOL_DIR, TIMINGS_FILE, read_meta
+from rnb.core.joblog import CONFIG_FILE, META_FILE, SAMPLES_FILE, SPOOL_DIR, TIMINGS_FILE, read_json_object, read_meta
 from rnb.core.records import JobLogError, JobMeta, Json, JsonObject
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 from rnb.core.termination import COMPLETE_REASONS
@@ -145,7 +145,7 @@ def read_job(path: str | Path, columns: Callable[[int], Iterable[str]] | None = 
     """
     path = Path(path)
     meta = read_meta(path)
-    config = _read_json(path / CONFIG_FILE)
+    config = read_json_object(path / CONFIG_FILE)
     timings_path = path / TIMINGS_FILE
     num_steps = meta.num_steps
     try:
@@ -172,18 +172,6 @@ def _read_samples(path: Path) -> pa.Table | None:
         return pq.read_table(samples_path)
     except (OSError, pa.ArrowException) as exc:
         raise JobLogError(f"{samples_path}: cannot be read as Parquet ({exc}).") from exc
-
-
-def _read_json(path: Path) -> JsonObject:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise JobLogError(f"{path}: missing.") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise JobLogError(f"{path}: cannot be read as JSON ({exc}).") from exc
-    if not isinstance(data, dict):
-        raise JobLogError(f"{path}: should hold a JSON object.")
-    return data
 
 
 def _step_columns(num_steps: int) -> list[str]:

@@ -82,7 +82,7 @@ def format_summary(jobs: pa.Table) -> str:
     return "\n".join([text, *reasons, *errors, *stacks])
 
 
-def _stacks_line(job: dict[str, Any]) -> str:
+def _stacks_line(job: TableRow) -> str:
     """Where a stalled job's Python stacks are: the stalled process's file first."""
     files = json.loads(job["stacks"])
     first = job["failed_process"] if job["failed_process"] in files else next(iter(files))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rnb.core.records import JobLogError, JobMeta, Json
+from rnb.core.records import JobLogError, JobMeta, Json, JsonObject
 from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.timecard import ROUTE_COLUMNS, TimeCard
 
@@ -168,6 +168,11 @@ def write_meta(job_dir: Path, meta: JobMeta) -> None:
 def read_meta(job_dir: Path) -> JobMeta:
     """A job's meta.json as its record; JobLogError naming the file if it is missing or not one."""
     path = job_dir / META_FILE
+    return JobMeta.from_json(read_json_object(path), str(path))
+
+
+def read_json_object(path: Path) -> JsonObject:
+    """A job log's JSON file that must hold an object (meta.json, config.json); JobLogError naming it otherwise."""
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as error:
@@ -176,4 +181,4 @@ def read_meta(job_dir: Path) -> JobMeta:
         raise JobLogError(f"{path}: cannot be read as JSON ({error}).") from error
     if not isinstance(document, dict):
         raise JobLogError(f"{path}: should hold a JSON object.")
-    return JobMeta.from_json(document, str(path))
+    return document

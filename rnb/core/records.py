@@ -25,6 +25,7 @@ Role = Literal["client", "runner"]
 ROLES: tuple[Role, ...] = ("client", "runner")
 # How a process ended: by itself without error, with one (or by dying), stopped by the driver, or never started.
 ProcessStatus = Literal["ok", "failed", "killed", "not started"]
+STATUSES: tuple[ProcessStatus, ...] = ("ok", "failed", "killed", "not started")
 
 T = TypeVar("T")
 
@@ -78,11 +79,29 @@ class ProcessRecord:
         role = next((known for known in ROLES if known == found), None)
         if role is None:
             raise JobLogError(f"{where}: 'role' should be 'client' or 'runner', found {found!r}.")
+        found_status = _optional(document, "status", str, where)
+        status = next((known for known in STATUSES if known == found_status), None)
+        if found_status is not None and status is None:
+            raise JobLogError(f"{where}: 'status' should be one of {', '.join(map(repr, STATUSES))}, "
+                              f"found {found_status!r}.")
         gpu_ids = document.get("gpu_ids")
-        values = {f.name: document.get(f.name) for f in dataclasses.fields(ProcessRecord)
-                  if f.name not in ("name", "role", "gpu_ids")}
-        return ProcessRecord(name=name, role=role, gpu_ids=None if not isinstance(gpu_ids, list) else
-                             tuple(str(g) for g in gpu_ids), **values)  # type: ignore[arg-type]
+
+        def integer(key: str) -> int | None:
+            return _optional(document, key, int, where)
+
+        def string(key: str) -> str | None:
+            return _optional(document, key, str, where)
+
+        return ProcessRecord(
+            name=name, role=role, step=integer("step"), group=integer("group"), instance=integer("instance"),
+            device=string("device"), pid=integer("pid"), exitcode=integer("exitcode"), status=status,
+            error=string("error"), peak_rss_bytes=integer("peak_rss_bytes"),
+            peak_device_bytes=integer("peak_device_bytes"), device_process_bytes=integer("device_process_bytes"),
+            device_outside_allocator_bytes=integer("device_outside_allocator_bytes"),
+            output_device=string("output_device"), threads=integer("threads"),
+            intra_op_threads=integer("intra_op_threads"), interop_threads=integer("interop_threads"),
+            node=string("node"), node_ip=string("node_ip"),
+            gpu_ids=None if not isinstance(gpu_ids, list) else tuple(str(g) for g in gpu_ids), stacks=string("stacks"))
 
 
 @dataclass(frozen=True)
@@ -106,8 +125,11 @@ class MainGpuMemory:
 
     @staticmethod
     def from_json(document: Mapping[str, Json], where: str) -> MainGpuMemory:
-        return MainGpuMemory(**{f.name: _optional(document, f.name, int, where)  # type: ignore[arg-type]
-                                for f in dataclasses.fields(MainGpuMemory) if f.name in document})
+        return MainGpuMemory(
+            device_process_bytes=_optional(document, "device_process_bytes", int, where),
+            device_outside_allocator_bytes=_optional(document, "device_outside_allocator_bytes", int, where),
+            slot_bytes=_optional(document, "slot_bytes", int, where) or 0,
+            left_after_release_bytes=_optional(document, "left_after_release_bytes", int, where))
 
 
 @dataclass(frozen=True)

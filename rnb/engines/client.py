@@ -12,9 +12,9 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from rnb.core.messages import Ready, Request
+from rnb.core.records import Json
 from rnb.core.stages import ENQUEUE
 from rnb.core.termination import POLL_S
 from rnb.core.timecard import TimeCard
@@ -24,7 +24,7 @@ from rnb.pipeline.sources import open_source
 
 @dataclass(frozen=True)
 class ClientSpec:
-    source: Mapping[str, Any]
+    source: Mapping[str, Json]
     config_path: str
     videos: int
     mean_interval_ms: float
@@ -51,7 +51,8 @@ def generate(spec: ClientSpec, transport: ClientTransport) -> None:
         try:
             payload = next(payloads)
         except StopIteration:
-            raise ValueError(f"{spec.config_path}: source: ran out after {item_id} requests, but -v asks for {spec.videos}") from None
+            raise ValueError(f"{spec.config_path}: source: ran out after {item_id} requests, "
+                             f"but -v asks for {spec.videos}") from None
         card = TimeCard(item_id, repr(payload))
         card.record(ENQUEUE)
         if not transport.submit(Request(payload, card)):

@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 EXIT_CODES = {Termination.TARGET_REACHED: 0, Termination.MAX_DURATION: 0, Termination.INTERRUPTED: 130,
               Termination.TERMINATED: 143}
 DEFAULT_STALL_S = 60.0
-# What stops a job from outside: Ctrl-C, and SIGTERM (kill, schedulers, containers); children ignore both.
-STOP_SIGNALS = {signal.SIGINT: Termination.INTERRUPTED, signal.SIGTERM: Termination.TERMINATED}
+# What stops a job from outside, by the number a handler receives: Ctrl-C, and SIGTERM (kill, schedulers,
+# containers); children ignore both.
+STOP_SIGNALS: dict[int, Termination] = {signal.SIGINT: Termination.INTERRUPTED, signal.SIGTERM: Termination.TERMINATED}
 
 
 @dataclass(frozen=True)

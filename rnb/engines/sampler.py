@@ -14,17 +14,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rnb.core.joblog import SAMPLES_FILE
-from rnb.pipeline.gpus import Nvml
+from rnb.pipeline.gpus import GpuUtilisation, Nvml
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,16 @@ SCHEMA = pa.schema([
 ])
 
 
+# One row of samples.parquet by column name (SCHEMA), a process's or a GPU's.
+SampleRow = dict[str, float | str | None]
+
+
+class Utilisations(Protocol):
+    """What sampling asks of an open NVML session (rnb.pipeline.gpus.Nvml, or a test's fake)."""
+
+    def utilisation(self, physical_index: int) -> GpuUtilisation: ...
+
+
 @dataclass(frozen=True)
 class SampledGpu:
     logical_index: int
@@ -54,9 +64,9 @@ class Sampler:
 
     interval_s: float
     gpus: tuple[SampledGpu, ...] = ()
-    nvml: Callable[[], Any] = Nvml
+    nvml: Callable[[], AbstractContextManager[Utilisations]] = Nvml
     clock: Callable[[], float] = time.time
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[SampleRow] = field(default_factory=list)
     _processes: dict[str, psutil.Process] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -86,7 +96,7 @@ class Sampler:
                 next_tick += self.interval_s
                 self._stop.wait(max(0.0, next_tick - self.clock()))
 
-    def sample(self, nvml: Any | None) -> None:
+    def sample(self, nvml: Utilisations | None) -> None:
         """One row per live process and per GPU, all stamped with one time."""
         now = self.clock()
         for name, process in list(self._processes.items()):
@@ -98,7 +108,9 @@ class Sampler:
                 continue
             self.rows.append({"time": now, "process": name, "pid": process.pid,
                               "cpu_s": times.user + times.system, "rss_bytes": memory.rss})
-        for gpu in self.gpus if nvml is not None else ():
+        if nvml is None:  # no GPU in use: NVML was never opened
+            return
+        for gpu in self.gpus:
             try:
                 state = nvml.utilisation(gpu.physical_index)
             except Exception as exc:  # NVML reports unsupported queries and lost GPUs through assorted types

@@ -141,12 +141,10 @@ def merge_sorted_parts(parts: list[Path], path: Path, chunk_rows: int) -> None:
     heads = [next(reader, None) for reader in readers]
     ready: list[pa.Table] = []
     with pq.ParquetWriter(path, schema) as writer:
-        while any(head is not None for head in heads):
-            live = [i for i, head in enumerate(heads) if head is not None]
-            frontier = min(heads[i].column("item_id")[-1].as_py() for i in live)
+        while live := [(i, head) for i, head in enumerate(heads) if head is not None]:
+            frontier = min(head.column("item_id")[-1].as_py() for _, head in live)
             taken_now = []
-            for i in live:
-                head = heads[i]
+            for i, head in live:
                 taken = pc.sum(pc.less_equal(head.column("item_id"), frontier)).as_py() or 0
                 taken_now.append(_conform(head.slice(0, taken), schema))
                 heads[i] = head.slice(taken) if taken < head.num_rows else next(readers[i], None)

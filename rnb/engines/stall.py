@@ -27,6 +27,10 @@ from rnb.core.progress import ProgressSnapshot
 from rnb.core.records import ProcessRecord
 from rnb.engines.job import JobBook
 
+# A step that is slow but alive reads the same as a stuck one from outside (a GPU's synchronise spins like a busy
+# loop), so the sentence says what to do if that is the case.
+SLOW_HINT = " (a step only this slow needs a larger --stall-s)"
+
 
 @dataclass(frozen=True)
 class Stall:
@@ -119,10 +123,10 @@ def blame(progress: Mapping[str, ProgressSnapshot], book: JobBook, now: float) -
     who = describe(book[name], book)
     if stuck.held_item is not None and stuck.held_since is not None:
         return Stall(name, f"{who} has held item {stuck.held_item} for {now - stuck.held_since:.1f} s with no item "
-                           "finished since")
+                           f"finished since{SLOW_HINT}")
     assert stuck.calling_since is not None
     return Stall(name, f"{who} has been inside its model for {now - stuck.calling_since:.1f} s with no item finished "
-                       "since")
+                       f"since{SLOW_HINT}")
 
 
 def describe(record: ProcessRecord, book: JobBook) -> str:

@@ -18,7 +18,7 @@ import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from rnb.core.model import Keywords
 from rnb.core.model import merges_segments as model_merges_segments
@@ -221,7 +221,7 @@ def parse_config(document: Json, file: str, path: str | None = None) -> Pipeline
     )
 
 
-def _parse_run(check: _Checker, value: Any) -> dict[str, Any]:
+def _parse_run(check: _Checker, value: Json) -> JsonObject:
     run = check.as_object(value, "run")
     for key, item in run.items():
         if key in RUN_CHOICES:

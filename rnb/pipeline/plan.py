@@ -18,7 +18,7 @@ import torch
 from rnb.core.model import ChecksDataset, DeclaresDtypes, Keywords, Shapes, StepModelClass, input_side, output_side
 from rnb.core.records import Json, json_at
 from rnb.pipeline.config import ConfigError, KeywordError, PipelineConfig, QueueGroup
-from rnb.pipeline.dataset_source import KINDS, READ_RETRIES, READ_TIMEOUT_S, EpisodeRequest
+from rnb.pipeline.dataset_source import KINDS, EpisodeRequest, parse_options
 from rnb.pipeline.dotted import load_object
 
 
@@ -100,7 +100,7 @@ def plan_runners(config: PipelineConfig, batch_size: int) -> list[Placement]:
     """
     placements: list[Placement] = []
     share = cpu_threads(config)
-    warmup = warmup_request(config.source)
+    warmup = warmup_request(config.source, config.path)
     produced: dict[int, list[Shapes]] = {}   # out_queue of the previous step -> shapes of what lands in it
     for k, step in enumerate(config.steps):
         model = load_object(step.model)
@@ -184,21 +184,20 @@ def _model_kwargs(model: type, group: QueueGroup, batch_size: int, inputs: Shape
     return kwargs
 
 
-def warmup_request(source: Mapping[str, Any]) -> EpisodeRequest | None:
+def warmup_request(source: Mapping[str, Json], config_path: str) -> EpisodeRequest | None:
     """The first episode a dataset or videos source can send, as a request; None for other sources.
 
     A local relative root is made absolute, as every node of a Ray cluster must see it.
     """
-    kind = next(iter(source), None)
-    if kind not in KINDS or not isinstance(source[kind], str):
+    if next(iter(source), None) not in KINDS:
         return None
-    root = source[kind]
+    options = parse_options(source, config_path)
+    root = options.root
     if "://" not in root and not os.path.isabs(root):
         root = os.path.abspath(root)
-    episodes = source.get("episodes") or [0]
     # The source's read limits too: the loader keeps the dataset the warm-up opened, and reads every item through it.
-    return EpisodeRequest(kind, root, int(episodes[0]), timeout_s=float(source.get("timeout_s", READ_TIMEOUT_S)),
-                          retries=int(source.get("retries", READ_RETRIES)))
+    return EpisodeRequest(options.kind, root, options.episodes[0] if options.episodes else 0,
+                          timeout_s=options.timeout_s, retries=options.retries)
 
 
 def _per_segment(shapes: Shapes, num_segments: int) -> Shapes:

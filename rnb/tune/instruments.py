@@ -10,7 +10,6 @@ measured step is the one that sets the pace.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -39,11 +38,11 @@ class Feeder:
         self.rows = int(shapes[0][0])
 
     @staticmethod
-    def output_shape(shapes: Sequence[Sequence[int]], **kwargs: Any) -> tuple[tuple[int, ...], ...]:
+    def output_shape(shapes: Sequence[Sequence[int]], **kwargs: object) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(int(d) for d in shape) for shape in shapes)
 
     @staticmethod
-    def output_dtypes(shapes: Sequence[Sequence[int]], dtypes: Sequence[str] = (), **kwargs: Any) -> tuple[torch.dtype, ...]:
+    def output_dtypes(shapes: Sequence[Sequence[int]], dtypes: Sequence[str] = (), **kwargs: object) -> tuple[torch.dtype, ...]:
         return tuple(_dtype(name) for name in (tuple(dtypes) or ("float32",) * len(shapes)))
 
     def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
@@ -63,7 +62,7 @@ class Sink:
         self.pending: dict[tuple[int, tuple[Fork, ...]], list[TimeCard]] = {}   # by the item and its forks above
 
     @staticmethod
-    def output_shape(**kwargs: Any) -> None:
+    def output_shape(**kwargs: object) -> None:
         return None
 
     def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:

@@ -40,6 +40,7 @@ import torch
 from rnb.analysis.jobs import Job, JobLogError, read_job
 from rnb.analysis.sweep import RunOutcome, SweepError
 from rnb.core.joblog import host
+from rnb.core.records import JsonObject
 from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.termination import POLL_S, Termination
 from rnb.pipeline.config import merges_segments, parse_config
@@ -123,7 +124,7 @@ class Profile:
     def mean_held_s(self) -> float:
         return float(np.mean(self.held_s)) if self.held_s else 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return dataclasses.asdict(self)
 
     @staticmethod
@@ -143,7 +144,7 @@ class ProfileJob:
     group: GroupChoices
     form: Form
     key: ProfileKey
-    document: Mapping[str, Any]
+    document: Mapping[str, object]     # the config, for json.dumps
     videos: int
     position: int                        # the measured group's step in the profiling pipeline
     batcher_key: ProfileKey | None       # the Batcher group measured in the same job, at `position - 1`
@@ -239,7 +240,7 @@ def _profile_job(space: TuneSpace, plan: Sequence[Placement], g: GroupChoices, f
     final = g.step == space.num_steps - 1
     device = [bench.device]
     batcher = space.batcher_of(g)
-    pipeline: list[dict[str, Any]] = []
+    pipeline: list[dict[str, object]] = []
     if g.step > 0:
         producer = next(p for p in plan if p.step == g.step - 1 and group.in_queue in p.out_queues)
         shapes = next(p.input_shapes for p in plan if (p.step, p.group) == (g.step, g.group)) or ()
@@ -255,7 +256,7 @@ def _profile_job(space: TuneSpace, plan: Sequence[Placement], g: GroupChoices, f
                              "queue_groups": [{"gpus": device, "in_queue": 0, "out_queues": [0]}],
                              "num_shared_tensors": PROFILE_SLOTS, **kwargs, "batch": form.cards})
         pipeline[-1]["num_segments"] = form.segments
-    measured: dict[str, Any] = {"model": step.model, **dict(group.model_kwargs),
+    measured: dict[str, object] = {"model": step.model, **dict(group.model_kwargs),
                                 "queue_groups": [{"gpus": device, **({"in_queue": 0} if pipeline else {}),
                                                   **({} if final else {"out_queues": [0]})}]}
     if not final:
@@ -423,7 +424,7 @@ class ProfileCache:
         write_json_atomic(self.path(profile.key), profile.to_json())
 
 
-def write_json_atomic(path: Path, document: Any) -> None:
+def write_json_atomic(path: Path, document: object) -> None:
     """Write a JSON file so that a reader (or a Ctrl-C) sees it whole or not at all."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -20,12 +20,17 @@ import pyarrow.parquet as pq
 
 from rnb.analysis.html import figure, job_section, page, paragraph, table
 from rnb.analysis.jobs import ValidityRules, load_jobs, rows_to_table
+from rnb.analysis.report import TableRow
 from rnb.analysis.sweep import format_interval
+from rnb.core.records import JsonObject
 from rnb.tune.estimate import Estimator
 from rnb.tune.profile import Profile, write_json_atomic
 from rnb.tune.search import Evaluated, Goal, Search
 from rnb.tune.space import Candidate, GroupChoices, TuneSpace
 from rnb.tune.verify import Verified, VerifySettings, videos_for
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 BEST = "best.json"
 CANDIDATES = "candidates.parquet"
@@ -75,7 +80,7 @@ def winner_of(verified: Sequence[Verified], space: TuneSpace, goal: Goal) -> Ver
 # ---------------------------------------------------------------- candidates.parquet
 
 def candidate_rows(space: TuneSpace, found: Search, verified: Sequence[Verified],
-                   rules: ValidityRules) -> list[dict[str, Any]]:
+                   rules: ValidityRules) -> list[JsonObject]:
     """One row per candidate predicted or pruned: its settings, prediction and, where run, what was measured."""
     by_candidate = {v.candidate: v for v in verified}
     ranked = found.ranked()
@@ -89,8 +94,8 @@ def candidate_rows(space: TuneSpace, found: Search, verified: Sequence[Verified]
 
 
 def _row(space: TuneSpace, candidate: Candidate, position: int | None, evaluated: Evaluated | None,
-         verified: Verified | None, percentile: float, rules: ValidityRules) -> dict[str, Any]:
-    row: dict[str, Any] = {"key": candidate.key, "rank": position, "label": space.label(candidate),
+         verified: Verified | None, percentile: float, rules: ValidityRules) -> JsonObject:
+    row: JsonObject = {"key": candidate.key, "rank": position, "label": space.label(candidate),
                            "short_label": space.short_label(candidate), "devices_used": space.devices_used(candidate),
                            "cpu_slots_used": space.cpu_slots_used(candidate),
                            "gpus_used": ",".join(str(g) for g in space.gpus_used(candidate))}
@@ -176,7 +181,7 @@ def plot_points(space: TuneSpace, found: Search, verified: Sequence[Verified]) -
 
 
 def pareto_figure(space: TuneSpace, found: Search, verified: Sequence[Verified], winner: Verified | None,
-                  bound_ms: float) -> Any:
+                  bound_ms: float) -> go.Figure:
     import plotly.graph_objects as go
 
     q = found.estimator.percentile
@@ -235,7 +240,7 @@ def write_plot_png(path: Path, space: TuneSpace, found: Search, verified: Sequen
 
 # ---------------------------------------------------------------- what bounds a finalist
 
-def bounding_sentence(space: TuneSpace, estimator: Estimator, verified: Verified, job: Mapping[str, Any]) -> str:
+def bounding_sentence(space: TuneSpace, estimator: Estimator, verified: Verified, job: TableRow) -> str:
     """One sentence on what bounds a measured finalist, and what one more replica of it would add (predicted).
 
     The bound is the work group whose runners were busiest in the finalist's
@@ -280,11 +285,11 @@ def _with_one_more(space: TuneSpace, candidate: Candidate, target: GroupChoices)
 
 # ---------------------------------------------------------------- the files
 
-def best_document(space: TuneSpace, winner: Verified, request: Request, settings: VerifySettings) -> dict[str, Any]:
+def best_document(space: TuneSpace, winner: Verified, request: Request, settings: VerifySettings) -> JsonObject:
     """The winner as a config that runs as is: its settings, and its measured peak rate as the default load."""
     best = winner.best
     assert best is not None
-    run: dict[str, Any] = {"mean_interval_ms": float(format_interval(best.mean_interval_ms)),
+    run: JsonObject = {"mean_interval_ms": float(format_interval(best.mean_interval_ms)),
                            "videos": videos_for(best.rate_per_s, settings), "warmup": settings.warmup}
     if request.engine != "local":
         run["engine"] = request.engine
@@ -320,7 +325,7 @@ def table_columns(percentile: float) -> tuple[tuple[str, str], ...]:
             ("pruned", "pruned"))
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float):
@@ -328,7 +333,7 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def report_page(space: TuneSpace, outcome: Outcome, rows: Sequence[Mapping[str, Any]], rules: ValidityRules) -> str:
+def report_page(space: TuneSpace, outcome: Outcome, rows: Sequence[TableRow], rules: ValidityRules) -> str:
     request = outcome.request
     found = outcome.search
     q = request.percentile

@@ -26,19 +26,23 @@ import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rnb.core.model import Flushes
+from rnb.core.records import Json, JsonObject
 from rnb.pipeline.config import ConfigError, PipelineConfig, merges_segments, parse_config
 from rnb.pipeline.dotted import load_object
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8)
 GroupKind = Literal["work", "batcher"]
 
 
-def digest(record: object, length: int) -> str:
+def digest(record: DataclassInstance, length: int) -> str:
     """A short stable hash of a frozen dataclass record: what names its files (a profile, a finalist's trials)."""
-    text = json.dumps(dataclasses.asdict(record), sort_keys=True, default=str)  # type: ignore[call-overload]
+    text = json.dumps(dataclasses.asdict(record), sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:length]
 
 
@@ -282,8 +286,8 @@ class TuneSpace:
             parts.append(text)
         return " | ".join(parts)
 
-    def document_for(self, candidate: Candidate, run: Mapping[str, Any] | None = None,
-                     description: str | None = None) -> dict[str, Any]:
+    def document_for(self, candidate: Candidate, run: Mapping[str, Json] | None = None,
+                     description: str | None = None) -> JsonObject:
         """The candidate as a config document that benchmark.py runs as is."""
         document = copy.deepcopy(dict(self.document))
         for k, step in enumerate(document["pipeline"]):
@@ -337,7 +341,7 @@ def spread(replicas: Mapping[tuple[int, int], int], gpus: Sequence[int]) -> dict
     return placed
 
 
-def _choices(value: Any, file: str, where: str) -> tuple[int, ...] | None:
+def _choices(value: object, file: str, where: str) -> tuple[int, ...] | None:
     """A list of positive integers given in place of one (the tuner's choices); None where a single value is."""
     if not isinstance(value, list):
         return None
