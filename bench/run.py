@@ -113,6 +113,7 @@ def _floor(name: str) -> Callable[[Effort, Workspace], list[Row]]:
 
 BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P1s": _harness("p1_sleeping_steps"),
+    "P1s8": _harness("p1_deep_sleeping_steps"),
     "P1h": _harness("p1_harness_per_hop"),
     "P1c": _harness("p1_contention"),
     "P2": p2_bytes,

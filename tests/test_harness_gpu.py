@@ -152,7 +152,7 @@ def test_split_loader_bytes_reach_a_gpu_decoder_in_host_memory():
     data = torch.arange(40, dtype=torch.uint8)
     slots[0].free.clear()
     slots[0].write((data,), "fetcher")
-    plumbing.step_queues[0][0].put(Signal(0, 0, 0, 0, {}, TimeCard(0, "0")))
+    plumbing.step_queues[0][0].put_nowait(Signal(0, 0, 0, 0, {}, TimeCard(0, "0")).wire())
     (received,) = transport.receive(timeout=10).tensors
     assert slots[0].tensors[0].device.type == received.device.type == "cpu"
     assert torch.equal(received, data) and slots[0].free.is_set()

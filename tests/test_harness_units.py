@@ -5,6 +5,7 @@ import io
 import json
 import pickle
 import queue
+import threading
 import time
 
 import pytest
@@ -19,7 +20,8 @@ from rnb.core.termination import Termination
 from rnb.core.timecard import TimeCard, as_cards
 from rnb.engines import transport as transport_module
 from rnb.engines.buffers import LocalBuffers
-from rnb.engines.local.plumbing import HopQueue, Plumbing, SharedSlot, SlotFlag, StepQueue, TerminationFlag
+from rnb.engines.local.plumbing import Plumbing, SharedSlot, SlotFlag, TerminationFlag
+from rnb.engines.local.ring import RingQueue
 from rnb.engines.local.transport import LocalTransport, LocalWiring
 from rnb.engines.runner import Runner
 from rnb.pipeline.config import ConfigError, parse_config
@@ -155,60 +157,91 @@ def test_slot_flag_wakes_a_producer_waiting_in_another_process_and_times_out_whe
     assert setter.exitcode == 0
 
 
-def _put_after(queue: HopQueue, delay_s: float, message: object) -> None:
+def _put_after(ring: RingQueue, delay_s: float, message: object) -> None:
     time.sleep(delay_s)
-    queue.put(message)
-    queue.close()
-    queue.join_thread()
+    ring.put_nowait(message)
 
 
-def test_hop_queue_waits_for_a_message_from_another_process_and_keeps_the_capacity():
-    inbox = HopQueue(2, ctx=CTX)
+def test_ring_queue_wakes_a_consumer_in_another_process_and_keeps_order_and_capacity():
+    ring = RingQueue(3, TerminationFlag(CTX), ctx=CTX)
     started = time.monotonic()
     with pytest.raises(queue.Empty):
-        inbox.get(timeout=0.2)
+        ring.get(timeout=0.2)
     assert time.monotonic() - started >= 0.2
     with pytest.raises(queue.Empty):
-        inbox.get_nowait()
-    sender = CTX.Process(target=_put_after, args=(inbox, 0.3, ("hello", 7)))
+        ring.get_nowait()
+    sent = Signal(1, 0, 2, 3, {"n": 4}, TimeCard(5, "5")).wire()
+    sender = CTX.Process(target=_put_after, args=(ring, 0.3, sent))
     sender.start()
     try:
-        assert inbox.get(timeout=120) == ("hello", 7)  # a spawned child may take long to start
-    finally:
-        sender.join(10)
-    inbox.put_nowait(1), inbox.put_nowait(2)
-    with pytest.raises(queue.Full):
-        inbox.put_nowait(3)
-    assert [inbox.get(timeout=10), inbox.get(timeout=10)] == [1, 2]
-
-
-def test_step_queue_writes_without_a_feeder_keeps_order_and_capacity_and_drops_what_nobody_will_read():
-    flag = TerminationFlag(CTX)
-    inbox = StepQueue(3, flag, ctx=CTX)
-    sender = CTX.Process(target=_put_after, args=(inbox, 0.3, Signal(1, 0, 2, 3, {"n": 4}, TimeCard(5, "5"))))
-    sender.start()
-    try:
-        got = inbox.get(timeout=120)  # a spawned child may take long to start
+        got = Signal.from_wire(ring.get(timeout=120))  # a spawned child may take long to start
     finally:
         sender.join(10)
     assert (got.step, got.group, got.instance, got.slot, got.non_tensors, got.time_card.item_id) == (1, 0, 2, 3, {"n": 4}, 5)
-    inbox.put_nowait(1), inbox.put_nowait(2), inbox.put_nowait(3)
+    ring.put_nowait(1), ring.put_nowait(2), ring.put_nowait(3)
     with pytest.raises(queue.Full):
-        inbox.put_nowait(4)
-    assert [inbox.get(timeout=10) for _ in range(3)] == [1, 2, 3]
-    assert inbox._thread is None  # no feeder thread was ever started
-    # Nobody reads once the job has ended: a put into a full pipe gives up after a poll interval.
+        ring.put_nowait(4)
+    assert [ring.get(timeout=10) for _ in range(3)] == [1, 2, 3]
+
+
+def test_ring_queue_wraps_messages_around_its_end_and_refuses_one_larger_than_itself():
+    ring = RingQueue(100, TerminationFlag(CTX), ctx=CTX, capacity=256)
+    for turn in range(20):  # about 150 bytes a turn: the ring goes round a dozen times, splitting messages at its end
+        messages = [(turn, i, b"x" * (turn + i)) for i in range(3)]
+        for message in messages:
+            ring.put_nowait(message)
+        assert [ring.get(timeout=1) for _ in messages] == messages
+    with pytest.raises(ValueError, match=r"^a message of 2\d\d bytes does not fit the inter-step queue's ring of 256 "
+                                         r"bytes; pass less in non_tensors$"):
+        ring.put_nowait(b"y" * 240)
+    with pytest.raises(ValueError, match=r"^a ring's capacity must be a multiple of 8 bytes, not 100$"):
+        RingQueue(1, TerminationFlag(CTX), ctx=CTX, capacity=100)
+
+
+def test_a_full_ring_drops_what_nobody_will_read_once_the_job_has_ended():
+    flag = TerminationFlag(CTX)
+    ring = RingQueue(100, flag, ctx=CTX, capacity=1024)
     flag.raise_(Termination.TARGET_REACHED)
-    big = StepQueue(100, flag, ctx=CTX)
-    started = time.monotonic()
     for i in range(40):
-        big.put_nowait((i, b"x" * 3000))  # 120 kB against a pipe of 64 kB
-    assert time.monotonic() - started < 30
+        ring.put_nowait((i, b"x" * 100))  # 5 kB against a ring of 1 kB: nobody reads, and none of it waits
     written = []
     with pytest.raises(queue.Empty):
         while True:
-            written.append(big.get(timeout=0.2)[0])
-    assert 0 < len(written) < 40 and written == list(range(len(written)))
+            written.append(ring.get(timeout=0.2)[0])
+    assert written == list(range(8))  # 8 messages of 128 bytes (a length word, 119 of pickle, padding) fill 1 kB
+
+
+def _hold_the_lock(lock: object) -> None:
+    lock.acquire()  # type: ignore[attr-defined]
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("side", ["write", "read"])
+def test_a_process_killed_holding_a_ring_lock_holds_nobody_up_past_the_end_of_the_job(side):
+    flag = TerminationFlag(CTX)
+    ring = RingQueue(10, flag, ctx=CTX)
+    if side == "read":
+        ring.put_nowait("waiting")
+    lock = ring._wlock if side == "write" else ring._rlock
+    holder = CTX.Process(target=_hold_the_lock, args=(lock,))
+    holder.start()
+    deadline = time.monotonic() + 120  # a spawned child may take long to start
+    while lock.acquire(False):
+        lock.release()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    holder.kill()
+    holder.join(10)
+    raiser = threading.Timer(0.3, flag.raise_, (Termination.PROCESS_FAILED,))  # as main does when it sees the death
+    raiser.start()
+    started = time.monotonic()
+    if side == "write":
+        ring.put_nowait("dropped")
+    else:
+        with pytest.raises(queue.Empty):
+            ring.get(timeout=10)
+    raiser.join()
+    assert 0.3 <= time.monotonic() - started < 5
 
 
 def test_shared_slot_reads_full_and_partial_outputs_into_reused_buffers():
@@ -257,7 +290,8 @@ def _runner(plumbing: Plumbing, step: int, model: str, slots, sources, out_queue
     return Runner(spec, LocalTransport(spec, target, LocalWiring(slots, sources), plumbing))
 
 
-def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
+def test_runners_hand_tensors_over_through_slots_and_queues_carry_none(monkeypatch):
+    monkeypatch.setattr(transport_module, "RESULTS_WAIT_S", 3600.0)  # on a loaded machine item 1 may come 50 ms later
     plumbing = Plumbing.build(CTX, [{0}], 10, None)
     kwargs = {"clips": 2, "frames": 2, "height": 4, "width": 4}
     shapes = SyntheticFrames.output_shape(**kwargs)
@@ -268,16 +302,17 @@ def test_runners_hand_tensors_over_through_slots_and_queues_carry_none():
     for item in range(2):
         card = TimeCard(item, repr(item))
         card.record("enqueue")
-        plumbing.requests.put(Request(item, card))
+        plumbing.requests.put_nowait(Request(item, card).wire())
         first.handle(first.transport.receive(timeout=10))
-        signal = plumbing.step_queues[0][0].get(timeout=10)
+        wire = plumbing.step_queues[0][0].get(timeout=10)
         spy = _TensorSpy()
-        spy.dump(signal)
+        spy.dump(wire)
         assert spy.tensors == []
+        signal = Signal.from_wire(wire)
         assert isinstance(signal, Signal) and (signal.step, signal.slot) == (0, item)
         assert not slots[item].free.is_set()
         assert torch.equal(slots[item].tensors[0], SyntheticFrames.frames_for(item, shapes[0]))
-        plumbing.step_queues[0][0].put(signal)
+        plumbing.step_queues[0][0].put_nowait(wire)
         final.handle(final.transport.receive(timeout=10))
         assert slots[item].free.is_set()
 
@@ -402,7 +437,7 @@ def test_a_full_inter_step_queue_ends_the_job_with_that_reason_and_frees_the_slo
     slots = tuple(SharedSlot.allocate(CTX, SyntheticFrames.output_shape(**kwargs), torch.device("cpu")) for _ in range(3))
     first = _runner(plumbing, 0, "models.toy.SyntheticFrames", slots, {}, (0,), kwargs)
     for item in range(2):
-        plumbing.requests.put(Request(item, TimeCard(item)))
+        plumbing.requests.put_nowait(Request(item, TimeCard(item)).wire())
         first.handle(first.transport.receive(timeout=10))
     assert plumbing.flag.reason == Termination.INTER_STEP_QUEUE_FULL
     assert [slot.free.is_set() for slot in slots] == [False, True, True]

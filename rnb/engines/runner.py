@@ -22,10 +22,9 @@ import torch
 from rnb.core.device import CudaQueue, DeviceMark, DeviceQueue
 from rnb.core.messages import Ready
 from rnb.core.model import Cards, Flushes, HasDeviceQueue, HasNotes, NonTensors, StepModelClass, StepOutput, Tensors
-from rnb.core.stages import StepEvents
 from rnb.core.termination import POLL_S, Termination
 from rnb.core.timecard import TimeCard, as_cards, now
-from rnb.engines.transport import Input, Transport
+from rnb.engines.transport import Input, Stamps, Transport
 from rnb.pipeline.dotted import load_object
 from rnb.pipeline.gpus import check_device_uuid
 from rnb.pipeline.plan import Placement
@@ -39,7 +38,7 @@ class Runner:
         self.spec = spec
         self.transport = transport
         self.progress = transport.progress  # how far it has got, for the driver's stall watch (rnb.core.progress)
-        self.events = StepEvents(spec.step)
+        self.events = Stamps.of(spec.step)
         if spec.threads is not None:
             # Before the model loads: inter-op threads can only be set before any parallel work.
             torch.set_num_threads(spec.threads)

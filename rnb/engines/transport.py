@@ -6,7 +6,7 @@ final-step checks.  How an input reaches a step, how outputs reach the next
 one, how the start barrier, the termination flag and the job's results are
 shared: that is the engine's, behind these two small protocols.  The local
 engine implements them in `rnb.engines.local.transport` (shared slots and
-torch.multiprocessing queues); another engine implements the same methods.
+rings of messages in shared memory); another engine implements the same methods.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch
 
 from rnb.core.messages import Request, Results, Status
 from rnb.core.progress import Progress
+from rnb.core.stages import StepEvents
 from rnb.core.termination import Termination
 from rnb.core.timecard import TimeCard
 
@@ -91,6 +92,29 @@ class FinishedCards:
                     self._send_held()
                 except Exception:  # the way out is closing (the process is leaving): its own last send reports
                     return
+
+
+@dataclass(frozen=True)
+class Stamps:
+    """The names of the events the harness stamps at one step (rnb.core.stages.StepEvents), formatted once.
+
+    A StepEvents property formats its name anew at each ask, and a card then
+    hashes the new string to find where the event lives: paid at each of a
+    hop's five stamps, that cost more than the stamps themselves.
+    """
+
+    arrived: str
+    started: str
+    finished: str
+    slot_acquired: str
+    handed_over: str
+    device_ms: str
+
+    @staticmethod
+    def of(step: int) -> Stamps:
+        events = StepEvents(step)
+        return Stamps(events.arrived, events.started, events.finished, events.slot_acquired, events.handed_over,
+                      events.device_ms)
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,1 @@
-"""The local engine: spawned processes on one host, shared slots and torch.multiprocessing queues (driver.py)."""
+"""The local engine: spawned processes on one host, shared slots and rings of messages in shared memory (driver.py)."""

@@ -36,12 +36,10 @@ def child_main(name: str, plumbing: Plumbing, transport: Participant, work: Call
             release()
         except Exception as error:  # a CUDA error left by a failed run: the exit must still happen
             print(f"{name}: could not release its shared slots ({type(error).__name__}: {error})", file=sys.stderr)
-    pipeline_queues = [plumbing.requests, *(q for step in plumbing.step_queues for q in step.values())]
-    for queue in [plumbing.status, plumbing.results, *pipeline_queues]:
-        if plumbing.flag.is_set and queue in pipeline_queues:
-            queue.cancel_join_thread()  # nobody will read what is left for the pipeline
-        queue.close()
-        _join_feeder(queue, plumbing.flag)
+    # The rings (requests, signals, results) hold whatever was put on them already; only the status queue has a
+    # feeder thread that may still be writing.
+    plumbing.status.close()
+    _join_feeder(plumbing.status, plumbing.flag)
     sys.stdout.flush()
     sys.stderr.flush()
     # Everything the main process needs is flushed; skip interpreter teardown, which
@@ -52,10 +50,8 @@ def child_main(name: str, plumbing: Plumbing, transport: Participant, work: Call
 def _join_feeder(queue: Any, flag: TerminationFlag, timeout_s: float = FLUSH_S) -> None:
     """Wait for the queue's feeder thread to send what this process put on it, but not for ever.
 
-    While the job runs, everything must go: a bulk client is done as soon as
-    its requests are queued, and its feeder may still hold thousands that
-    the pipe cannot take until step 0 reads them.  Once the job has ended,
-    a process killed while writing to the same queue may have left the
+    While the job runs, everything must go.  Once the job has ended, a
+    process killed while writing to the same queue may have left the
     queue's write lock held, and a feeder waiting for it would wait for
     good; after `timeout_s` the messages are given up (the main process
     notes the cut).  The feeder is multiprocessing's own thread, which

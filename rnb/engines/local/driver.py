@@ -71,7 +71,7 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     sampler = Sampler(args.sample_interval_ms / 1000.0,
                       tuple(SampledGpu(gpu.logical_index, gpu.physical_index) for gpu in gpus))
     sampler.watch("main", os.getpid())
-    previous = {number: signal.signal(number, lambda number, _: plumbing.flag.take_over(STOP_SIGNALS[number]))
+    previous = {number: signal.signal(number, lambda number, _: plumbing.flag.take_over(STOP_SIGNALS[signal.Signals(number)]))
                 for number in STOP_SIGNALS}
     start = None
     watch = JobWatch(args.stall_s, args.max_duration_s, time.time())
@@ -79,7 +79,8 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     try:
         spawn_all(ctx, supervisor, config, args, placements, wirings)
         for record in supervisor.book.records:
-            sampler.watch(record.name, record.pid)
+            if record.pid is not None:  # every spawned child's record has one
+                sampler.watch(record.name, record.pid)
         sampler.start()  # from start-up on, so that model loading shows too
         start = _run_between_barriers(supervisor, job_dir.name, args.videos, len(placements), watch, stall)
     finally:
@@ -99,7 +100,7 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
         stalled = stall_error(stall[0], job_dir, stacks) if stall else None
         result = close_job(job_dir, config, args, with_release(held, left, supervisor.book), JobEnding(
             start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.book.failure, args, stalled),
-            spool=spool, book=supervisor.book, counted=plumbing.finished.value if start is not None else None))
+            spool=spool, book=supervisor.book, counted=plumbing.finished_count if start is not None else None))
     return result
 
 

@@ -1,6 +1,8 @@
 """A queue from the children to the main process, read by a thread of the main process.
 
-A child killed in the middle of writing a message leaves the pipe holding
+The status queue is a pipe (the results ring, rnb.engines.local.ring, shows
+a message only once it is whole, but is read the same way).  A child killed
+in the middle of writing a message leaves the pipe holding
 part of one: a reader then blocks for ever waiting for the rest, since the
 main process itself holds the pipe's write end and no end of file comes.
 Reading on a thread keeps that wait off the main thread, which only takes in

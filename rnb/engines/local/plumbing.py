@@ -7,24 +7,19 @@ rnb.core.messages.
 """
 from __future__ import annotations
 
-import copyreg
-import io
-import math
-import multiprocessing.queues
-import pickle
-import queue
-import select
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, Protocol
 
 import torch
 
-from rnb.core.termination import POLL_S, Termination
+from rnb.core.termination import Termination
 from rnb.engines.buffers import LocalBuffers
+from rnb.engines.local.ring import REQUEST_BYTES, RING_BYTES, RingQueue
 
+# The results queue is not bounded by -qs: the final step's batches wait only for room in its ring.
+RESULTS_MAXSIZE = 1 << 30
 # How often a child looks at the start gate: the start barrier's skew between processes.
 START_POLL_S = 0.002
 
@@ -154,12 +149,16 @@ class SharedSlot:
     def write(self, outputs: tuple[torch.Tensor, ...], where: str) -> None:
         """Copy outputs in (asynchronously on the current stream for CUDA); the caller syncs."""
         if len(outputs) != len(self.tensors):
-            raise ValueError(f"{where}: the model returned {len(outputs)} output tensors but output_shape() declares {len(self.tensors)}")
+            raise ValueError(f"{where}: the model returned {len(outputs)} output tensors but output_shape() declares "
+                             f"{len(self.tensors)}")
         for index, (output, slot, form) in enumerate(zip(outputs, self.tensors, self.forms)):
             shape = output.shape
-            if len(shape) != len(form) or shape[0] > form[0] or shape[1:] != form[1:]:
-                raise ValueError(f"{where}: output tensor {index} has shape {tuple(shape)}, which does not fit output_shape() {form}")
-            (slot if shape[0] == form[0] else slot[: shape[0]]).copy_(output, non_blocking=True)
+            if shape != form:  # a full output (the usual case) needs no slicing of shapes, each a new torch.Size
+                if len(shape) != len(form) or shape[0] > form[0] or shape[1:] != form[1:]:
+                    raise ValueError(f"{where}: output tensor {index} has shape {tuple(shape)}, which does not fit "
+                                     f"output_shape() {form}")
+                slot = slot[: shape[0]]
+            slot.copy_(output, True)  # non_blocking, passed by position: torch parses a keyword at each call
             self.sizes[index] = shape[0]
 
     @property
@@ -198,7 +197,7 @@ class SharedSlot:
                 copies.append(valid.to(device, copy=True, non_blocking=non_blocking))
             else:
                 buffer = buffers.like(index, slot)
-                copies.append((buffer if full else buffer[:size]).copy_(valid, non_blocking=non_blocking))
+                copies.append((buffer if full else buffer[:size]).copy_(valid, non_blocking))
         return tuple(copies)
 
 
@@ -256,107 +255,6 @@ class PinnedHostSlots:
         self.pointers.clear()
 
 
-class HopQueue(multiprocessing.queues.Queue):
-    """A multiprocessing queue whose `get` waits on one poll object kept for the queue's lifetime.
-
-    The standard queue builds and tears down a selector at every `get` with
-    a timeout, which costs more than the rest of the message on a no-op hop;
-    everything else (the feeder thread, the locks, the capacity) is the
-    standard queue's.
-    """
-
-    def _reset(self, after_fork: bool = False) -> None:
-        super()._reset(after_fork)
-        self._poller: select.poll | None = None
-        self._poll = self._wait_readable
-
-    def _wait_readable(self, timeout: float = 0.0) -> bool:
-        if self._poller is None:
-            self._poller = select.poll()
-            self._poller.register(self._reader.fileno(), select.POLLIN)
-        return bool(self._poller.poll(max(0, math.ceil(timeout * 1000))))
-
-
-class StepQueue(HopQueue):
-    """An inter-step queue whose producer writes each message to the pipe itself, with no feeder thread.
-
-    The standard queue hands every message to a feeder thread: a condition
-    notified, a thread woken, the GIL passed to it and back, at every hop;
-    that cost more than the pickling and the write together.  The producer
-    here pickles and writes in its own thread under the queue's write lock;
-    the capacity (-qs) is counted as before, so a full queue still ends the
-    job.  A write never blocks the producer for good: it waits for room in
-    the pipe a poll interval at a time and drops the message once the job
-    has ended.  The room is there in practice: every message holds one of
-    its producer's slots until a consumer has read it, so at most the
-    producers' slots' worth of messages sit in the pipe.  Nor does a
-    producer wait for good on the write lock of one killed while writing.
-    """
-
-    def __init__(self, maxsize: int, flag: TerminationFlag, *, ctx: Any) -> None:
-        self._flag = flag
-        super().__init__(maxsize, ctx=ctx)
-
-    def __getstate__(self) -> tuple:
-        return (*super().__getstate__(), self._flag)
-
-    def __setstate__(self, state: tuple) -> None:
-        *queue_state, self._flag = state
-        super().__setstate__(tuple(queue_state))
-
-    def _reset(self, after_fork: bool = False) -> None:
-        super()._reset(after_fork)
-        self._room: select.poll | None = None
-        self._reducers: dict | None = None
-
-    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
-        """Write `obj` now; queue.Full when the queue holds its capacity (never waits for a free place)."""
-        if self._closed:
-            raise ValueError(f"Queue {self!r} is closed")
-        if not self._sem.acquire(False):
-            raise queue.Full
-        data = self._dumps(obj)
-        if not self._until(lambda: self._wlock.acquire(timeout=POLL_S)):
-            return  # a producer killed while writing holds the lock for good; the job is ending anyway
-        try:
-            if self._until(self._room_in_pipe):
-                self._send_bytes(data)
-        finally:
-            self._wlock.release()
-
-    def _dumps(self, obj: Any) -> memoryview:
-        """`obj` pickled as multiprocessing's ForkingPickler does, without copying its reducer table each time.
-
-        ForkingPickler builds a pickler with a fresh copy of copyreg's and its
-        own reducers (torch registers some 80) for every message; the table is
-        taken once here, in the process that puts, after torch has registered
-        its reducers on import.
-        """
-        if self._reducers is None:
-            self._reducers = {**copyreg.dispatch_table, **ForkingPickler._extra_reducers}
-        buffer = io.BytesIO()
-        pickler = pickle.Pickler(buffer, pickle.HIGHEST_PROTOCOL)
-        pickler.dispatch_table = self._reducers
-        pickler.dump(obj)
-        return buffer.getbuffer()
-
-    def put_nowait(self, obj: Any) -> None:
-        self.put(obj, False)
-
-    def _until(self, ready: Callable[[], bool]) -> bool:
-        """True once `ready()` (which waits up to a poll interval) is; False if the job ended first."""
-        while not ready():
-            if self._flag.is_set:
-                return False
-        return True
-
-    def _room_in_pipe(self) -> bool:
-        if self._room is None:
-            self._room = select.poll()
-            self._room.register(self._writer.fileno(), select.POLLOUT)
-        return bool(self._room.poll(math.ceil(POLL_S * 1000)))
-
-
 @dataclass(frozen=True)
 class Plumbing:
     """Everything the children share: queues, the flag, counters and the start gate.
@@ -366,10 +264,10 @@ class Plumbing:
     where it bounds the requests the client may have outstanding.
     """
 
-    requests: Any
-    step_queues: tuple[dict[int, Any], ...]
-    results: Any       # rnb.core.messages.Results, final step -> main
-    status: Any        # rnb.core.messages.Ready, Failed, Exited: child -> main
+    requests: RingQueue
+    step_queues: tuple[dict[int, RingQueue], ...]
+    results: RingQueue  # rnb.core.messages.Results, final step -> main
+    status: Any         # multiprocessing Queue of rnb.core.messages.Ready, Failed, Exited: child -> main
     flag: TerminationFlag
     finished: Any      # shared count of finished items
     start: Any         # shared byte, set to 1 by main once every child is ready (no lock: see TerminationFlag)
@@ -380,16 +278,22 @@ class Plumbing:
               request_queue_size: int | None = None) -> Plumbing:
         """Every queue holds `queue_size` messages, the request queue `request_queue_size` if given."""
         flag = TerminationFlag(ctx)
+        requests = request_queue_size or queue_size
         return Plumbing(
-            requests=HopQueue(request_queue_size or queue_size, ctx=ctx),
-            step_queues=tuple({q: StepQueue(queue_size, flag, ctx=ctx) for q in sorted(names)} for names in queue_names),
-            results=HopQueue(ctx=ctx),
+            requests=RingQueue(requests, flag, ctx=ctx, capacity=max(RING_BYTES, REQUEST_BYTES * requests)),
+            step_queues=tuple({q: RingQueue(queue_size, flag, ctx=ctx) for q in sorted(names)} for names in queue_names),
+            results=RingQueue(RESULTS_MAXSIZE, flag, ctx=ctx),
             status=ctx.Queue(),
             flag=flag,
             finished=ctx.Value("q", 0),
             start=ctx.RawValue("b", 0),
             in_flight=ctx.Semaphore(concurrency) if concurrency else None,
         )
+
+    @property
+    def finished_count(self) -> int:
+        """The finished count, read without its lock: a child killed while counting holds that lock for good."""
+        return int(self.finished.get_obj().value)
 
     def open_start_gate(self) -> None:
         """Main: let every child start (they look every START_POLL_S)."""

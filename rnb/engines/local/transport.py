@@ -1,11 +1,12 @@
-"""The local engine's transport: one host, spawned processes, shared slots and torch.multiprocessing queues.
+"""The local engine's transport: one host, spawned processes, shared slots and rings of messages in shared memory.
 
 A runner's outputs go into its own preallocated `SharedSlot`s (CUDA tensors
 for a GPU runner, shared-memory tensors on the CPU); the queue to the next
-step carries only a `Signal` naming the slot.  The consumer copies the data
-out into its own reused buffers, then sets the slot's `free` event so the
-producer may write it again.  Requests, results and status messages travel
-on plain queues; the flag and the start gate are shared objects
+step (a `RingQueue`, rnb.engines.local.ring) carries only a `Signal` naming
+the slot.  The consumer copies the data out into its own reused buffers,
+then sets the slot's `free` flag so the producer may write it again.
+Requests and results travel on rings too, status messages on a plain
+multiprocessing queue; the flag and the start gate are shared objects
 (rnb.engines.local.plumbing.Plumbing).
 
 This module also holds the two process entry points the main process spawns.
@@ -20,9 +21,8 @@ from typing import Any
 
 import torch
 
-from rnb.core.messages import Exited, Request, Signal, Status
+from rnb.core.messages import Exited, Request, Signal, Status, Wire
 from rnb.core.progress import Progress, empty_cells
-from rnb.core.stages import StepEvents
 from rnb.core.termination import POLL_S, Termination
 from rnb.core.timecard import TimeCard, as_cards
 from rnb.engines import client
@@ -30,7 +30,7 @@ from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.child import child_main
 from rnb.engines.local.plumbing import PinnedHostSlots, Plumbing, SharedSlot
 from rnb.engines.runner import Runner
-from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
+from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input, Stamps
 from rnb.pipeline.plan import Placement
 
 
@@ -79,14 +79,14 @@ class LocalTransport(_LocalParticipant):
         self.device = torch.device(spec.device)
         self._cuda = self.device.type == "cuda"  # asked twice per hop; a torch.device attribute is not free
         self.input_device = torch.device(spec.input_device)
-        self.events = StepEvents(spec.step)
+        self.events = Stamps.of(spec.step)
         self.inputs = LocalBuffers(self.input_device)
         self.inbox = plumbing.requests if spec.in_queue is None else plumbing.step_queues[spec.step - 1][spec.in_queue]
         self.outboxes = [plumbing.step_queues[spec.step][q] for q in spec.out_queues]
         self._next_slot = 0
         # A finished card waits for company in its batch to the main process at most RESULTS_WAIT_S (FinishedCards),
         # and not at all once the input is idle, the target is reached or the runner exits.
-        self.finished = FinishedCards(plumbing.results.put)
+        self.finished = FinishedCards(plumbing.results.put_nowait)
         self.progress = Progress(wiring.progress)
 
     def _sync(self) -> None:
@@ -100,23 +100,28 @@ class LocalTransport(_LocalParticipant):
         except queue.Empty:
             return None
         arrived = time.time()
-        if isinstance(message, Request):
-            return Input((), {"request": message.payload}, message.card, arrived)
-        slot = self.wiring.sources[(message.group, message.instance)][message.slot]
+        if self.spec.in_queue is None:
+            request = Request.from_wire(message)
+            return Input((), {"request": request.payload}, request.card, arrived)
+        signal = Signal.from_wire(message)
+        slot = self.wiring.sources[(signal.group, signal.instance)][signal.slot]
         tensors = slot.read(self.input_device, self.inputs)
         self._sync()
         slot.free.set()
-        return Input(tensors, message.non_tensors, message.time_card, arrived)
+        return Input(tensors, signal.non_tensors, signal.time_card, arrived)
 
-    def _next(self, timeout: float) -> Any:
-        """The next message of the inbox; a final step sends the cards it holds before it waits for one."""
-        if not self.spec.is_final:
-            return self.inbox.get(timeout=timeout)
+    def _next(self, timeout: float) -> Wire:
+        """The next message of the inbox; a final step whose input stayed idle all `timeout` sends the cards it holds.
+
+        Not as soon as the input is empty: on a pipeline faster than the
+        final step's wake-ups that would be one message to main per item.
+        """
         try:
-            return self.inbox.get_nowait()
-        except queue.Empty:
-            self.finished.send()
             return self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            if self.spec.is_final:
+                self.finished.send()
+            raise
 
     def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> bool:
         index = self._acquire_slot()
@@ -133,7 +138,7 @@ class LocalTransport(_LocalParticipant):
             card.record(self.events.handed_over)
         signal = Signal(self.spec.step, self.spec.group, self.spec.instance, index, non_tensors, time_card)
         try:
-            self.outboxes[queue_index].put_nowait(signal)
+            self.outboxes[queue_index].put_nowait(signal.wire())
         except queue.Full:
             slot.free.set()
             self.stop(Termination.INTER_STEP_QUEUE_FULL)
@@ -160,9 +165,10 @@ class LocalTransport(_LocalParticipant):
             if self.stopped:
                 return False
         try:
-            accepted = cards[: max(0, self.target - finished.value)]
-            finished.value += len(accepted)
-            reached = finished.value >= self.target
+            count = finished.get_obj()  # under the lock already: the Value's own accessors would take it again
+            accepted = cards[: max(0, self.target - count.value)]
+            count.value += len(accepted)
+            reached = count.value >= self.target
         finally:
             lock.release()
         self.finished.add(accepted)
@@ -192,7 +198,7 @@ class LocalClientTransport(_LocalParticipant):
 
     def submit(self, request: Request) -> bool:
         try:
-            self.plumbing.requests.put_nowait(request)
+            self.plumbing.requests.put_nowait(request.wire())
         except queue.Full:
             self.stop(Termination.REQUEST_QUEUE_FULL)
             return False
