@@ -19,10 +19,11 @@ from typing import Any, Protocol
 import torch
 
 from rnb.core.messages import Request, Results, Status
+from rnb.core.model import NonTensors
 from rnb.core.progress import Progress
 from rnb.core.stages import StepEvents
 from rnb.core.termination import Termination
-from rnb.core.timecard import TimeCard
+from rnb.core.timecard import Cards, TimeCard
 
 # The final step sends counted cards to whoever counts the job in batches of up to this many: one
 # message per item would cost both sides as much as a hop.
@@ -123,7 +124,7 @@ class Input:
 
     tensors: tuple[torch.Tensor, ...]   # () for step 0, whose input is a request
     non_tensors: dict                   # {"request": payload} for step 0
-    time_card: Any                      # TimeCard or a tuple of them (a batch)
+    time_card: Cards                    # one card, or a batch's
     arrived: float                      # epoch seconds when it was taken off the input, before any copy
 
 
@@ -157,7 +158,7 @@ class Transport(Participant, Protocol):
     def receive(self, timeout: float) -> Input | None:
         """The next input, copied out and its source released; None if nothing came within `timeout` seconds."""
 
-    def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> bool:
+    def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: NonTensors, time_card: Cards) -> bool:
         """Hand an output to output queue `queue_index` (an index into the step's out_queues).
 
         Stamps the card's `slot_acquired` (the way on was free) and

@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from multiprocessing.context import SpawnContext
 
 import torch
 import torch.multiprocessing as mp
@@ -164,7 +164,7 @@ def with_release(gpus: list[GpuRecord], left: Mapping[int, int], book: JobBook) 
     return records
 
 
-def allocate_slots(ctx: Any, placement: Placement) -> tuple[SharedSlot, ...]:
+def allocate_slots(ctx: SpawnContext, placement: Placement) -> tuple[SharedSlot, ...]:
     if not placement.output_shapes:
         return ()
     device = torch.device(placement.output_device)
@@ -172,7 +172,7 @@ def allocate_slots(ctx: Any, placement: Placement) -> tuple[SharedSlot, ...]:
                  for _ in range(placement.num_slots))
 
 
-def build_plumbing(ctx: Any, placements: list[Placement], args: RunArgs) -> tuple[Plumbing, dict[str, LocalWiring]]:
+def build_plumbing(ctx: SpawnContext, placements: list[Placement], args: RunArgs) -> tuple[Plumbing, dict[str, LocalWiring]]:
     """The queues, flag and start gate, and each runner's slots: its own and those of the producers it reads."""
     last = max(p.step for p in placements)
     queue_names = [set(q for p in placements if p.step == k for q in p.out_queues) for k in range(last)]
@@ -188,7 +188,7 @@ def build_plumbing(ctx: Any, placements: list[Placement], args: RunArgs) -> tupl
     return plumbing, wirings
 
 
-def spawn_all(ctx: Any, supervisor: Supervisor, config: PipelineConfig, args: RunArgs, placements: list[Placement],
+def spawn_all(ctx: SpawnContext, supervisor: Supervisor, config: PipelineConfig, args: RunArgs, placements: list[Placement],
               wirings: Mapping[str, LocalWiring]) -> None:
     """One client process, then one runner process per placement."""
     plumbing = supervisor.plumbing

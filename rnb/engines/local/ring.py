@@ -22,6 +22,7 @@ import pickle
 import queue
 import time
 from collections.abc import Callable
+from multiprocessing.context import SpawnContext
 from typing import Any, Protocol
 
 from rnb.core.termination import POLL_S
@@ -53,7 +54,7 @@ class RingQueue:
     semaphore, whose post and wait order the memory each side touched.
     """
 
-    def __init__(self, maxsize: int, flag: JobFlag, *, ctx: Any, capacity: int = RING_BYTES) -> None:
+    def __init__(self, maxsize: int, flag: JobFlag, *, ctx: SpawnContext, capacity: int = RING_BYTES) -> None:
         if capacity % _WORD:
             raise ValueError(f"a ring's capacity must be a multiple of {_WORD} bytes, not {capacity}")
         self.maxsize = maxsize

@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from rnb.core.messages import Exited, Request, Signal, Status, Wire
+from rnb.core.model import NonTensors
 from rnb.core.progress import Progress, empty_cells
 from rnb.core.termination import POLL_S, Termination
-from rnb.core.timecard import TimeCard, as_cards
+from rnb.core.timecard import Cards, TimeCard, as_cards
 from rnb.engines import client
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.child import child_main
@@ -123,7 +124,7 @@ class LocalTransport(_LocalParticipant):
                 self.finished.send()
             raise
 
-    def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> bool:
+    def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: NonTensors, time_card: Cards) -> bool:
         index = self._acquire_slot()
         if index is None:
             return False

@@ -36,10 +36,11 @@ import ray
 import torch
 
 from rnb.core.messages import Exited, Failed, Handoff, Request, Results, Status
+from rnb.core.model import NonTensors
 from rnb.core.progress import Progress, empty_cells
 from rnb.core.stages import StepEvents
 from rnb.core.termination import POLL_S, Termination
-from rnb.core.timecard import TimeCard, as_cards, now, set_clock_offset
+from rnb.core.timecard import Cards, TimeCard, as_cards, now, set_clock_offset
 from rnb.engines import client
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.participant import run_and_report
@@ -346,7 +347,7 @@ class RayTransport(_RayParticipant):
         arrival.taken()
         return Input(tensors, message.non_tensors, message.time_card, arrived)
 
-    def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> bool:
+    def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: NonTensors, time_card: Cards) -> bool:
         if not self.outbox.wait_below(self.wiring.num_slots, lambda: self.stopped):
             return False
         cards = as_cards(time_card)
