@@ -23,6 +23,14 @@ def test_a_busy_runner_s_occupancy_is_the_gap_between_its_hand_overs() -> None:
     assert inside == pytest.approx([0.007, 0.007, 0.007])
 
 
+def test_calls_skipped_at_the_start_still_say_when_the_runner_became_free() -> None:
+    # All five queued at 0 (a bulk job), 10 ms each: the third call, the first kept, served 10 ms, not the
+    # 30 ms since its item arrived (the wait behind the two skipped calls is not its own).
+    calls = [call(0.0, 0.010 * i + 0.001, 0.010 * i + 0.002, 0.010 * i + 0.009, 0.010 * (i + 1)) for i in range(5)]
+    emit, _, _, cards = occupancy(calls, skip=2)
+    assert emit == pytest.approx([0.010]) and cards == [1]
+
+
 def test_an_idle_runner_s_occupancy_starts_when_its_input_arrives_and_leaves_out_the_slot_wait() -> None:
     # The second input arrives 50 ms after the first was handed over; the third waits 4 ms for a free slot.
     calls = [call(0.0, 0.001, 0.002, 0.009, 0.010), call(0.060, 0.061, 0.062, 0.069, 0.070),
@@ -50,6 +58,11 @@ def test_the_cache_returns_a_profile_only_under_its_own_key(tmp_path: Path) -> N
     assert cache.get(ProfileKey("m.M", "{}", Form(8), "null", "cpu", "local", "host")) is None
     assert json.loads(cache.path(key).read_text())["key"]["form"] == {"cards": 4, "segments": 1, "splits": 1, "batch": 1}
     cache.path(key).write_text("{")                          # damaged: measured again, not a crash
+    assert cache.get(key) is None
+    cache.put(profile)
+    older = json.loads(cache.path(key).read_text())
+    older["version"] = 1                                      # read off its job another way: measured again
+    cache.path(key).write_text(json.dumps(older))
     assert cache.get(key) is None
 
 

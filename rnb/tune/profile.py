@@ -54,6 +54,9 @@ SINK = "rnb.tune.instruments.Sink"
 TRIM_FRACTION = 0.1     # calls dropped at each end of a profiling job: start-up and the last partial batch
 PROFILE_SLOTS = 4       # output slots of the feeder and the Batcher in a profiling job
 MIN_CALLS = 5           # fewer measured calls than this make no distribution
+# How profiles are read off their jobs; a cached profile read another way is measured again. 2: the first
+# call kept after the trimmed start no longer counts its wait behind the trimmed calls as service.
+PROFILE_VERSION = 2
 
 
 class ProfileError(RuntimeError):
@@ -329,8 +332,12 @@ def calls_of(job: Job, step: int) -> dict[int, list[Call]]:
     return by_replica
 
 
-def occupancy(calls: Sequence[Call]) -> tuple[list[float], list[float], list[float], list[int]]:
+def occupancy(calls: Sequence[Call], skip: int = 0) -> tuple[list[float], list[float], list[float], list[int]]:
     """Each call's occupancy of its runner, split into emitting and held calls (see the module's docstring).
+
+    The first and last `skip` calls are left out of what is returned, yet
+    still say when the runner became free: the first call kept must not
+    count the wait behind the calls before it as its own service.
 
     A replica that holds inputs (a Batcher) also hands some batches on from
     `flush`, once its input has been idle for a poll interval: the output
@@ -348,13 +355,13 @@ def occupancy(calls: Sequence[Call]) -> tuple[list[float], list[float], list[flo
     later = [call.taken for call in calls[1:]] + [math.inf]
     holding = any(call.finished > after for call, after in zip(calls, later))
     free = -math.inf
-    for call, after in zip(calls, later):
+    for index, (call, after) in enumerate(zip(calls, later)):
         holds = call.finished > after   # the next call was taken before this one's output left
         flushed = holding and not holds and call.finished - call.started >= POLL_S
         left = call.started if holds or flushed else call.handed_over - call.slot_wait
         service = left - max(free, call.arrived)
         free = call.started if holds else call.handed_over
-        if service < 0:
+        if service < 0 or not skip <= index < len(calls) - skip:
             continue
         if holds or flushed:
             held.append(service)
@@ -377,7 +384,7 @@ def read_profile(job: Job, key: ProfileKey, position: int, cards: int | None = N
                            f"{job.meta.error or 'no error recorded'}")
     replica = calls_of(job, position).get(0, [])
     cut = int(len(replica) * TRIM_FRACTION)
-    emit, held, inside, sizes = occupancy(replica[cut: len(replica) - cut] if cut else replica)
+    emit, held, inside, sizes = occupancy(replica, skip=cut)
     kept = [i for i, n in enumerate(sizes) if cards is None or n == cards]
     if len(kept) < MIN_CALLS:
         raise ProfileError(f"its job {job.path} left {len(kept)} full calls of step {position}, fewer than the "
@@ -415,13 +422,16 @@ class ProfileCache:
         if not path.is_file():
             return None
         try:
-            profile = Profile.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
+            data = json.loads(path.read_text())
+            if data.get("version") != PROFILE_VERSION:
+                return None
+            profile = Profile.from_json(data)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None   # a file from another version, or damaged: measure again
         return profile if profile.key == key else None
 
     def put(self, profile: Profile) -> None:
-        write_json_atomic(self.path(profile.key), profile.to_json())
+        write_json_atomic(self.path(profile.key), {"version": PROFILE_VERSION, **profile.to_json()})
 
 
 def write_json_atomic(path: Path, document: object) -> None:
