@@ -103,6 +103,23 @@ def test_quick_search_finds_it_too_predicting_a_handful_of_candidates(space: Tun
     assert len(found.evaluated) <= 20
 
 
+def test_quick_search_climbs_to_the_bound_from_a_start_that_meets_it_at_no_rate(
+        space: TuneSpace, profiles: dict[ProfileKey, Profile]) -> None:
+    # Under p99 < 70 ms one loader cannot fill batches of 8 fast enough at any rate it serves; the search must
+    # still reach the optimum, which at this bound is still 4 | b8 | 1 | 1 (the network bounds it).
+    found = Search(space, Estimator(space, profiles, BENCH, 70.0, 99.0, items=1200), Goal(), Memory({}))
+    start = found.evaluate(found.start())
+    assert space.short_label(start.candidate) == "1 | b8 | 1 | 1" and start.estimate.rate_per_s is None
+    best = found.quick()[0]
+    assert space.short_label(best.candidate) == "4 | b8 | 1 | 1" and 350 < best.rate < 437
+    assert len(found.evaluated) <= 20
+    # From 3 | b4 | 2 | 1 (the loaders its bottleneck, no slot free) one move gives a network to the loaders and
+    # lets the one network left keep up at the next batch: the optimum, which neither change alone reaches.
+    near = found.evaluate(space.candidate({(0, 0): 3, (2, 0): 2, (3, 0): 1}, {(1, 0): 4}))
+    assert near.estimate.at_peak is not None and near.estimate.at_peak.bottleneck == "step 0"
+    assert "4 | b8 | 1 | 1" in [space.short_label(c) for c in found.moves(near)]
+
+
 def test_the_devices_objective_finds_the_fewest_slots_that_serve_the_target(space: TuneSpace, estimator: Estimator) -> None:
     # 300 items/s need three loaders (two serve at most 241); one network at batch 4 or 8 and a head: 5 slots.
     found = Search(space, estimator, Goal("devices", 300.0), Memory({}))

@@ -153,14 +153,20 @@ class Search:
     # ------------------------------------------------------------ quick
 
     def quick(self, max_moves: int = 200) -> list[Evaluated]:
-        """Relieve the predicted bottleneck move by move while a neighbour ranks better."""
+        """Relieve the predicted bottleneck move by move while a neighbour ranks better.
+
+        A candidate that meets the bound at no rate has no bottleneck to
+        relieve: from it the search tries every single change and climbs
+        towards the bound (the lowest percentile at the lowest rate tried)
+        until a candidate meets it, then relieves bottlenecks from there.
+        """
         current = self.evaluate(self.start())
         for _ in range(max_moves):
             neighbours = [self.evaluate(c) for c in self.moves(current) if self.allowed(c)]
             if not neighbours:
                 break
-            best = min(neighbours, key=lambda e: (*self.key(e), e.candidate.key))
-            if self.key(best) >= self.key(current):
+            best = min(neighbours, key=lambda e: (*self._climb(e), e.candidate.key))
+            if self._climb(best) >= self._climb(current):
                 break
             log.info("quick search: %s -> %s (%.4g items/s)", self.space.short_label(current.candidate),
                      self.space.short_label(best.candidate), best.rate)
@@ -181,6 +187,12 @@ class Search:
             batches[(batcher.step, batcher.group)] = best
         return self.space.minimal(batches)
 
+    def _climb(self, evaluated: Evaluated) -> tuple[float, ...]:
+        """The quick search's order: meeting the bound first, by rank; then closeness to the bound."""
+        if evaluated.estimate.rate_per_s is None:
+            return (1.0, evaluated.estimate.lowest.percentile_ms(self.estimator.percentile))
+        return (0.0, *self.key(evaluated))
+
     def _replica_rate(self, candidate: Candidate, g: GroupChoices) -> float:
         pipeline = self.estimator.pipeline(candidate)
         sim = next(s for s in pipeline.groups if s.name == g.name)
@@ -189,6 +201,8 @@ class Search:
 
     def moves(self, current: Evaluated) -> list[Candidate]:
         """The neighbours that relieve the bottleneck of the current candidate, or trade replicas towards it."""
+        if current.estimate.rate_per_s is None:
+            return self.single_changes(current.candidate)
         space = self.space
         candidate = current.candidate
         prediction = current.estimate.at_peak or current.estimate.lowest
@@ -226,8 +240,16 @@ class Search:
                       key=lambda g: busy.get(g.name, 0.0))
         if idle:
             donor = (idle[0].step, idle[0].group)
-            make({**replicas, donor: replicas[donor] - 1, where: replicas[where] + 1})
+            traded = {**replicas, donor: replicas[donor] - 1, where: replicas[where] + 1}
+            make(traded)
             make({**replicas, donor: replicas[donor] - 1})
+            # The donor's fewer replicas may keep up at a larger batch: the trade and the batch in one move.
+            feeder = space.batcher_of(idle[0])
+            if feeder is not None:
+                choices = sorted(feeder.batches)
+                at = choices.index(batches[(feeder.step, feeder.group)])
+                if at + 1 < len(choices):
+                    make(traded, {**batches, (feeder.step, feeder.group): choices[at + 1]})
         if neck.step > 0 and len(space.segments[neck.step - 1]) > 1:
             choices = list(space.segments[neck.step - 1])
             at = choices.index(segments[neck.step - 1])
@@ -243,6 +265,27 @@ class Search:
                 moved = list(mine)
                 moved[moved.index(busiest)] = freest
                 make(replicas, new_devices={**devices, where: tuple(moved)})
+        return [c for c in result if c != candidate]
+
+    def single_changes(self, candidate: Candidate) -> list[Candidate]:
+        """Every neighbour one change away: a replica more of a group, a batch or a step's segments one choice
+        up or down (GPU replicas placed as the space deals them)."""
+        space = self.space
+        replicas = space.replicas_of(candidate)
+        batches = space.batches_of(candidate)
+        segments = list(space.segments_of(candidate))
+        result = [space.candidate({**replicas, key: count + 1}, batches, segments) for key, count in replicas.items()]
+        for batcher in space.batcher_groups:
+            key = (batcher.step, batcher.group)
+            choices = sorted(batcher.batches)
+            at = choices.index(batches[key])
+            result += [space.candidate(replicas, {**batches, key: choices[other]}, segments)
+                       for other in (at - 1, at + 1) if 0 <= other < len(choices)]
+        for step, options in enumerate(space.segments):
+            choices = list(options)
+            at = choices.index(segments[step])
+            result += [space.candidate(replicas, batches, [*segments[:step], choices[other], *segments[step + 1:]])
+                       for other in (at - 1, at + 1) if 0 <= other < len(choices)]
         return [c for c in result if c != candidate]
 
     # ------------------------------------------------------------ optuna
