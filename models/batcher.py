@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from models.episode import NumClips, clip_shape
+from models.clips import NumClips, clip_shape
 from rnb.core.model import NOTHING_YET, NonTensors, Shapes, StepOutput, Tensors
 from rnb.core.timecard import TimeCard
 

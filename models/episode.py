@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
@@ -64,13 +64,12 @@ from episodes import (
     open_decoder,
     open_episodes,
 )
+from models.clips import ClipCount, NumClips, clip_shape
 from rnb.core.model import NonTensors, StepOutput, Tensors
 from rnb.core.timecard import TimeCard
 from rnb.pipeline.config import KeywordError
 from rnb.pipeline.dataset_source import READ_RETRIES, READ_TIMEOUT_S, EpisodeRequest
 
-# `num_clips` as a config gives it: a count, or {"choices": [...], "weights": [...]} (ClipCount.parse checks it).
-NumClips: TypeAlias = int | Mapping[str, Sequence[float]]
 # What a loader reads for an item: an EpisodeRequest from a dataset or videos source, or an episode number of
 # the step's own `dataset`.
 Request: TypeAlias = EpisodeRequest | int
@@ -84,41 +83,6 @@ KINETICS_STD = (0.22803, 0.22145, 0.216989)
 def cache_dir() -> Path:
     """Where RnB keeps what it derives from datasets: `$RNB_CACHE_DIR`, else `~/.cache/rnb`."""
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rnb")
-
-
-@dataclass(frozen=True)
-class ClipCount:
-    """How many clips a request gets: one of `choices`, drawn with `weights`."""
-
-    choices: tuple[int, ...]
-    weights: tuple[float, ...]
-
-    @staticmethod
-    def parse(value: NumClips) -> ClipCount:
-        counts: list[float]
-        if isinstance(value, int) and not isinstance(value, bool):
-            counts, weights = [value], [1.0]
-        elif isinstance(value, Mapping) and set(value) == {"choices", "weights"}:
-            counts, weights = list(value["choices"]), list(value["weights"])
-        else:
-            raise ValueError(f"num_clips must be a positive int or {{\"choices\": [...], \"weights\": [...]}}, got {value!r}")
-        if not counts or len(counts) != len(weights):
-            raise ValueError(f"num_clips: choices and weights must be non-empty lists of one length, got {value!r}")
-        if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
-            raise ValueError(f"num_clips: every choice must be an int >= 1, got {counts!r}")
-        if any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(f"num_clips: weights must be numbers >= 0 with a positive sum, got {weights!r}")
-        return ClipCount(tuple(int(c) for c in counts), tuple(float(w) for w in weights))
-
-    @property
-    def maximum(self) -> int:
-        return max(self.choices)
-
-    def draw(self, rng: np.random.Generator) -> int:
-        if len(self.choices) == 1:
-            return self.choices[0]
-        p = np.asarray(self.weights) / sum(self.weights)
-        return int(self.choices[rng.choice(len(self.choices), p=p)])
 
 
 def sample_clip_frames(length: int, num_clips: int, clip_length: int, rng: np.random.Generator) -> np.ndarray:
@@ -313,10 +277,6 @@ def warmup_from(request: EpisodeRequest | None, dataset: str | None) -> Request 
     if request is not None:
         return request
     return 0 if dataset is not None else None
-
-
-def clip_shape(num_clips: NumClips, clip_length: int, size: int) -> tuple[int, ...]:
-    return (ClipCount.parse(num_clips).maximum, 3, clip_length, size, size)
 
 
 def check_reads(source: EpisodeDataset | None, dataset: str | None, camera: str | None,

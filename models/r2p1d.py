@@ -25,7 +25,8 @@ import torch
 from torch import nn
 from torchvision.models.video import r2plus1d_18
 
-from models.episode import ClipCount, EpisodeLoader, NumClips, clip_shape
+from models.clips import ClipCount, NumClips, clip_shape
+from models.episode import EpisodeLoader
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
 from rnb.core.timecard import TimeCard
 from rnb.pipeline.dataset_source import EpisodeRequest

@@ -17,7 +17,8 @@ from episodes._storage import coalesce_ranges
 from episodes.testing.synthetic import make_dataset
 from models.aggregator import Aggregator
 from models.batcher import Batcher
-from models.episode import ClipCount, EpisodeDecoder, EpisodeFetcher, EpisodeLoader, sample_clip_frames, to_clips
+from models.clips import ClipCount
+from models.episode import EpisodeDecoder, EpisodeFetcher, EpisodeLoader, sample_clip_frames, to_clips
 from models.r2p1d import R2P1DRunner, input_rows, stage_shape, warm_up_rows
 from rnb.core.timecard import TimeCard
 from rnb.engines.local.driver import allocate_slots

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from episodes.testing.synthetic import SyntheticSpec, encode_video
-from models.episode import ClipCount
+from models.clips import ClipCount
 from rnb import cli
 from rnb.pipeline.config import ConfigError, load_config, parse_config
 from rnb.pipeline.original import RNB_CLIPS
