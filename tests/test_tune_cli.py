@@ -132,6 +132,17 @@ E2E_TIMEOUT_S = 900   # three tuner runs of a dozen jobs: on the shared 2-core m
                       # took 15 to 80 s at loads of 10 to 50
 
 
+def as_from_a_terminal() -> None:
+    """In the tuner's process before exec: Ctrl-C's disposition and mask as a shell gives them.
+
+    A child inherits an ignored or blocked SIGINT from whatever ran earlier
+    in this test process; once, in a full run, the tuner here ignored the
+    Ctrl-C and ran to the end; started alone it has always stopped.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     work = tmp_path_factory.mktemp("tune")
@@ -140,7 +151,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     args = ["-c", str(config), "--cpu-slots", "4", "--latency-bound-ms", str(BOUND_MS), "--out", str(out), *SHORT]
     # Ctrl-C (SIGINT to the whole process group, as a terminal sends it) once the first profile is kept.
     child = subprocess.Popen([sys.executable, str(TUNE), *args], cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 240
     while not list((out / "profiles").glob("*.json")) and time.monotonic() < deadline and child.poll() is None:
         time.sleep(0.2)
