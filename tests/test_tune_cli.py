@@ -233,8 +233,11 @@ def test_the_report_renders_in_a_browser_without_errors_or_fetches(runs: Runs) -
     # the Pareto plot, then the finalist's job at its peak rate: its stages and its throughput over time
     assert seen.plots == 3 and seen.traces >= 3
     text = (runs.out / "report.html").read_text()
-    assert "step 0&#x27;s 2 replicas are busy" in text or "step 2&#x27;s 1 replica is busy" in text
-    assert "would add" in text or "would bound it next" in text
+    # At its peak rate the finalist's busiest step is saturated (named, with what one more replica adds), or not
+    # (then the latency bound holds it): rnb.analysis.utilisation decides, as for every job.
+    saturated = ("step 0&#x27;s 2 replicas are busy" in text or "step 2&#x27;s 1 replica is busy" in text) and (
+        "would add" in text or "would bound it next" in text)
+    assert saturated != ("no step was saturated at the peak rate" in text)
     assert (runs.out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -147,10 +147,22 @@ def utilisation_lines(job: TableRow) -> list[str]:
                for name, fraction in busy.items()]
     if runners:
         lines.append("runners (time inside the model / elapsed): " + "; ".join(runners))
-    if job.get("bottleneck_step") is not None:
-        lines.append(f"bottleneck: step {job['bottleneck_step']} "
-                     f"(its runners busy {job['bottleneck_busy_fraction']:.0%} of the elapsed time on average)")
+    if job.get("busiest_step") is not None:
+        lines.append("bottleneck: " + bottleneck_words(job))
     return lines
+
+
+def bottleneck_words(job: TableRow) -> str:
+    """The bottleneck step of a job row, or why none was (rnb.analysis.utilisation.SATURATED)."""
+    busiest = f"step {job['busiest_step']}"
+    busy = f"{job['busiest_busy_fraction']:.0%} of the elapsed time on average"
+    if job.get("bottleneck_step") is not None:
+        return f"{busiest} (its runners busy {busy})"
+    if job.get("concurrency") is None and job.get("mean_interval_ms") == 0:
+        # Every request was queued at the start: the load was all the pipeline could take, yet no model kept busy.
+        return (f"no step was saturated, though every request was sent at once: the time between the models "
+                f"(queues, copies, hand-overs) bounds it (the busiest, {busiest}, {busy})")
+    return f"no step was saturated: the pipeline served the offered load (the busiest, {busiest}, {busy})"
 
 
 def format_report(jobs: pa.Table) -> str:

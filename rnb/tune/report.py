@@ -243,18 +243,23 @@ def write_plot_png(path: Path, space: TuneSpace, found: Search, verified: Sequen
 def bounding_sentence(space: TuneSpace, estimator: Estimator, verified: Verified, job: TableRow) -> str:
     """One sentence on what bounds a measured finalist, and what one more replica of it would add (predicted).
 
-    The bound is the work group whose runners were busiest in the finalist's
-    job at its peak rate.  A Batcher is left out: its "inside" time is the
-    time it holds items for their batch, not work.
+    The bound is the job's bottleneck as analysis defines it
+    (rnb.analysis.utilisation: the busiest step by its own work, a Batcher's
+    wait for company left out, when near saturation), and within that step
+    its busiest group.  Below saturation the latency bound, not a step's
+    capacity, kept the peak rate where it is.
     """
+    label = space.short_label(verified.candidate)
+    if job.get("busiest_step") is None:
+        return f"{label}: its job recorded no busy runners, so nothing names a bottleneck."
     busy = json.loads(job.get("busy_fraction") or "{}")
-    shares = {g: _mean_busy(g, busy) for g in space.groups if g.kind == "work"}
-    if not any(shares.values()):
-        return f"{space.short_label(verified.candidate)}: its job recorded no busy runners, so nothing names a bottleneck."
-    group = max(shares, key=lambda g: shares[g])
+    if job.get("bottleneck_step") is None:
+        return (f"{label}: no step was saturated at the peak rate (the busiest, step {job['busiest_step']}, busy "
+                f"{job['busiest_busy_fraction']:.0%}): the latency bound, not a step's capacity, holds it there.")
+    group = max((g for g in space.groups if g.step == job["bottleneck_step"]), key=lambda g: _mean_busy(g, busy))
     settings = verified.candidate.group(group.step, group.group)
     head = (f"{group.name}'s {settings.replicas} {'replica is' if settings.replicas == 1 else 'replicas are'} "
-            f"busy {shares[group]:.0%}")
+            f"busy {_mean_busy(group, busy):.0%}")
     if not group.tuned:
         return head + "; the tuner does not choose its replicas, so only a faster step would lift it."
     more = _with_one_more(space, verified.candidate, group)
