@@ -15,7 +15,7 @@ def test_a_misspelt_model_keyword_fails_check(capsys):
     assert cli.main(["-c", "tests/broken_configs/model_keyword_typo.json", "--check"]) == 2
     assert capsys.readouterr().err == (
         "tests/broken_configs/model_keyword_typo.json: pipeline[0].clip: expected a keyword that "
-        "models.toy.SyntheticFrames takes (clips, frames, height, width, fail_at_init, fail_at_item, exit_at_item), "
+        "models.toy.SyntheticFrames takes (clips, frames, height, width), "
         "found an unknown keyword (did you mean \"clips\"?)\n")
 
 
