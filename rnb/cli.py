@@ -103,6 +103,7 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
         if given is not None and maximum is not None and given > maximum:
             raise ConfigError("command line", flags[key], f"expected at most {maximum}, found {given}")
         values[key] = given if given is not None else config.run.get(key, default)
+    _check_warmup(ns, config, values["warmup"], values["videos"])
     if not (math.isfinite(ns.sample_interval_ms) and ns.sample_interval_ms > 0):
         raise ConfigError("command line", "--sample-interval-ms", f"expected a positive number, found {ns.sample_interval_ms:g}")
     engine = ns.engine or str(config.run.get("engine", RUN_CHOICES["engine"][0]))  # _parse_run checked it is a choice
@@ -111,6 +112,24 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
                                                           f"\"run\": {{\"engine\": \"ray\"}}), found the {engine} engine")
     return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms, engine=engine,
                    ray_address=ns.ray_address)
+
+
+def _check_warmup(ns: argparse.Namespace, config: PipelineConfig, warmup: int, videos: int) -> None:
+    """Refuse a warm-up that leaves no item to measure where it was asked for: --warmup, or a config whose run
+    gives both.
+
+    A -v below a warm-up the user did not set (the built-in one, a shipped config's run.warmup) still runs:
+    a smoke run such as -v 4 is not a mistake, and its summary says that no item was measured.
+    """
+    if warmup < videos:
+        return
+    if ns.warmup is not None:
+        raise ConfigError("command line", "--warmup", f"expected fewer warm-up items than the {videos} requests to "
+                                                      f"finish (-v), found {warmup}, which would leave none to measure")
+    if ns.videos is None and "warmup" in config.run and "videos" in config.run:
+        raise ConfigError(config.path, "run.warmup", f"expected fewer warm-up items than the {videos} requests to "
+                                                     f"finish (run.videos), found {warmup}, which would leave none to "
+                                                     "measure")
 
 
 def prepare_log_dir(log_dir: str) -> None:
@@ -154,7 +173,7 @@ def _run(ns: argparse.Namespace) -> int:
         gpus = validate_gpus(config, cpu_only=args.cpu or args.engine == "ray", allow_busy=ns.allow_busy_gpus)
         check_cuda_numbering(config, gpus)
         config = dataclasses.replace(config, notes=(*config.notes, *busy_notes(gpus)))
-        dataset = check_source(config.source, config.path, may_write=not ns.check)
+        dataset = _checked_source(config, ns)
         placements = plan_runners(apply_cpu_override(config) if args.cpu else config, args.batch_size)
         check_against_dataset(config, placements, dataset)
         check_slot_memory(config, placements, {gpu.logical_index: gpu.memory_total_bytes for gpu in gpus})
@@ -176,6 +195,16 @@ def _run(ns: argparse.Namespace) -> int:
     except joblog.LogWriteError as error:  # the log directory could not take the job's directory or config copy
         print(f"benchmark.py: {error}", file=sys.stderr)
         return 1
+
+
+def _checked_source(config: PipelineConfig, ns: argparse.Namespace) -> object:
+    """check_source, blaming --dataset, not the config, for a root or glob the command line gave."""
+    try:
+        return check_source(config.source, config.path, may_write=not ns.check)
+    except ConfigError as error:
+        if ns.dataset is not None and error.json_path == f"source.{next(iter(config.source), '')}":
+            raise ConfigError("command line", "--dataset", error.expected) from None
+        raise
 
 
 def _run_on_ray(config: PipelineConfig, args: RunArgs, placements: list[Placement], allow_busy_gpus: bool) -> int:

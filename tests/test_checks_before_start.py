@@ -44,6 +44,6 @@ def test_a_missing_dataset_named_on_the_command_line_is_never_generated(tmp_path
     monkeypatch.chdir(tmp_path)
     assert cli.main(["--dataset", "mine"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("<default>: source.dataset: expected a LeRobot v3.0 dataset, found an error: ")
+    assert err.startswith("command line: --dataset: expected a LeRobot v3.0 dataset, found an error: ")
     assert "mine" in err and err.count("\n") == 1
     assert files_under(tmp_path) == []

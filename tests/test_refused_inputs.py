@@ -137,6 +137,19 @@ def test_test_hooks_are_accepted_but_never_offered(tmp_path, capsys):
     assert cli.main(["-c", write(tmp_path, document), "--check"]) == 0
 
 
+@pytest.mark.parametrize("flags, run, sentence", [
+    (["--warmup", "500", "-v", "100"], {}, "command line: --warmup: expected fewer warm-up items than the 100 requests "
+                                           "to finish (-v), found 500, which would leave none to measure"),
+    (["--warmup", "40"], {"videos": 40}, "command line: --warmup: expected fewer warm-up items than the 40 requests "
+                                         "to finish (-v), found 40, which would leave none to measure"),
+    ([], {"videos": 30, "warmup": 30}, "{config}: run.warmup: expected fewer warm-up items than the 30 requests to "
+                                       "finish (run.videos), found 30, which would leave none to measure"),
+], ids=["both_flags", "warmup_flag", "config_run"])
+def test_a_warmup_that_leaves_nothing_to_measure_is_refused_at_the_start(tmp_path, capsys, flags, run, sentence):
+    config = write(tmp_path, {**TOY, "run": run})
+    assert refused(["-c", config, *flags], capsys, tmp_path / "logs") == sentence.format(config=config)
+
+
 @pytest.mark.parametrize("where, sentence", [
     ("afile", "expected a directory for the job logs, found a file at {log_dir}"),
     ("afile/below", "expected a directory that exists or can be created, found that {log_dir} cannot be created "

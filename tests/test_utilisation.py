@@ -61,15 +61,15 @@ def test_stage_colours_are_distinct_for_any_number_of_steps() -> None:
 
 
 def test_closed_loop_jobs_make_a_curve_of_their_own_ordered_by_concurrency() -> None:
-    def job(mi: float | None, concurrency: int | None, throughput: float) -> dict:
+    def job(mi: float | None, concurrency: int | None, throughput: float, validity: str = "VALID") -> dict:
         return {"config_path": "config/toy.json", "mean_interval_ms": mi, "concurrency": concurrency,
-                "measured_throughput_items_per_s": throughput, "e2e_p99_ms": throughput / 10}
+                "measured_throughput_items_per_s": throughput, "e2e_p99_ms": throughput / 10, "validity": validity}
 
     jobs = pa.Table.from_pylist([job(None, 8, 80.0), job(5.0, None, 50.0), job(None, 2, 20.0), job(0.0, None, 90.0),
-                                 job(20.0, None, 10.0)])
+                                 job(20.0, None, 10.0, "INVALID")])
     assert load_curves(jobs) == {
-        "toy.json": [("mi 20", 10.0, 1.0), ("mi 5", 50.0, 5.0), ("mi 0", 90.0, 9.0)],
-        "toy.json (closed loop)": [("c 2", 20.0, 2.0), ("c 8", 80.0, 8.0)],
+        "toy.json": [("mi 20", 10.0, 1.0, False), ("mi 5", 50.0, 5.0, True), ("mi 0", 90.0, 9.0, True)],
+        "toy.json (closed loop)": [("c 2", 20.0, 2.0, True), ("c 8", 80.0, 8.0, True)],
     }
     assert "steady state" not in format_utilisation({"busy_fraction": "{}"})
 

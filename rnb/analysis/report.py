@@ -9,7 +9,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -185,32 +185,44 @@ def format_compare(job_a: TableRow, job_b: TableRow) -> str:
     for field in fields:
         a, b = job_a.get(field), job_b.get(field)
         ratio = f"{b / a:.3f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else "-"
-        rows.append([field, _cell(a), _cell(b), ratio])
+        # Byte counts read as MiB, as in the summary table; the name says so.
+        name = field.removesuffix("_bytes") + " MiB" if field.endswith("_bytes") else field
+        rows.append([name, _cell(a, field), _cell(b, field), ratio])
     return _grid(["metric", f"A {job_a['job_id']}", f"B {job_b['job_id']}", "B/A"], rows)
 
 
-def load_curves(jobs: pa.Table) -> dict[str, list[tuple[str, float, float]]]:
-    """For each config and load mode run at two or more loads: (load label, throughput, p99 ms), lightest first.
+class LoadPoint(NamedTuple):
+    """One job on a throughput-against-p99 curve."""
+
+    label: str          # its load: "mi 5", "c 8"
+    throughput: float   # measured items/s
+    p99_ms: float
+    valid: bool         # an INVALID job is drawn, and marked as such
+
+
+def load_curves(jobs: pa.Table) -> dict[str, list[LoadPoint]]:
+    """For each config and load mode run at two or more loads: its jobs' points, lightest load first.
 
     Open-loop loads are Poisson intervals, where bulk runs (-mi 0) are the
     heaviest load there is and come last; closed-loop loads are
     concurrencies, a curve of their own, since -mi means nothing there.
     """
-    curves: dict[str, list[tuple[float, str, float, float]]] = {}   # (order, label, items/s, p99)
+    curves: dict[str, list[tuple[float, LoadPoint]]] = {}   # (order, point)
     for job in jobs.to_pylist():
         throughput, p99 = job["measured_throughput_items_per_s"], job[stat_column(E2E, "p99")]
         if throughput is None or p99 is None:
             continue
         name = Path(str(job["config_path"])).name
+        valid = job.get("validity") != "INVALID"
         if job.get("concurrency"):
-            point = (float(job["concurrency"]), f"c {job['concurrency']}", throughput, p99)
-            curves.setdefault(f"{name} (closed loop)", []).append(point)
+            point = LoadPoint(f"c {job['concurrency']}", throughput, p99, valid)
+            curves.setdefault(f"{name} (closed loop)", []).append((float(job["concurrency"]), point))
         else:
             interval = job["mean_interval_ms"]
-            point = (-interval if interval else math.inf, f"mi {interval:g}", throughput, p99)
-            curves.setdefault(name, []).append(point)
-    return {config: [point[1:] for point in sorted(points, key=lambda point: point[0])]
-            for config, points in curves.items() if len({point[0] for point in points}) >= 2}
+            point = LoadPoint(f"mi {interval:g}", throughput, p99, valid)
+            curves.setdefault(name, []).append((-interval if interval else math.inf, point))
+    return {config: [point for _, point in sorted(points, key=lambda pair: pair[0])]
+            for config, points in curves.items() if len({order for order, _ in points}) >= 2}
 
 
 def stage_colours(num_steps: int) -> list[Colour]:
@@ -239,11 +251,18 @@ def _stage_bars(axis: Axes, records: list[TableRow]) -> None:
     axis.legend(fontsize=7)
 
 
-def _load_curves(axis: Axes, curves: dict[str, list[tuple[str, float, float]]]) -> None:
+def _load_curves(axis: Axes, curves: dict[str, list[LoadPoint]]) -> None:
+    invalid = False
     for config, points in curves.items():
-        axis.plot([p[1] for p in points], [p[2] for p in points], marker="o", label=config)
-        for label, throughput, p99 in points:
-            axis.annotate(label, (throughput, p99), fontsize=7)
+        axis.plot([p.throughput for p in points], [p.p99_ms for p in points], marker="o", label=config)
+        for point in points:
+            axis.annotate(point.label if point.valid else f"{point.label} INVALID", (point.throughput, point.p99_ms),
+                          fontsize=7)
+        wrong = [p for p in points if not p.valid]
+        if wrong:   # a hollow red ring around each: its p99 is a guess (analyze's table says why)
+            axis.scatter([p.throughput for p in wrong], [p.p99_ms for p in wrong], s=140, facecolors="none",
+                         edgecolors="red", zorder=3, label=None if invalid else "INVALID job")
+            invalid = True
     axis.set_xlabel("throughput (items/s)")
     axis.set_ylabel("p99 end-to-end latency (ms)")
     axis.set_title("throughput against p99 latency")
@@ -286,9 +305,10 @@ def _over_time(axes: Sequence[Axes], job: TableRow) -> None:
             axis.legend(fontsize=6)
 
 
-def plot_jobs(jobs: pa.Table, path: str | Path) -> None:
+def plot_jobs(jobs: pa.Table, path: str | Path) -> list[str]:
     """Stacked mean latency per stage for each job, beside it throughput against p99 per config and load
     mode; under them, for each of the first MAX_TIME_ROWS jobs, throughput, CPU, memory and GPU over time.
+    Returns the jobs whose rows over time were left out (the figure says which too).
 
     Mean stage times stack to the mean end-to-end latency exactly (the stages
     partition each item's time), which is why the bars use means.
@@ -301,6 +321,7 @@ def plot_jobs(jobs: pa.Table, path: str | Path) -> None:
     records = jobs.to_pylist()
     curves = load_curves(jobs)
     timed = records[:MAX_TIME_ROWS]
+    left_out = [job["job_id"] for job in records[MAX_TIME_ROWS:]]
     figure = plt.figure(figsize=(13 if curves else 8, 5 + 3 * len(timed)))
     grid = figure.add_gridspec(1 + len(timed), 6, height_ratios=[5] + [3] * len(timed))
     _stage_bars(figure.add_subplot(grid[0, :3] if curves else grid[0, :]), records)
@@ -308,6 +329,10 @@ def plot_jobs(jobs: pa.Table, path: str | Path) -> None:
         _load_curves(figure.add_subplot(grid[0, 3:]), curves)
     for row, job in enumerate(timed, start=1):
         _over_time([figure.add_subplot(grid[row, 2 * i: 2 * i + 2]) for i in range(3)], job)
+    if left_out:
+        figure.suptitle(f"over time: the first {MAX_TIME_ROWS} jobs; left out: {', '.join(left_out)}", fontsize=8,
+                        wrap=True)
     figure.tight_layout()
     figure.savefig(path, format="png")
     plt.close(figure)
+    return left_out
