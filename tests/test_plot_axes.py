@@ -11,7 +11,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from rnb.analysis.html import figure, page
+from rnb.analysis.html import figure, page, stage_figure
 from rnb.tune.report import Point, pareto_figure
 from tests.test_trace import handmade, run_analyze  # noqa: F401  (the fixture is used by name)
 from tests.tune_support import render
@@ -27,6 +27,25 @@ def test_the_job_page_draws_both_plots_with_axes_that_span_their_data(handmade: 
     seen = render(out)
     assert seen.errors == () and seen.fetched == () and seen.plots == 2
     assert seen.misfit_axes == ()
+    text = out.read_text()
+    body = text[text.index("</head>"):]
+    # The title names the job once; the stage table names each step's model.
+    assert body.count("handmade") == 1 and "<h1>RnB job handmade</h1>" in body
+    assert "<td>step 0 (Loader)</td>" in body and "<td>step 1 (Net)</td>" in body
+
+
+def test_stages_a_hundredfold_apart_stand_side_by_side_on_a_log_axis(tmp_path: Path) -> None:
+    """A sub-millisecond copy beside an 800 ms network: stacked on a linear axis, the copy would not show."""
+    row = {"num_steps": 2, "step_models": '["models.toy.SyntheticFrames", "models.r2p1d.R2P1DRunner"]',
+           "copy0_mean_ms": 0.3, "inside0_mean_ms": 2.0, "copy1_mean_ms": 0.4, "inside1_mean_ms": 800.0}
+    out = tmp_path / "stages.html"
+    out.write_text(page("stages", [stage_figure(row, "stages")]), encoding="utf-8")
+    text = out.read_text()
+    assert '"barmode":"group"' in text and '"type":"log"' in text and "step 1 (R2P1DRunner)" in text
+    seen = render(out)
+    assert seen.errors == () and seen.plots == 1 and seen.misfit_axes == ()
+    row.update(copy0_mean_ms=30.0, inside0_mean_ms=200.0, copy1_mean_ms=40.0)   # within a hundredfold: stacked
+    assert '"barmode":"stack"' in stage_figure(row, "stages")
 
 
 def test_the_tuners_log_scale_plot_spans_its_points_and_the_bound(tmp_path: Path) -> None:

@@ -394,7 +394,8 @@ def _finalist(space: TuneSpace, estimator: Estimator, verified: Verified, index:
         return parts
     job = load_jobs([best.job_dir], rules=rules).jobs.to_pylist()[0]
     parts.append(paragraph(bounding_sentence(space, estimator, verified, job), "bounds"))
-    parts.extend(job_section(job, f"its job at the peak rate, {best.rate_per_s:.4g} req/s", f"finalist-{index + 1}"))
+    parts.extend(job_section(job, f"its job at the peak rate, {best.rate_per_s:.4g} req/s: {job['job_id']}",
+                             f"finalist-{index + 1}"))
     return parts
 
 
