@@ -168,3 +168,21 @@ def test_a_batch_handed_over_by_a_flush_carries_when_the_flush_began(tmp_path, j
         for row in items:
             if row.get("flush1") is not None:
                 assert max(r["inference1_start"] for r in items) <= row["flush1"] <= row["inference1_finish"]
+
+
+def test_the_plots_stage_bars_stand_side_by_side_on_a_log_axis_when_a_hundredfold_apart() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from rnb.analysis.report import _stage_bars
+
+    near = {"job_id": "near", "num_steps": 2, "copy0_mean_ms": 30.0, "inside0_mean_ms": 200.0, "inside1_mean_ms": 400.0}
+    far = {**near, "job_id": "far", "copy0_mean_ms": 0.3, "inside1_mean_ms": 800.0}
+    for records, scale, bottoms in (([near], "linear", {0.0, 30.0, 230.0}), ([near, far], "log", {0.0})):
+        axis = Figure().add_subplot()
+        _stage_bars(axis, records)
+        assert axis.get_yscale() == scale
+        # Stacked, each part starts where the one before ended; side by side, every bar starts at 0.
+        assert {round(bar.get_y(), 6) for bar in axis.patches if bar.get_height() > 0} == bottoms

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from rnb.analysis.jobs import ValidityRules, load_jobs, stat_column
 from rnb.analysis.report import (
+    MAX_LINEAR_SPREAD,
     STAGE_HEADER,
     TableRow,
     device_spread,
@@ -87,10 +88,6 @@ def step_names(job: TableRow) -> list[str]:
     models = json.loads(job.get("step_models") or "[]")
     return [f"step {k} ({models[k].rpartition('.')[2]})" if k < len(models) and isinstance(models[k], str)
             else f"step {k}" for k in range(job["num_steps"])]
-
-
-# Stage means further apart than this cannot share a linear bar: the smaller ones would not show.
-MAX_LINEAR_SPREAD = 100.0
 
 
 def stage_figure(job: TableRow, div_id: str) -> str:

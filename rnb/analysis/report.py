@@ -45,6 +45,8 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 STAGE_STATS: tuple[str, ...] = ("mean", "p50", "p99", "max")
 MAX_TIME_ROWS = 6   # jobs drawn over time under the latency bars; more would make the figure unreadable
+# Stage means further apart than this cannot share a linear stacked bar: the smaller ones would not show.
+MAX_LINEAR_SPREAD = 100.0
 COMPARE_FIELDS: tuple[str, ...] = (
     "mean_interval_ms", "concurrency", "videos", "batch_size", "measured_items", "measured_duration_s",
     "throughput_items_per_s", "measured_throughput_items_per_s",
@@ -236,17 +238,25 @@ def stage_colours(num_steps: int) -> list[Colour]:
 
 
 def _stage_bars(axis: Axes, records: list[TableRow]) -> None:
+    """Each job's mean stage times, stacked; side by side on a log axis where they span more than MAX_LINEAR_SPREAD."""
     steps = max(r["num_steps"] for r in records)
-    positions = range(len(records))
+    series = [(f"step {k} {part.name}", [r.get(stat_column(part_key(part, k), "mean")) or 0.0 for r in records])
+              for k in range(steps) for part in PARTS]
+    shown = [height for _, heights in series for height in heights if height > 0]
+    side_by_side = bool(shown) and max(shown) > MAX_LINEAR_SPREAD * min(shown)
+    positions = list(range(len(records)))
+    width = 0.8 / len(series)
     bottoms = [0.0] * len(records)
-    colours = iter(stage_colours(steps))
-    for k in range(steps):
-        for part in PARTS:
-            heights = [r.get(stat_column(part_key(part, k), "mean")) or 0.0 for r in records]
-            axis.bar(positions, heights, bottom=bottoms, label=f"step {k} {part.name}", color=next(colours))
+    for index, ((label, heights), colour) in enumerate(zip(series, stage_colours(steps))):
+        if side_by_side:
+            axis.bar([p - 0.4 + (index + 0.5) * width for p in positions], heights, width=width, label=label, color=colour)
+        else:
+            axis.bar(positions, heights, bottom=bottoms, label=label, color=colour)
             bottoms = [b + h for b, h in zip(bottoms, heights)]
-    axis.set_ylabel("mean latency (ms)")
-    axis.set_title("end-to-end latency by stage")
+    if side_by_side:
+        axis.set_yscale("log")
+    axis.set_ylabel("mean latency (ms, log scale)" if side_by_side else "mean latency (ms)")
+    axis.set_title("latency by stage, side by side" if side_by_side else "end-to-end latency by stage")
     axis.set_xticks(positions, [r["job_id"] for r in records], rotation=30, ha="right", fontsize=7)
     axis.legend(fontsize=7)
 
