@@ -6,6 +6,7 @@ runs the whole orchestration).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -18,7 +19,9 @@ import torch
 from bench import gpu_check, gpu_checks
 from bench.bounded import Deadline, finish, isolated, start
 from bench.common import Goal, Row, Side
-from bench.gpu_checks import Check, pipeline, rows_check, run_job, run_pytest, verdict
+from bench.gpu_checks import Check, GpuWatch, contexts_seen, pipeline, rows_check, run_job, run_pytest, verdict
+from bench.gpu_rehearsal import StandInNvml
+from rnb.pipeline.gpus import DeviceState
 
 
 def _double(x: int) -> int:
@@ -43,12 +46,30 @@ def test_a_pipeline_puts_each_step_on_its_own_device():
     assert config["pipeline"][0]["clips"] == 1 and config["pipeline"][1]["queue_groups"][0]["in_queue"] == 0
 
 
-def test_a_job_runs_in_a_process_of_its_own_and_names_its_processes(tmp_path: Path):
+class _NvmlListingTwoContextsUnderOnePid(StandInNvml):
+    """NVML as gVisor may answer: two CUDA contexts listed under one pid of another namespace."""
+
+    def device(self, physical_index: int) -> DeviceState:
+        return dataclasses.replace(super().device(physical_index), compute_pids=(90100, 90100))
+
+
+def test_a_job_runs_in_a_process_of_its_own_and_names_its_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("rnb.pipeline.gpus.Nvml", _NvmlListingTwoContextsUnderOnePid)  # for the watcher, here only
     job = run_job(pipeline([("models.toy.SyntheticFrames", gpu_checks.TOY, -1), ("models.toy.TinyConvNet", {}, -1)]),
-                  6, tmp_path, Deadline.after(240))
+                  6, tmp_path, Deadline.after(240), watch_gpu=True)
     assert job.code == 0 and len(job.rows) == 6 and job.job_dir is not None and job.pid != os.getpid()
-    assert set(job.pids()) == {"main", "client", "step0-g0-r0", "step1-g0-r0"} and job.watch.pids == frozenset()
+    assert set(job.pids()) == {"main", "client", "step0-g0-r0", "step1-g0-r0"}
     assert job.column("device1") == ["cpu"] * 6
+    assert job.watch == GpuWatch(frozenset({90100}), 2)
+    assert contexts_seen(job, {"main", "step0-g0-r0"}) == (
+        True, "NVML listed at most 2 at once, under 1 pid(s) of another pid namespace")
+    assert contexts_seen(job, {"step0-g0-r0"})[0] is False
+
+
+def test_contexts_are_unknown_where_nvml_cannot_list_them():
+    job = gpu_checks.Job(0, 1, "", {}, [], None, GpuWatch(error="RuntimeError: Not Supported"))
+    assert contexts_seen(job, {"main"}) == (None, "unknown: NVML could not list the compute processes "
+                                                  "(RuntimeError: Not Supported)")
 
 
 def test_each_check_is_one_line_and_the_run_refuses_what_it_cannot_do(monkeypatch: pytest.MonkeyPatch, capsys):
