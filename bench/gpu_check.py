@@ -154,7 +154,7 @@ def run(plan: Plan, deadline_s: float, target: Path | None) -> int:
     run_plan(plan, Deadline.after(deadline_s), report)
     seconds = time.monotonic() - started
     counts = {status: sum(check.status == status for check in report.checks) for status in ("PASS", "FAIL", "SKIP")}
-    code = 0 if counts["PASS"] == len(report.checks) else 1
+    code = 0 if report.checks and counts["PASS"] == len(report.checks) else 1  # a run of no step tested nothing
     report.write(finished=True, seconds=seconds, exit_code=code)
     print(f"{plan.title}: {counts['PASS']}/{len(report.checks)} passed, {counts['FAIL']} failed, {counts['SKIP']} "
           f"skipped in {seconds:.0f} s; exit code {code}", flush=True)
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [step.name for step in plan.steps]
     only = [name.strip() for name in args.only.split(",")] if args.only else names
     unknown = sorted(set(only) - set(names))
-    if unknown or (args.deadline is not None and args.deadline <= 0):
+    if unknown or (args.deadline is not None and not args.deadline > 0):  # NaN is not > 0 either
         what = (f"--only: expected names among {', '.join(names)}, found {', '.join(unknown)}" if unknown else
                 f"--deadline: expected a number of seconds > 0, found {args.deadline:g}")
         print(f"bench/gpu_check.py: {what}", file=sys.stderr)
