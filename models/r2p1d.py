@@ -201,7 +201,11 @@ class R2P1DRunner:
         if x.shape[0] == 0:  # an empty segment (fewer clips than segments) has nothing to compute
             return StepOutput((x.new_zeros((0, *self.output), dtype=self.dtype),), non_tensors, time_card)
         with torch.inference_mode():
-            return StepOutput((self.net(self._shaped(x)),), non_tensors, time_card)
+            out = self.net(self._shaped(x))
+            # Some CPU kernels (float16 convolutions here) return a contiguous tensor from a channels-last input;
+            # the next step is promised the layout asked for.
+            return StepOutput((out.contiguous(memory_format=self.layout) if out.dim() == 5 else out,),
+                              non_tensors, time_card)
 
     def _shaped(self, x: torch.Tensor) -> torch.Tensor:
         """An input in the network's dtype and layout (itself when it already is)."""
