@@ -28,7 +28,6 @@ from torchvision.models.video import r2plus1d_18
 from models.clips import ClipCount, NumClips, clip_shape
 from models.episode import EpisodeLoader
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
-from rnb.core.timecard import TimeCard
 from rnb.pipeline.dataset_source import EpisodeRequest
 
 NUM_STAGES = 5
@@ -244,6 +243,6 @@ class R2P1DSingleStep:
     def output_dtypes(dtype: str = "float32", **kwargs: object) -> tuple[torch.dtype, ...]:
         return R2P1DRunner.output_dtypes(dtype)
 
-    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
         clips, passed, _ = self.loader(tensors, non_tensors, time_card)
         return self.net(tuple(clips), passed, time_card)

@@ -18,7 +18,7 @@ from torch import nn
 
 from rnb.core.device import DeviceMark
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
-from rnb.core.timecard import TimeCard, as_cards
+from rnb.core.timecard import SegmentKey, TimeCard, as_cards, one_card
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,12 @@ class SyntheticFrames:
             numel *= dim
         return ((torch.arange(numel, dtype=torch.float32) + item_id * 7919) % 251 / 251).reshape(shape)
 
-    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
-        self.faults.at_items(type(self).__name__, time_card)
-        frames = self.frames_for(time_card.item_id, self.shape).to(self.device)
-        time_card.set_field("frames_decoded", self.shape[0] * self.shape[2])
-        return StepOutput((frames,), {"request": non_tensors["request"]}, time_card)
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        card = one_card(time_card, type(self).__name__)
+        self.faults.at_items(type(self).__name__, card)
+        frames = self.frames_for(card.item_id, self.shape).to(self.device)
+        card.set_field("frames_decoded", self.shape[0] * self.shape[2])
+        return StepOutput((frames,), {"request": non_tensors["request"]}, card)
 
 
 class TinyConvNet:
@@ -120,24 +121,25 @@ class SegmentMerger:
                  fail_at_item: int | None = None, exit_at_item: int | None = None) -> None:
         self.faults = FaultInjection(fail_at_init, fail_at_item, exit_at_item)
         self.faults.at_init(type(self).__name__)
-        self.pending: dict[tuple, list[tuple[TimeCard, tuple[torch.Tensor, ...]]]] = {}
+        self.pending: dict[SegmentKey, list[tuple[TimeCard, tuple[torch.Tensor, ...]]]] = {}
 
     @staticmethod
     def output_shape(**kwargs: object) -> None:
         return None
 
-    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
-        self.faults.at_items(type(self).__name__, time_card)
-        if not time_card.segments:
-            return StepOutput(tensors, non_tensors, time_card)
-        parts = self.pending.setdefault(time_card.segment_key, [])
-        parts.append((time_card, tuple(tensor.clone() for tensor in tensors)))  # inputs live only during the call
-        if len(parts) < time_card.segments[-1][1]:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        card = one_card(time_card, type(self).__name__)
+        self.faults.at_items(type(self).__name__, card)
+        if not card.segments:
+            return StepOutput(tensors, non_tensors, card)
+        parts = self.pending.setdefault(card.segment_key, [])
+        parts.append((card, tuple(tensor.clone() for tensor in tensors)))  # inputs live only during the call
+        if len(parts) < card.segments[-1][1]:
             return StepOutput((), non_tensors, None)
-        del self.pending[time_card.segment_key]
+        del self.pending[card.segment_key]
         parts.sort(key=lambda part: part[0].segments[-1][0])
         merged = tuple(torch.cat(pieces) for pieces in zip(*(part[1] for part in parts)))
-        return StepOutput(merged, non_tensors, TimeCard.merge(card for card, _ in parts))
+        return StepOutput(merged, non_tensors, TimeCard.merge(held for held, _ in parts))
 
 
 class SleepingDevice:

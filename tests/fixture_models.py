@@ -6,6 +6,7 @@ keywords may change; each class has just the surface that validation checks.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,7 +87,8 @@ class TwoPaths:
 
 
 class Digest:
-    """Final step: records a digest of its input tensors' bytes, so two runs can be compared item by item.
+    """Final step: records a digest of its input tensors' bytes, so two runs can be compared item by item, and the
+    CUDA_DEVICE_ORDER its process runs with (the Ray engine's actors must number GPUs as NVML does).
 
     It runs on any device and reads its inputs on the CPU, so it keeps nothing of the device.
     """
@@ -101,4 +103,5 @@ class Digest:
         for tensor in tensors:
             digest.update(tensor.detach().to("cpu").contiguous().numpy().tobytes())
         time_card.set_field("digest", digest.hexdigest()[:16])
+        time_card.set_field("cuda_device_order", os.environ.get("CUDA_DEVICE_ORDER", "unset"))
         return (), non_tensors, time_card

@@ -357,19 +357,34 @@ def test_the_final_step_ships_counted_cards_in_batches_and_holds_none_back(monke
 
 
 def test_held_cards_go_within_their_bound_whatever_the_final_steps_loop_does_next():
-    """No call after the count: the runner's loop may hang in its next item. The cards still go, on their own."""
+    """No call after the count: the runner's loop may hang in its next item. The cards still go, on their own,
+    when the oldest has been held 50 ms. The sender reads a clock the test moves, so the bound is checked exactly
+    however slowly the machine runs: nothing goes at 49 ms, whatever real time passes, and everything at 50."""
     sent: list[Results] = []
-    finished = transport_module.FinishedCards(sent.append, within_s=0.05)
+    clock = [100.0]
+    finished = transport_module.FinishedCards(sent.append, within_s=0.05, clock=lambda: clock[0])
+
+    def sent_ids_once(count: int) -> list[list[int]]:
+        deadline = time.monotonic() + 10.0  # a hang guard
+        while len(sent) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return [[card.item_id for card in results.cards] for results in sent]
+
     finished.add((TimeCard(0), TimeCard(1)))
-    finished.add((TimeCard(2),))
-    deadline = time.monotonic() + 10.0  # a hang guard: the bound is 0.05 s
-    while not sent and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert [[card.item_id for card in results.cards] for results in sent] == [[0, 1, 2]] and len(finished) == 0
-    finished.add((TimeCard(3),))  # a new batch after an empty spell: its own bound
-    while len(sent) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert [card.item_id for card in sent[-1].cards] == [3]
+    clock[0] = 100.0 + 0.03
+    finished.add((TimeCard(2),))    # joins what is held: the bound still runs from the first card
+    clock[0] = 100.0 + 0.049
+    time.sleep(0.3)                 # the sender looks again and again, each time short of the bound
+    assert sent == [] and len(finished) == 3
+    clock[0] = 100.0 + 0.05
+    assert sent_ids_once(1) == [[0, 1, 2]] and len(finished) == 0
+    clock[0] = 200.0
+    finished.add((TimeCard(3),))    # a new batch after an empty spell: its own bound
+    clock[0] = 200.0 + 0.049
+    time.sleep(0.3)
+    assert len(sent) == 1
+    clock[0] = 200.0 + 0.05
+    assert sent_ids_once(2) == [[0, 1, 2], [3]]
 
 
 def test_final_step_refuses_unmerged_segments():

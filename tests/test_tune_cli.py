@@ -226,6 +226,7 @@ def test_a_second_run_with_the_same_arguments_runs_no_job(runs: Runs) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.browser
 @pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_the_report_renders_in_a_browser_without_errors_or_fetches(runs: Runs) -> None:
     seen = render(runs.out / "report.html")

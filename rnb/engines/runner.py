@@ -21,7 +21,18 @@ import torch
 
 from rnb.core.device import CudaQueue, DeviceMark, DeviceQueue
 from rnb.core.messages import Ready
-from rnb.core.model import Cards, Flushes, HasDeviceQueue, HasNotes, NonTensors, StepModelClass, StepOutput, Tensors
+from rnb.core.model import (
+    Cards,
+    Flushes,
+    HasDeviceQueue,
+    HasNotes,
+    NonTensors,
+    Selector,
+    SelectorClass,
+    StepModelClass,
+    StepOutput,
+    Tensors,
+)
 from rnb.core.termination import POLL_S, Termination
 from rnb.core.timecard import TimeCard, as_cards, now
 from rnb.engines.transport import Input, Stamps, Transport
@@ -55,8 +66,9 @@ class Runner:
             model_class: StepModelClass = load_object(spec.model)
             self.model = model_class(self.device, **spec.model_kwargs)
         self.work = self._device_queue()
-        selector_class = load_object(spec.selector) if spec.selector else RoundRobinSelector
-        self.selector = None if spec.is_final else selector_class(len(spec.out_queues), **spec.selector_kwargs)
+        selector_class: SelectorClass = load_object(spec.selector) if spec.selector else RoundRobinSelector
+        self.selector: Selector | None = (None if spec.is_final
+                                          else selector_class(len(spec.out_queues), **spec.selector_kwargs))
 
     def _device_queue(self) -> DeviceQueue | None:
         """What the loop waits on before it stamps a finish: the model's own device, the runner's CUDA stream, or none."""
