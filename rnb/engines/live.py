@@ -59,7 +59,8 @@ class LiveProgress:
         self.done = -1              # items finished as last told; -1 before the first running()
         self.bar: tqdm | None = None
         if mode == "bar":
-            self.bar = tqdm(total=len(self.processes), desc="start-up", unit=" processes", file=self.stream, leave=True)
+            self.bar = tqdm(total=len(self.processes), desc="start-up", file=self.stream, leave=True,
+                            bar_format="{desc}: {n_fmt} of {total_fmt} processes ready after {elapsed}{postfix}")
 
     def starting(self, ready: Collection[str]) -> None:
         """Start-up's progress: how many processes are ready, and which is still loading."""
@@ -69,7 +70,7 @@ class LiveProgress:
             self.bar.set_postfix_str(f"waiting for {waiting_for(self.processes, ready)}", refresh=False)
             self.bar.update(count - self.bar.n)
             self._redraw(now)
-        elif self.mode == "lines" and now - self.said_at >= EVERY_S:
+        elif self.mode == "lines" and now - self.said_at >= EVERY_S and count < len(self.processes):
             self._say(f"start-up: {count} of {len(self.processes)} processes ready after {now - self.began:.0f} s; "
                       f"waiting for {waiting_for(self.processes, ready)}", now)
 
