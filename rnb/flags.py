@@ -126,6 +126,11 @@ class CommandParser(argparse.ArgumentParser):
         return f"{flag}: {fault}"
 
     def _general(self, message: str) -> str:
+        required = re.fullmatch(r"the following arguments are required: (.*)", message, re.DOTALL)
+        if required is not None:
+            names = required.group(1)
+            what = ("values", "them") if ", " in names else ("a value", "it")
+            return f"{names}: expected {what[0]} ({self.prog} requires {what[1]}), found none"
         unknown = re.fullmatch(r"unrecognized arguments: (\S+).*", message, re.DOTALL)
         if unknown is None:
             return message
