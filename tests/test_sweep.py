@@ -188,7 +188,8 @@ def test_a_real_sweep_over_two_loads_yields_two_jobs_and_one_summary(
     header, rule, *rows = done.stdout.splitlines()
     assert header.startswith("job ") and set(rule) == {"-", " "}
     assert sorted(row.split()[0] for row in rows) == [job.name for job in jobs]
-    assert [row.split()[3] for row in rows] == ["VALID", "VALID"]
+    assert header.split()[:5] == ["job", "config", "batch", "reason", "validity"]
+    assert [row.split()[1:6] for row in rows] == [["toy", "1/1", "target", "reached", "VALID"]] * 2
 
 
 def test_a_real_bisection_brackets_the_bound_between_two_measured_loads(
