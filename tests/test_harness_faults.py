@@ -93,7 +93,7 @@ def test_bulk_mode_makes_the_request_queue_hold_every_request(tmp_path, capsys, 
 
 def test_ctrl_c_exits_130_and_keeps_the_finished_items(tmp_path, job_log):
     command = [sys.executable, "benchmark.py", "-c", "config/toy.json", "-mi", "20", "-v", "100000",
-               "--warmup", "0", "--log-dir", str(tmp_path)]
+               "--warmup", "0", "--log-dir", str(tmp_path), "-q"]   # -q: stderr's first line is the start, not start-up's
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         started = job.stderr.readline()  # the main process announces the start gate opening

@@ -418,11 +418,15 @@ def test_command_line_overrides_config_run_which_overrides_defaults():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["-v", "0"], "command line: -v/--videos: expected a number >= 1, found 0"),
+    (["-v", "0"], "command line: -v/--videos: expected an integer >= 1, found 0"),
+    (["--videos", "2.5"], "command line: -v/--videos: expected an integer >= 1, found 2.5"),
     (["-mi", "-1"], "command line: -mi/--mean_interval_ms: expected a number >= 0, found -1"),
-    (["-mi", "nan"], "command line: -mi/--mean_interval_ms: expected a number >= 0, found nan"),
-    (["--concurrency", "0"], "command line: --concurrency: expected a number >= 1, found 0"),
-    (["-v", "ten"], "benchmark.py: argument -v/--videos: invalid int value: 'ten'"),
+    (["--mean-interval-ms", "nan"], "command line: -mi/--mean_interval_ms: expected a number >= 0, found nan"),
+    (["--concurrency", "0"], "command line: --concurrency: expected an integer from 1 to 2147483647, found 0"),
+    (["-v", "ten"], "command line: -v/--videos: expected an integer >= 1, found 'ten'"),
+    (["-b"], "command line: -b/--batch_size: expected a value, found none"),
+    (["--engine", "spark"], "command line: --engine: expected one of 'local', 'ray', found 'spark'"),
+    (["--vidoes", "3"], "command line: --vidoes: expected a flag of benchmark.py, found an unknown one (did you mean --videos?)"),
 ])
 def test_bad_argument_values_exit_2_with_one_sentence(argv, message, capsys, tmp_path):
     assert cli.main(["-c", "config/toy.json", "--log-dir", str(tmp_path), *argv]) == 2
@@ -437,11 +441,15 @@ def test_check_prints_a_ready_line_and_spawns_nothing(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_job_id_carries_the_cli_values_and_directories_never_collide(tmp_path):
-    start = time.mktime((2026, 11, 30, 9, 15, 0, 0, 0, -1))
-    assert joblog.job_id(start, 3, 1, 2000, 50000, None) == "261130_091500-mi3-b1-v2000-qs50000"
-    # Closed loop ignores -mi, so its id names the concurrency instead.
-    assert joblog.job_id(start, 0.5, 4, 10, 9, 8) == "261130_091500-c8-b4-v10-qs9"
+def test_job_id_carries_the_config_name_and_load_and_directories_never_collide(tmp_path):
+    start = time.mktime((2026, 12, 1, 19, 33, 37, 0, 0, -1))
+    assert joblog.job_id(start, "toy", 2, 200, None) == "261201_193337-toy-mi2-v200"
+    assert joblog.job_id(start, "toy", 2, 200, None, batch_size=1, queue_size=50000) == "261201_193337-toy-mi2-v200"
+    # Closed loop ignores -mi, so its id names the concurrency instead; -b and -qs appear where not their defaults.
+    assert joblog.job_id(start, "r2p1d-whole", 0.5, 10, 8, 4, 9) == "261201_193337-r2p1d-whole-c8-v10-b4-qs9"
+    names = {"config/toy.json": "toy", "<default>": "default", "/tmp/my conf (2).json": "my_conf_2",
+             "../x/.hidden.json": "hidden", "config/ünïcode.json": "n_code", "$$$.json": "config", "a" * 60 + ".json": "a" * 40}
+    assert {path: joblog.config_name(path) for path in names} == names
     names = [joblog.create_job_dir(str(tmp_path), "job").name for _ in range(3)]
     assert names == ["job", "job-2", "job-3"]
 

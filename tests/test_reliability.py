@@ -89,7 +89,8 @@ def test_a_child_killed_holding_shared_plumbing_cannot_wedge_the_job(tmp_path, h
 
 @pytest.mark.parametrize("target", ["main", "group"])
 def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, target):
-    job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "100000", "-mi", "20", "--warmup", "0")
+    # -q: no start-up lines, so stderr's first line is the start.
+    job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "100000", "-mi", "20", "--warmup", "0", "-q")
     assert job.stderr.readline().startswith("benchmark.py: started "), "the job never started"
     time.sleep(1)  # some items finish
     (os.kill if target == "main" else os.killpg)(job.pid, signal.SIGTERM)
