@@ -64,6 +64,7 @@ def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path,
         assert 5 not in [row["item_id"] for row in rows]
 
 
+@pytest.mark.slow
 def test_a_full_request_queue_aborts_the_job_with_exit_1(tmp_path, capsys, job_log):
     # requests every 10 us on average: far more than the toy pipeline finishes, so 4 places fill at once
     code = cli.main(["-c", "config/toy.json", "-v", "2000", "-mi", "0.01", "-qs", "4", "--log-dir", str(tmp_path)])
@@ -92,6 +93,7 @@ def test_bulk_mode_makes_the_request_queue_hold_every_request(tmp_path_factory, 
     assert log.meta["job_id"].endswith("-qs12")
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_and_keeps_the_finished_items(tmp_path, job_log):
     command = [sys.executable, "benchmark.py", "-c", "config/toy.json", "-mi", "20", "-v", "100000",
                "--warmup", "0", "--log-dir", str(tmp_path)]
