@@ -27,24 +27,21 @@ from rnb.analysis.jobs import (
 )
 from rnb.analysis.summary import job_summary
 from rnb.core.joblog import SPOOL_DIR
+from tests.shared_jobs import BULK_TOY_VIDEOS, bulk_toy_job
 
 REPO = Path(__file__).resolve().parents[1]
 ANALYZE = REPO / "scripts" / "analyze.py"
-VIDEOS = 400   # 390 after warm-up: enough to bound the p99 (368), so the job can be VALID
+VIDEOS = BULK_TOY_VIDEOS   # 390 after warm-up: enough to bound the p99 (368), so the job can be VALID
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 LENIENT = ValidityRules(min_duration_s=0.0, min_items=1)
 
 
 @pytest.fixture(scope="module")
 def real_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    log_dir = tmp_path_factory.mktemp("logs")
-    done = subprocess.run(
-        [sys.executable, "benchmark.py", "-c", "config/toy.json", "-mi", "0", "-v", str(VIDEOS),
-         "--log-dir", str(log_dir)],
-        cwd=REPO, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr
-    (job,) = log_dir.iterdir()
+    """The toy config's bulk job that other modules read too; tests that edit it take `log_copy`."""
+    shared = bulk_toy_job(tmp_path_factory.getbasetemp())
+    assert shared.done.returncode == 0, shared.done.stderr
+    (job,) = shared.log_dir.iterdir()
     return job
 
 

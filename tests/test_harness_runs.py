@@ -84,6 +84,7 @@ SEGMENTED = {
 }
 
 
+@pytest.mark.slow
 def test_gpu_config_without_gpu_exits_2_and_cpu_flag_runs_replicas_and_merges_segments(tmp_path, capsys, run):
     config = write_config(tmp_path, SEGMENTED)
     assert cli.main(["-c", config, "-v", "24", "-mi", "0", "--log-dir", str(tmp_path / "refused")]) == 2
@@ -136,6 +137,7 @@ ROUTED = {
 }
 
 
+@pytest.mark.slow
 def test_every_item_logs_the_replica_output_queue_and_batch_of_each_step(tmp_path, run):
     code, log = run(tmp_path / "logs", "-c", write_config(tmp_path, ROUTED), "-v", "8", "-mi", "0")
     rows = log.rows
@@ -161,6 +163,7 @@ def test_every_item_logs_the_replica_output_queue_and_batch_of_each_step(tmp_pat
     assert log.children_left == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_bulk_client_done_before_step_0_has_read_its_requests_still_delivers_every_one(tmp_path, run):
     # 1,500 requests are more than the request pipe holds; step 0, 2 ms per item, reads them over seconds,

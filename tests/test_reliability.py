@@ -71,6 +71,7 @@ def job_log(tmp_path: Path) -> tuple[dict, list[dict]]:
     return json.loads((job_dir / "meta.json").read_text()), pq.read_table(job_dir / "timings.parquet").to_pylist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hold", ["flag", "status", "results"])
 def test_a_child_killed_holding_shared_plumbing_cannot_wedge_the_job(tmp_path, hold):
     """The dead child held the flag mid-raise, the status queue's write lock, or had written half a message."""
@@ -87,6 +88,7 @@ def test_a_child_killed_holding_shared_plumbing_cannot_wedge_the_job(tmp_path, h
     assert marked(mark) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["main", "group"])
 def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, target):
     # -q: no start-up lines, so stderr's first line is the start.
@@ -133,6 +135,7 @@ def test_children_of_a_killed_main_exit_at_once_even_while_importing(tmp_path, c
     assert capsys.readouterr().out.startswith(f"{job_dir.name}: INCOMPLETE: no meta.json")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not isolation_works(), reason="needs a mount namespace of its own (unshare) to mount a small tmpfs")
 @pytest.mark.parametrize("room, file", [("256k", r"timings\.spool/part-\d+\.parquet"), ("full", r"config\.json")],
                          ids=["fills_mid_run", "full_at_start"])

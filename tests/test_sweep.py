@@ -180,6 +180,7 @@ def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproce
     return logs, done
 
 
+@pytest.mark.slow
 def test_a_real_sweep_over_two_loads_yields_two_jobs_and_one_summary(
         real_sweep: tuple[Path, subprocess.CompletedProcess]) -> None:
     logs, done = real_sweep
@@ -192,6 +193,7 @@ def test_a_real_sweep_over_two_loads_yields_two_jobs_and_one_summary(
     assert [row.split()[1:6] for row in rows] == [["toy", "1/1", "target", "reached", "VALID"]] * 2
 
 
+@pytest.mark.slow
 def test_a_real_bisection_brackets_the_bound_between_two_measured_loads(
         real_sweep: tuple[Path, subprocess.CompletedProcess], tmp_path: Path) -> None:
     """The bound lies between the sweep's two measured p90s (machine speed varies); one midpoint is run for real."""

@@ -101,6 +101,7 @@ def test_a_config_the_harness_would_refuse_is_refused_the_same_way(
     assert 'did you mean "ms_per_item"?' in said and said.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_step_that_fails_while_profiling_ends_with_exit_1_and_no_best(tmp_path: Path) -> None:
     config = tmp_path / "failing.json"
     config.write_text(json.dumps({"source": {"synthetic": True}, "pipeline": [
