@@ -193,7 +193,7 @@ PER_PRODUCER = 3000
 
 def test_three_producers_and_three_consumers_lose_nothing_when_one_of_each_dies_at_its_kill_point():
     """Producer 0 dies after writing its message 1000, before ringing; consumer 0 dies woken, before reading."""
-    ring = RingQueue(64, Flag(), ctx=CTX, name="test queue", capacity=4096)  # small: the ring wraps some 200 times
+    ring = RingQueue(64, Flag(), ctx=CTX, name="test queue", capacity=4096)  # small: the ring wraps some 55 times
     counts = CTX.RawArray("i", 3 * PER_PRODUCER)
     disorder = CTX.RawValue("i", 0)
     done, asleep = CTX.Event(), CTX.Event()
