@@ -22,6 +22,7 @@ from rnb.engines.local.ring import RingQueue, UnreadableMessage
 
 CTX = mp.get_context("spawn")
 JOIN_S = 120.0  # a hang guard for spawned children: they may take long to start on a loaded machine
+PER_PRODUCER = 3000  # messages each producer of the six-process test puts
 
 
 class Flag:
@@ -187,8 +188,6 @@ def _produce(ring: RingQueue, producer: int, dies_at: int | None) -> None:
             except queue.Full:
                 time.sleep(0.001)
 
-
-PER_PRODUCER = 3000
 
 
 def test_three_producers_and_three_consumers_lose_nothing_when_one_of_each_dies_at_its_kill_point():
