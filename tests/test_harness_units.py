@@ -21,7 +21,7 @@ from rnb.core.timecard import TimeCard, as_cards
 from rnb.engines import transport as transport_module
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.plumbing import Plumbing, SharedSlot, SlotFlag, TerminationFlag
-from rnb.engines.local.ring import RingQueue
+from rnb.engines.local.ring import RING_BYTES, RingQueue
 from rnb.engines.local.transport import LocalTransport, LocalWiring
 from rnb.engines.runner import Runner
 from rnb.pipeline.config import ConfigError, parse_config
@@ -163,7 +163,7 @@ def _put_after(ring: RingQueue, delay_s: float, message: object) -> None:
 
 
 def test_ring_queue_wakes_a_consumer_in_another_process_and_keeps_order_and_capacity():
-    ring = RingQueue(3, TerminationFlag(CTX), ctx=CTX)
+    ring = RingQueue(3, TerminationFlag(CTX), ctx=CTX, name="test queue")
     started = time.monotonic()
     with pytest.raises(queue.Empty):
         ring.get(timeout=0.2)
@@ -185,22 +185,34 @@ def test_ring_queue_wakes_a_consumer_in_another_process_and_keeps_order_and_capa
 
 
 def test_ring_queue_wraps_messages_around_its_end_and_refuses_one_larger_than_itself():
-    ring = RingQueue(100, TerminationFlag(CTX), ctx=CTX, capacity=256)
+    ring = RingQueue(100, TerminationFlag(CTX), ctx=CTX, name="inter-step queue 0 (step 0 to step 1)", capacity=256,
+                     advice="; pass less in non_tensors")
     for turn in range(20):  # about 150 bytes a turn: the ring goes round a dozen times, splitting messages at its end
         messages = [(turn, i, b"x" * (turn + i)) for i in range(3)]
         for message in messages:
             ring.put_nowait(message)
         assert [ring.get(timeout=1) for _ in messages] == messages
-    with pytest.raises(ValueError, match=r"^a message of 2\d\d bytes does not fit the inter-step queue's ring of 256 "
-                                         r"bytes; pass less in non_tensors$"):
+    with pytest.raises(ValueError, match=r"^a message of 2\d\d bytes does not fit the 256-byte ring of the inter-step queue 0 "
+                                         r"\(step 0 to step 1\); pass less in non_tensors$"):
         ring.put_nowait(b"y" * 240)
     with pytest.raises(ValueError, match=r"^a ring's capacity must be a multiple of 8 bytes, not 100$"):
-        RingQueue(1, TerminationFlag(CTX), ctx=CTX, capacity=100)
+        RingQueue(1, TerminationFlag(CTX), ctx=CTX, name="test queue", capacity=100)
+
+
+def test_each_ring_of_a_job_names_itself_when_it_refuses_a_message_too_large():
+    plumbing = Plumbing.build(CTX, [{0, 1}], 10, None)
+    huge = b"x" * RING_BYTES
+    size = len(pickle.dumps(huge, pickle.HIGHEST_PROTOCOL))
+    for ring, name in [(plumbing.requests, "request queue"), (plumbing.results, "results queue"),
+                       (plumbing.step_queues[0][1], "inter-step queue 1 (step 0 to step 1); pass less in non_tensors")]:
+        with pytest.raises(ValueError) as refused:
+            ring.put_nowait(huge)
+        assert str(refused.value) == f"a message of {size} bytes does not fit the {RING_BYTES}-byte ring of the {name}"
 
 
 def test_a_full_ring_drops_what_nobody_will_read_once_the_job_has_ended():
     flag = TerminationFlag(CTX)
-    ring = RingQueue(100, flag, ctx=CTX, capacity=1024)
+    ring = RingQueue(100, flag, ctx=CTX, name="test queue", capacity=1024)
     flag.raise_(Termination.TARGET_REACHED)
     for i in range(40):
         ring.put_nowait((i, b"x" * 100))  # 5 kB against a ring of 1 kB: nobody reads, and none of it waits
@@ -219,7 +231,7 @@ def _hold_the_lock(lock: object) -> None:
 @pytest.mark.parametrize("side", ["write", "read"])
 def test_a_process_killed_holding_a_ring_lock_holds_nobody_up_past_the_end_of_the_job(side):
     flag = TerminationFlag(CTX)
-    ring = RingQueue(10, flag, ctx=CTX)
+    ring = RingQueue(10, flag, ctx=CTX, name="test queue")
     if side == "read":
         ring.put_nowait("waiting")
     lock = ring._wlock if side == "write" else ring._rlock

@@ -167,3 +167,21 @@ def test_a_log_directory_that_fills_up_ends_the_job_with_exit_1_and_one_sentence
         assert analyze_cli.main([str(kept)]) == 0  # whether the timings fitted at the end or stayed in the spool
         report = capsys.readouterr().out
         assert "INCOMPLETE: its log directory refused timings.parquet" in report or " log write failed " in report
+
+
+def test_a_message_the_next_step_cannot_unpickle_ends_the_job_with_exit_1_and_one_sentence(tmp_path):
+    """Step 0 passes on, in its non_tensors, an error whose class cannot be rebuilt from its pickle."""
+    document = json.loads((REPO / "config/toy.json").read_text())
+    document["pipeline"][0].update(model="tests.fixture_models.HandsOnItsError", error_at_item=3)
+    job, mark = start_job(tmp_path, write_config(tmp_path, document), "-v", "50", "-mi", "20", "--warmup", "0")
+    out, err = finish(job)
+    assert job.returncode == 1, err
+    meta, rows = job_log(tmp_path)
+    sentence = ("process step1-g0-r0 failed: UnreadableMessage: a message on the inter-step queue 0 (step 0 to step 1) "
+                "could not be unpickled (TypeError: TwoPartError.__init__() missing 1 required positional argument: "
+                "'why')")
+    assert (meta["termination_reason"], meta["failed_process"], meta["error"]) == ("process failed", "step1-g0-r0",
+                                                                                   sentence)
+    assert err.count(sentence) == 1 and f"benchmark.py: {sentence}\n" in err and "Traceback" not in err
+    assert [row["item_id"] for row in rows] == [0, 1, 2] == list(range(meta["finished_items"]))  # all before item 3
+    assert marked(mark) == []
