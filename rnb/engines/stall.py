@@ -43,10 +43,10 @@ from rnb.engines.job import JobBook
 
 # A call that spins past its step's bound may be a slow one, so the sentence says what to do if that is the case.
 SLOW_HINT = " (a step only this slow needs a larger --stall-s)"
-SAMPLE_EVERY_S = 0.25   # how often the runners' demand is read (about 0.1 ms a thread)
-BUSY_SHARE = 0.2        # of the time between samples: a computing thread demands all of it, one polling its device
-                        # under 0.1 (measured at a load average of 44 on 2 cores)
-SLOWEST_TIMES = 5   # how many times its step's slowest completed call a working call may last
+SAMPLE_EVERY_S = 0.25   # how often the runners' demand is read (about 0.15 ms a thread, on the loaded 2-core machine)
+BUSY_SHARE = 0.2        # of the time between samples: a computing thread demands all of it, a runner waiting on its
+                        # device about 0.05 (measured at a load average of 30 on 2 cores)
+SLOWEST_TIMES = 5       # how many times its step's slowest completed call a working call may last
 
 
 @dataclass(frozen=True)
