@@ -13,11 +13,10 @@ each runner's threads ran or asked to run (`demand_seconds`).
 Start-up has stalled when it stood still for `stall_s` seconds: no process
 became ready and none of those still starting used any CPU.  A running job
 has stalled when items are waiting (some runner holds one), no item has
-left any step for `stall_s` seconds, and no runner is working.  A runner
-inside its model or holding an item is working while its threads computed
-within the last `stall_s` seconds (demanded at least BUSY_SHARE of the time
-between two samples: a call computing, a GPU's host side launching, an
-item being passed on), unless the call it is in has lasted SLOWEST_TIMES
+left any step and no call has ended for `stall_s` seconds, and no runner
+is working.  A runner inside its model is working while its threads
+computed within the last `stall_s` seconds (demanded at least BUSY_SHARE
+of a BUSY_WINDOW_S: a call computing, a GPU's host side launching), unless the call it is in has lasted SLOWEST_TIMES
 times the slowest call its step completed (and at least `stall_s`).  A
 runner waiting for its device polls it (rnb.core.device) and demands
 little: a lock, a sleep, a read or a device that never returns leaves it
@@ -32,6 +31,7 @@ is theirs.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +44,10 @@ from rnb.engines.job import JobBook
 # A call that spins past its step's bound may be a slow one, so the sentence says what to do if that is the case.
 SLOW_HINT = " (a step only this slow needs a larger --stall-s)"
 SAMPLE_EVERY_S = 0.25   # how often the runners' demand is read (about 0.15 ms a thread, on the loaded 2-core machine)
-BUSY_SHARE = 0.2        # of the time between samples: a computing thread demands all of it, a runner waiting on its
-                        # device about 0.05 (measured at a load average of 30 on 2 cores)
+BUSY_WINDOW_S = 1.0     # the demand that says a runner is computing is over this long
+BUSY_SHARE = 0.5        # of BUSY_WINDOW_S: a computing thread demands all of it, a runner waiting on its device about
+                        # 0.05 and an idle one under 0.03, with blips to 0.25 over a quarter second (load average 13 to
+                        # 30 on 2 cores)
 SLOWEST_TIMES = 5       # how many times its step's slowest completed call a working call may last
 
 
@@ -68,7 +70,7 @@ class JobWatch:
         self._count: object = None
         self._since = now            # when the count last moved, or when the watch last saw nothing waiting
         self._sampled = -float("inf")   # when the runners' demand was last read
-        self._demand: dict[str, tuple[float, float]] = {}   # each runner's last (time, demand_seconds) sample
+        self._demand: dict[str, deque[tuple[float, float]]] = {}   # each runner's (time, demand_seconds) samples
         self._busy_at: dict[str, float] = {}                  # when each runner was last seen computing
 
     def _moved(self, count: object, now: float) -> None:
@@ -105,7 +107,7 @@ class JobWatch:
         runner is working (`demand_s`: each runner process's demand_seconds so far, asked every SAMPLE_EVERY_S)."""
         if self.stall_s is None:
             return None
-        self._moved(sum(p.left for p in progress.values()), now)
+        self._moved(sum(p.left + p.calls for p in progress.values()), now)   # an item leaving, or a call ending
         if now - self._sampled >= SAMPLE_EVERY_S:
             self._sample(demand_s(), now)
         held = [(name, p) for name, p in progress.items() if p.held_item is not None and p.held_since is not None]
@@ -116,35 +118,37 @@ class JobWatch:
         assert oldest.held_since is not None
         if now - max(self._since, oldest.held_since) < self.stall_s:
             return None
-        # Those holding an item outside their model count too: one that has just returned from a long call is about
-        # to pass its item on.
         verdicts = {name: self._verdict(name, p, progress, book, now, self.stall_s) for name, p in progress.items()
-                    if p.calling_since is not None or p.held_item is not None}
+                    if p.calling_since is not None}
         idle = {name: why for name, why in verdicts.items() if why is not None}
         if len(idle) < len(verdicts):   # a runner is working: the others wait for it
             return None
         return blame(progress, book, now, idle)
 
     def _sample(self, demand_s: Mapping[str, float], now: float) -> None:
-        """Note which runners computed since the last sample: those that demanded BUSY_SHARE of the time since."""
+        """Note which runners are computing: those that demanded BUSY_SHARE of the last BUSY_WINDOW_S (or more)."""
         self._sampled = now
         for name, demand in demand_s.items():
-            then, before = self._demand.get(name, (now, demand))
-            if now > then and demand - before >= BUSY_SHARE * (now - then):
+            samples = self._demand.setdefault(name, deque())
+            samples.append((now, demand))
+            while len(samples) > 2 and samples[1][0] <= now - BUSY_WINDOW_S:
+                samples.popleft()
+            then, before = samples[0]
+            if now - then >= BUSY_WINDOW_S and demand - before >= BUSY_SHARE * (now - then):
                 self._busy_at[name] = now
-            self._demand[name] = (now, demand)
 
     def _verdict(self, name: str, runner: ProgressSnapshot, progress: Mapping[str, ProgressSnapshot], book: JobBook,
                  now: float, stall_s: float) -> str | None:
-        """None while a runner is working (it computed within stall_s, and a call it is in has not passed its
-        step's bound); else why it is not, as the end of a sentence."""
+        """None while a runner inside its model is working (it computed within stall_s, and its call has not passed
+        its step's bound); else why it is not, as the end of a sentence."""
         busy_at = self._busy_at.get(name)
         if busy_at is None or now - busy_at >= stall_s:
             since = "since the job started" if busy_at is None else f"for {now - busy_at:.1f} s"
             return f", and its process has not computed {since}"
         slowest = max(slowest_calls(name, progress, book), default=None)
         calling = runner.calling_since
-        if calling is not None and slowest is not None and now - calling >= max(stall_s, SLOWEST_TIMES * slowest):
+        assert calling is not None
+        if slowest is not None and now - calling >= max(stall_s, SLOWEST_TIMES * slowest):
             return (f", inside one call for {now - calling:.1f} s, over {SLOWEST_TIMES} times "
                     f"the slowest its step completed ({slowest:.2f} s){SLOW_HINT}")
         return None
@@ -207,12 +211,12 @@ def demand_seconds(pid: int, leaving_out: Collection[int] = ()) -> float:
 def blame(progress: Mapping[str, ProgressSnapshot], book: JobBook, now: float, verdicts: Mapping[str, str]) -> Stall:
     """The runner a stall is put on: the one inside its model the longest (those that only hold items the next
     step does not take are waiting on it), else the one holding the oldest item; `verdicts` say why each runner
-    inside its model or holding an item is not working."""
+    inside its model is not working."""
     calling = [(name, p) for name, p in progress.items() if p.calling_since is not None]
     held = [(name, p) for name, p in progress.items() if p.held_since is not None]
     name, stuck = min(calling or held, key=lambda entry: (entry[1].calling_since if calling else entry[1].held_since) or 0.0)
     who = describe(book[name], book)
-    why = verdicts[name]
+    why = verdicts.get(name, SLOW_HINT)
     if stuck.held_item is not None and stuck.held_since is not None:
         return Stall(name, f"{who} has held item {stuck.held_item} for {now - stuck.held_since:.1f} s with no item "
                            f"finished since{why}")
