@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rnb.core.device import DeviceMark
+from rnb.core.device import DeviceMark, wait_until_done
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
 from rnb.core.timecard import SegmentKey, TimeCard, as_cards, one_card
 
@@ -149,8 +149,8 @@ class SleepingDevice:
     work's time and only then applies its effect (writes the output), so a
     reader that does not wait for the device reads unfinished data, as it
     would on a GPU.  `mark` (rnb.core.device.DeviceQueue) queues a marker
-    behind everything submitted so far; waiting on it blocks until the worker
-    reaches it, as a CUDA event's synchronize does.
+    behind everything submitted so far; waiting on it polls until the worker
+    reaches it, as a runner waits on a CUDA event.
     """
 
     def __init__(self) -> None:
@@ -184,8 +184,11 @@ class SleepMark:
         self.at = time.monotonic()
         self._reached.set()
 
+    def query(self) -> bool:
+        return self._reached.is_set()
+
     def wait(self) -> None:
-        self._reached.wait()
+        wait_until_done(self.query)  # as a CUDA mark waits, so the GPU's waiting path runs in tests
 
     def ms_since(self, earlier: DeviceMark) -> float:
         if not isinstance(earlier, SleepMark):

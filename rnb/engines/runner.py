@@ -111,32 +111,34 @@ class Runner:
             card.set_replica(self.spec.step, self.spec.group, self.spec.instance)
         began = self.work.mark() if self.work is not None else None
         self.progress.calling(started)
-        self.emit(StepOutput(*self.model(item.tensors, item.non_tensors, item.time_card)), began)
+        self.emit(StepOutput(*self.model(item.tensors, item.non_tensors, item.time_card)), began, took_item=True)
 
     def flush(self) -> None:
         """While the input is idle, let a holding model (a batcher) hand over what it holds."""
         if isinstance(self.model, Flushes):
             self.progress.calling(now())
-            self.emit(StepOutput(*self.model.flush()), None)
+            self.emit(StepOutput(*self.model.flush()), None, took_item=False)
 
-    def emit(self, output: StepOutput, began: DeviceMark | None) -> None:
+    def emit(self, output: StepOutput, began: DeviceMark | None, took_item: bool) -> None:
         """Pass a model's result on (or count it at the final step) once its device work is done.
 
         A None time card means nothing yet.  The finish is stamped when the
         work the call queued has completed, not when the call returned: on
         a GPU that is when the kernels ran.  With a mark from before the
         call, the device's own measure of it is kept as `device_ms{k}`.
+        The call's length counts toward the slowest the stall watch knows
+        of if it took an item or handed something on.
         """
         if output.time_card is None:
-            self.progress.called()
+            self.progress.called(now() if took_item else None)
             return
         device_ms = None
         if self.work is not None:
             done = self.work.mark()
-            done.wait()
+            done.wait()   # polls: a device that never finishes leaves the runner using no CPU (rnb.core.device)
             device_ms = done.ms_since(began) if began is not None else None
-        self.progress.called()
         finished = now()
+        self.progress.called(finished)
         batch = as_cards(output.time_card)
         for card in batch:
             card.record(self.events.finished, finished)

@@ -235,7 +235,8 @@ def _run_between_barriers(supervisor: Supervisor, job: str, live: LiveProgress, 
         elif watch.over_time(now):
             plumbing.flag.take_over(Termination.MAX_DURATION)
         else:
-            _stop_if_stalled(supervisor, watch.running(supervisor.progress_now(), supervisor.book, now), stall)
+            _stop_if_stalled(supervisor, watch.running(supervisor.progress_now(), supervisor.demand_of_children,
+                                                       supervisor.book, now), stall)
     return start
 
 

@@ -349,8 +349,9 @@ class RayJob:
             self.raise_flag(Termination.MAX_DURATION)
             return
         else:
-            found = self.watch.running({m.name: m.seen.progress for m in self.members if m.seen and m.seen.progress},
-                                       self.book, now)
+            seen = [(m.name, m.seen) for m in self.members if m.seen and m.seen.progress]
+            found = self.watch.running({name: look.progress for name, look in seen if look.progress},
+                                       lambda: {name: look.demand_s for name, look in seen}, self.book, now)
         if found is not None:
             self.stalled(found)
 
