@@ -7,7 +7,7 @@ misspelt keyword in a config is caught before the job starts.
 """
 from __future__ import annotations
 
-from rnb.core.model import NonTensors, Tensors
+from rnb.core.model import NonTensors, SelectorClass, Tensors
 from rnb.core.timecard import Cards
 
 
@@ -45,3 +45,7 @@ class LargeSmallSelector:
     def select(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> int:
         clips = non_tensors.get("num_clips", tensors[0].shape[0] if tensors else 0)
         return int(clips > self.threshold)
+
+
+# Held to rnb.core.model's selector contract where mypy reads it (the runner loads a selector by dotted path).
+SELECTOR_CLASSES: tuple[SelectorClass, ...] = (RoundRobinSelector, LargeSmallSelector)

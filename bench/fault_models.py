@@ -76,7 +76,7 @@ class DiesHolding:
 
 
 HOW = ("lock", "sleep", "spin")
-_OWN_KEYWORDS = ("inner", "at_item", "at_init", "in_flush", "how")
+_OWN_KEYWORDS = ("inner", "at_item", "at_init", "in_flush", "how", "busy_s")
 
 
 def hang(how: str, what: str) -> None:
@@ -101,14 +101,18 @@ class Hangs:
     with that id, before the inner model sees it; `in_flush`: the first time
     the runner asks it to hand over what it holds (its input idle) after it
     took an item.  `how` is one of HOW.  It stays alive and makes no
-    progress: only the job's stall watch can end it.
+    progress: only the job's stall watch can end it.  `busy_s`: every call
+    first computes (a busy loop) for that many seconds, as a slow model
+    does, the call that hangs included; with no hang asked for it is
+    simply a slow step, which no stall watch may end.
     """
 
     def __init__(self, device: torch.device, inner: str = "models.toy.TinyConvNet", at_item: int | None = None,
-                 at_init: bool = False, in_flush: bool = False, how: str = "lock", **inner_kwargs: Any) -> None:
+                 at_init: bool = False, in_flush: bool = False, how: str = "lock", busy_s: float = 0.0,
+                 **inner_kwargs: Any) -> None:
         if how not in HOW:
             raise ValueError(f"how must be one of {', '.join(HOW)}, not {how!r}")
-        self.how, self.at_item, self.in_flush = how, at_item, in_flush
+        self.how, self.at_item, self.in_flush, self.busy_s = how, at_item, in_flush, busy_s
         self.name = f"{inner.rpartition('.')[2]} (bench.fault_models.Hangs)"
         if at_init:
             hang(how, f"{self.name} at init")
@@ -126,6 +130,9 @@ class Hangs:
 
     def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
         self.took = True
+        busy_until = time.monotonic() + self.busy_s
+        while time.monotonic() < busy_until:
+            pass
         if self.at_item is not None and self.at_item in {card.item_id for card in as_cards(time_card)}:
             hang(self.how, f"{self.name} on item {self.at_item}")
         return StepOutput(*self.model(tensors, non_tensors, time_card))

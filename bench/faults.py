@@ -13,9 +13,11 @@ counts finished items the final step counted (meta.json's counted_items)
 that the log does not hold: 0 is the promise.  The stall rows end jobs
 that stop making progress: a model that hangs at init, on an item at each
 step, a remote dataset that stops answering, a log directory that fills
-up, and --max-duration; a hang row passes only if the job ended within the
-stated bound of the hang (S + 2 s of the stall watch, or timeout x attempts
-+ 2 s of a remote read) and holds exactly the items finished before it.  `orphans` counts
+up, and --max-duration; and one that does not stop (a step whose every
+call computes for 3 x --stall-s), which must reach its target.  A hang
+row passes only if the job ended within the stated bound of the hang
+(S + 2 s of the stall watch, or timeout x attempts + 2 s of a remote read)
+and holds exactly the items finished before it.  `orphans` counts
 processes of a job still alive 3 s after its main process exited, `leftover
 shm` the entries left in the job's private /dev/shm ("n/a" where this
 machine gives no process its own mount namespace).  The memory rows run one
@@ -301,6 +303,8 @@ def stall_rows(work: Path, trials: int, isolated: bool) -> list[FaultRow]:
         ("stall-flush", "the final step hangs (a busy loop) in flush, its input idle", three_steps(2, in_flush=True,
                                                                                                   how="spin"),
          ["-v", "60", "-mi", "20", *stall], Ending(1, "stalled", bound_s=bound)),
+        ("stall-slow", f"step 1 of 3 computes for {3 * STALL_S:g} s (3 x --stall-s) on every item: slow, not stuck",
+         three_steps(1, busy_s=3 * STALL_S), ["-v", "3", "-mi", "0", *stall], Ending(0, "target reached", rows=3)),
         ("max-duration", f"--max-duration {MAX_DURATION_S:g} on a job that would run for hours", toy(),
          ["-v", "1000000", "-mi", "5", "--max-duration", f"{MAX_DURATION_S:g}"], Ending(0, "max duration")),
     ]

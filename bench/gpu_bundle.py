@@ -20,13 +20,21 @@ together, under the 64 MiB the device tool carries with the working tree:
 `prepare` downloads them here; `install` unpacks them there and returns the
 environment a process needs, which must be set before it starts (the dynamic
 loader reads LD_LIBRARY_PATH once).
+
+torchcodec's cp312 custom-ops library needs libpython3.12.so.1.0 and has no
+RPATH to find it; a Python 3.12 built without a shared libpython beside it
+(as Ubuntu 24.04's is, without python3-dev) fails the import. `install`
+points the loader at the running interpreter's library where the loader
+cannot find it on its own, and says what it found.
 """
 from __future__ import annotations
 
+import ctypes.util
 import os
 import re
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -51,10 +59,10 @@ def prepare(wheel_dir: Path) -> int:
     return total
 
 
-def install(wheel_dir: Path, target: Path) -> dict[str, str]:
+def install(wheel_dir: Path, target: Path) -> tuple[dict[str, str], str]:
     """Unpack the Python wheels into `target/site` and FFmpeg's libraries into `target/ffmpeg`.
 
-    Returns the variables to add to a new process's environment.
+    Returns the variables to add to a new process's environment, and a sentence for the log on libpython.
     """
     site, ffmpeg = target / "site", target / "ffmpeg"
     python_wheels = [str(path) for path in sorted(wheel_dir.glob("*.whl")) if not path.name.startswith("av-")]
@@ -67,9 +75,29 @@ def install(wheel_dir: Path, target: Path) -> dict[str, str]:
     missing = sorted(set(FFMPEG_LIBRARIES) - {name.split(".so")[0][3:] for name in links})
     if missing:
         raise RuntimeError(f"{av_wheel.name} lacks FFmpeg's {', '.join(missing)}")
-    paths = [str(ffmpeg / "lib"), str(ffmpeg / "av.libs"), DRIVER_LIBRARIES, os.environ.get("LD_LIBRARY_PATH", "")]
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.getcwd(), os.environ.get("PYTHONPATH")])),
-            "LD_LIBRARY_PATH": os.pathsep.join(filter(None, paths))}
+    libpython, said = libpython_directory()
+    paths = [str(ffmpeg / "lib"), str(ffmpeg / "av.libs"), DRIVER_LIBRARIES, libpython,
+             os.environ.get("LD_LIBRARY_PATH", "")]
+    return ({"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.getcwd(), os.environ.get("PYTHONPATH")])),
+             "LD_LIBRARY_PATH": os.pathsep.join(filter(None, paths))}, said)
+
+
+def libpython_directory(candidates: tuple[str, ...] | None = None) -> tuple[str, str]:
+    """The folder to add to LD_LIBRARY_PATH for this interpreter's libpython ("" if none is needed or found), and why.
+
+    By default the candidates are the running interpreter's LIBDIR and its base prefix's lib/.
+    """
+    name = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    soname = f"lib{name}.so.1.0"
+    if candidates is None and ctypes.util.find_library(name):
+        return "", f"{soname}: the dynamic loader finds it"
+    if candidates is None:
+        candidates = tuple(filter(None, (sysconfig.get_config_var("LIBDIR"), os.path.join(sys.base_prefix, "lib"))))
+    for folder in candidates:
+        if (Path(folder) / soname).exists():
+            return folder, f"{soname}: not on the dynamic loader's path; LD_LIBRARY_PATH now includes {folder}"
+    return "", (f"{soname}: found neither by the dynamic loader nor in {', '.join(candidates)}; torchcodec's "
+                "custom ops will fail to load, and with them every check that decodes or makes a dataset")
 
 
 def link_sonames(bundled: Path, links: Path) -> list[str]:

@@ -15,12 +15,10 @@ from __future__ import annotations
 import json
 import queue
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Collection
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.multiprocessing as mp
 
+from bench.bounded import NO_DEADLINE, Deadline, finish, isolated, start
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair, paired
 from rnb.core.timecard import TimeCard
 from rnb.engines.buffers import LocalBuffers
@@ -40,36 +39,40 @@ from rnb.pipeline.gpus import child_environment
 REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO / "data" / "synthetic"
 HANDOFF_TIMEOUT_S = 60.0  # no single 18 MB hand-off takes anywhere near this; past it the peer is gone
-JOB_GAP_S = 900.0  # P1h: the most a whole harness job may take between two commands to the message producer
+JOB_S = 900.0  # the most one whole harness job may take (P1h: and so the gap between two commands to its producer)
+LOOP_S = 600.0  # the most one loop on a GPU may take
 
 # P1's two steps: big enough that each call does real work (~ms), as a video model's would.
 FRAMES_KW = {"clips": 2, "frames": 8, "height": 112, "width": 112}
 NET_KW = {"clips": 2, "classes": 10}
 
 
-def run_job(config: dict[str, Any], items: int, workdir: Path, extra: tuple[str, ...] = ()) -> Path:
-    """Run one bulk job of `config` through benchmark.py in a process of its own; its job directory.
+def run_job(config: dict[str, Any], items: int, workdir: Path, extra: tuple[str, ...] = (),
+            deadline: Deadline = NO_DEADLINE) -> Path:
+    """Run one bulk job of `config` through benchmark.py in a session of its own; its job directory.
 
-    Raises unless it reached its target.
+    Raises unless it reached its target; past min(JOB_S, the time left before
+    `deadline`) the job is killed with its process group (bench.bounded.Overrun).
     """
     config_path = workdir / "config.json"
     config_path.write_text(json.dumps(config), encoding="utf-8")
     log_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="logs-"))
-    done = subprocess.run([sys.executable, str(REPO / "benchmark.py"), "-c", str(config_path), "-mi", "0",
-                           "-v", str(items), "--log-dir", str(log_dir), *extra], cwd=REPO, capture_output=True,
-                          text=True, env=child_environment())
+    child = start([sys.executable, str(REPO / "benchmark.py"), "-c", str(config_path), "-mi", "0", "-v", str(items),
+                   "--log-dir", str(log_dir), *extra], cwd=REPO, env=child_environment())
+    stdout, stderr = finish(child, deadline, JOB_S, f"the harness job in {log_dir}")
     jobs = list(log_dir.iterdir())
     if len(jobs) != 1:
-        raise RuntimeError(f"the harness job in {log_dir} left no log (exit code {done.returncode}): "
-                           f"{(done.stderr or done.stdout).strip()[-300:]}")
+        raise RuntimeError(f"the harness job in {log_dir} left no log (exit code {child.returncode}): "
+                           f"{(stderr or stdout).strip()[-300:]}")
     meta = json.loads((jobs[0] / "meta.json").read_text(encoding="utf-8"))
-    if done.returncode != 0 or meta["termination_reason"] != "target reached":
-        raise RuntimeError(f"the harness job in {jobs[0]} ended with exit code {done.returncode} "
-                           f"({meta['termination_reason']}): {meta['error'] or done.stderr.strip()[-300:]}")
+    if child.returncode != 0 or meta["termination_reason"] != "target reached":
+        raise RuntimeError(f"the harness job in {jobs[0]} ended with exit code {child.returncode} "
+                           f"({meta['termination_reason']}): {meta['error'] or stderr.strip()[-300:]}")
     return jobs[0]
 
 
-def run_harness(config: dict[str, Any], items: int, workdir: Path, windows: int = 1) -> list[float]:
+def run_harness(config: dict[str, Any], items: int, workdir: Path, windows: int = 1,
+                deadline: Deadline = NO_DEADLINE) -> list[float]:
     """items/s of one bulk job of `config` over `windows` consecutive slices of its timed window.
 
     With windows=1 this is the throughput the job log reports.  More windows
@@ -79,7 +82,7 @@ def run_harness(config: dict[str, Any], items: int, workdir: Path, windows: int 
     seconds on this shared 2-core machine) makes many jobs too slow.
     Raises if the job did not reach its target.
     """
-    job_dir = run_job(config, items, workdir)
+    job_dir = run_job(config, items, workdir, deadline=deadline)
     meta = json.loads((job_dir / "meta.json").read_text(encoding="utf-8"))
     if windows == 1:
         return [meta["throughput_items_per_s"]]
@@ -106,16 +109,18 @@ def window_edges(start: float, finishes: list[float], windows: int) -> tuple[lis
 
 
 def harness_pair(effort: Effort, id: str, what: str, goal: Goal | None, a: tuple[str, dict[str, Any]],
-                 b: tuple[str, dict[str, Any] | Callable[[int], float]], items: int, note: str) -> Row:
+                 b: tuple[str, dict[str, Any] | Callable[[int], float]], items: int, note: str,
+                 deadline: Deadline = NO_DEADLINE) -> Row:
     """A harness config against another config (or against an in-process loop taking an item count).
 
-    Full runs interleave whole jobs; --quick runs one job per side and pairs their windows.
+    Full runs interleave whole jobs; --quick runs one job per side and pairs their windows. No job
+    outlasts `deadline` (a loop keeps to it by itself).
     """
     with tempfile.TemporaryDirectory(prefix=f"rnb-{id}-") as tmp:
         def measure(side: dict[str, Any] | Callable[[int], float], n: int, windows: int) -> list[float]:
             if callable(side):
                 return [side(n // windows) for _ in range(windows)]
-            return run_harness(side, n, Path(tmp), windows)
+            return run_harness(side, n, Path(tmp), windows, deadline)
         if not effort.quick:
             return measure_pair(id, what, goal, (a[0], "items/s", lambda: measure(a[1], items, 1)[0]),
                                 (b[0], "items/s", lambda: measure(b[1], items, 1)[0]), effort.reps, warmup=0,
@@ -171,15 +176,16 @@ def chain_pipeline(steps: tuple[tuple[str, dict[str, Any]], ...], gpu: int) -> d
     return {"source": {"synthetic": True}, "pipeline": pipeline}
 
 
-def loop_throughput(steps: tuple[tuple[str, dict[str, Any]], ...], device: str, items: int) -> float:
+def loop_throughput(steps: tuple[tuple[str, dict[str, Any]], ...], device: str, items: int,
+                    deadline: Deadline = NO_DEADLINE) -> float:
     """items/s of the same model calls on the same numbered requests, one after the other in one process.
 
     On a GPU the loop runs in a spawned process of its own, so that no CUDA
-    context stays in this one to be taken for a stranger's by the next job.
+    context stays in this one to be taken for a stranger's by the next job;
+    past min(LOOP_S, the time left before `deadline`) it is killed.
     """
     if device.startswith("cuda"):
-        with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-            return pool.submit(_loop_here, steps, device, items).result()
+        return float(isolated(_loop_here, steps, device, items, deadline=deadline, own_s=LOOP_S))
     return _loop_here(steps, device, items)
 
 
@@ -223,7 +229,7 @@ def _message_producer(out: Any, commands: Any) -> None:
 
     A whole harness job may run between two commands, hence the long wait.
     """
-    while (count := commands.get(timeout=JOB_GAP_S)) is not None:
+    while (count := commands.get(timeout=JOB_S)) is not None:
         for item in range(count):
             out.put(item)
 

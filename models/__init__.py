@@ -1,10 +1,12 @@
 """Runner models: one class per pipeline step kind, loaded by dotted path from a config.
 
-Every model follows one contract so the generic runner can drive it:
-`__init__(self, device, **kwargs)`, a static `output_shape(**kwargs)` giving
-the maximum shape of each output tensor (None when it has no tensor output),
-and `__call__(tensors, non_tensors, time_card) -> (tensors, non_tensors,
-time_card)`, where a None time card means "no output yet".
+Every model follows one contract so the generic runner can drive it
+(rnb.core.model's `StepModelClass` and `StepModel`, which mypy holds every
+class of `shipped.MODEL_CLASSES` to): `__init__(self, device, **kwargs)`, a
+static `output_shape(**kwargs)` giving the maximum shape of each output
+tensor (None when it has no tensor output), and `__call__(tensors,
+non_tensors, time_card) -> (tensors, non_tensors, time_card)`, where a None
+time card means "no output yet".
 
 A step declares only what it produces: if `output_shape` (or `__init__`)
 takes an `input_shapes` keyword, the harness passes the previous step's

@@ -18,8 +18,8 @@ from annotated_types import Ge
 
 from models.clips import NumClips, clip_shape
 from rnb.core.keywords import Count
-from rnb.core.model import NOTHING_YET, NonTensors, Shapes, StepOutput, Tensors
-from rnb.core.timecard import TimeCard
+from rnb.core.model import NOTHING_YET, Cards, NonTensors, Shapes, StepOutput, Tensors
+from rnb.core.timecard import TimeCard, one_card
 
 
 class Batcher:
@@ -48,11 +48,12 @@ class Batcher:
             input_shapes = (clip_shape(num_clips, clip_length, size),)
         return tuple((batch * rows, *rest) for rows, *rest in input_shapes)
 
-    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        card = one_card(time_card, type(self).__name__)
         if not self.pending:
             self.first_arrival = time.monotonic()
         # Inputs live only during the call (the runner reuses their buffers), so held items are copied.
-        self.pending.append((tuple(tensor.clone() for tensor in tensors), non_tensors, time_card))
+        self.pending.append((tuple(tensor.clone() for tensor in tensors), non_tensors, card))
         if len(self.pending) < self.batch:
             return NOTHING_YET
         return self._hand_over()

@@ -66,8 +66,8 @@ from episodes import (
 )
 from models.clips import ClipCount, NumClips, clip_shape
 from rnb.core.keywords import Count, Natural
-from rnb.core.model import NonTensors, StepOutput, Tensors
-from rnb.core.timecard import TimeCard
+from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
+from rnb.core.timecard import TimeCard, one_card
 from rnb.pipeline.config import KeywordError
 from rnb.pipeline.dataset_source import READ_RETRIES, READ_TIMEOUT_S, EpisodeRequest
 
@@ -348,19 +348,20 @@ class EpisodeLoader:
                       tabular: list[str] | None = None, **kwargs: object) -> None:
         check_reads(source, dataset, camera, tabular)
 
-    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
-        plan = self.reader.plan(non_tensors["request"], time_card.item_id)
-        got = self.reader.fetch(plan, time_card)
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        card = one_card(time_card, type(self).__name__)
+        plan = self.reader.plan(non_tensors["request"], card.item_id)
+        got = self.reader.fetch(plan, card)
 
         def decode() -> torch.Tensor:
             read = plan.cache.decode_frames(got, device=self.device)
-            self.watch.saw(read.backend, f"episode {plan.episode} of {plan.ds.root} ({plan.camera})", time_card)
+            self.watch.saw(read.backend, f"episode {plan.episode} of {plan.ds.root} ({plan.camera})", card)
             return read.frames
-        clips = decode_clips(plan.frames, decode, self.size, time_card)
+        clips = decode_clips(plan.frames, decode, self.size, card)
         out = {"request": non_tensors["request"], "episode": plan.episode, "num_clips": len(plan.frames)}
         if self.tabular:
             out["tabular"] = plan.ds.episode_columns(plan.episode, self.tabular)
-        return StepOutput((clips,), out, time_card)
+        return StepOutput((clips,), out, card)
 
 
 class EpisodeFetcher:
@@ -398,16 +399,17 @@ class EpisodeFetcher:
                       **kwargs: object) -> None:
         check_reads(source, dataset, camera, ())
 
-    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
-        plan = self.reader.plan(non_tensors["request"], time_card.item_id)
-        mini = self.reader.fetch(plan, time_card).mini
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        card = one_card(time_card, type(self).__name__)
+        plan = self.reader.plan(non_tensors["request"], card.item_id)
+        mini = self.reader.fetch(plan, card).mini
         if len(mini.data) > self.max_bytes:
-            raise ValueError(f"item {time_card.item_id}: episode {plan.episode}'s mini-MP4 has {len(mini.data)} bytes, "
+            raise ValueError(f"item {card.item_id}: episode {plan.episode}'s mini-MP4 has {len(mini.data)} bytes, "
                              f"more than max_bytes ({self.max_bytes}); raise the step's max_bytes")
         data = torch.frombuffer(bytearray(mini.data), dtype=torch.uint8)
         out = {"request": non_tensors["request"], "episode": plan.episode, "num_clips": len(plan.frames),
                "mini": dataclasses.replace(mini, data=b""), "frames": plan.frames}
-        return StepOutput((data,), out, time_card)
+        return StepOutput((data,), out, card)
 
 
 class EpisodeDecoder:
@@ -435,15 +437,16 @@ class EpisodeDecoder:
                      **kwargs: object) -> tuple[tuple[int, ...], ...]:
         return (clip_shape(num_clips, clip_length, size),)
 
-    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        card = one_card(time_card, type(self).__name__)
         mini = dataclasses.replace(non_tensors["mini"], data=tensors[0].cpu().numpy().tobytes())
         frames = non_tensors["frames"]
 
         def decode() -> torch.Tensor:
             decoder = open_decoder(mini, self.device)
             decoded = decode_mini_mp4(mini, np.unique(frames), decoder=decoder)
-            self.watch.saw(decode_backend(decoder, self.device), f"episode {non_tensors['episode']}", time_card)
+            self.watch.saw(decode_backend(decoder, self.device), f"episode {non_tensors['episode']}", card)
             return decoded
-        clips = decode_clips(frames, decode, self.size, time_card)
+        clips = decode_clips(frames, decode, self.size, card)
         out = {key: value for key, value in non_tensors.items() if key not in ("mini", "frames")}
-        return StepOutput((clips,), out, time_card)
+        return StepOutput((clips,), out, card)

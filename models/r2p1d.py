@@ -31,7 +31,6 @@ from models.clips import ClipCount, NumClips, clip_shape
 from models.episode import EpisodeLoader
 from rnb.core.keywords import Count, Natural
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
-from rnb.core.timecard import TimeCard
 from rnb.pipeline.dataset_source import EpisodeRequest
 
 NUM_STAGES = 5
@@ -205,7 +204,11 @@ class R2P1DRunner:
         if x.shape[0] == 0:  # an empty segment (fewer clips than segments) has nothing to compute
             return StepOutput((x.new_zeros((0, *self.output), dtype=self.dtype),), non_tensors, time_card)
         with torch.inference_mode():
-            return StepOutput((self.net(self._shaped(x)),), non_tensors, time_card)
+            out = self.net(self._shaped(x))
+            # Some CPU kernels (float16 convolutions here) return a contiguous tensor from a channels-last input;
+            # the next step is promised the layout asked for.
+            return StepOutput((out.contiguous(memory_format=self.layout) if out.dim() == 5 else out,),
+                              non_tensors, time_card)
 
     def _shaped(self, x: torch.Tensor) -> torch.Tensor:
         """An input in the network's dtype and layout (itself when it already is)."""
@@ -244,6 +247,6 @@ class R2P1DSingleStep:
     def output_dtypes(dtype: str = "float32", **kwargs: object) -> tuple[torch.dtype, ...]:
         return R2P1DRunner.output_dtypes(dtype)
 
-    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
         clips, passed, _ = self.loader(tensors, non_tensors, time_card)
         return self.net(tuple(clips), passed, time_card)

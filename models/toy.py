@@ -18,10 +18,10 @@ import torch
 from annotated_types import Ge
 from torch import nn
 
-from rnb.core.device import DeviceMark
+from rnb.core.device import DeviceMark, wait_until_done
 from rnb.core.keywords import TEST_HOOK, Count, Natural
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
-from rnb.core.timecard import TimeCard, as_cards
+from rnb.core.timecard import SegmentKey, TimeCard, as_cards, one_card
 
 Ms = Annotated[float, Ge(0)]
 # The fail-on-purpose keywords: checked as any keyword, never offered to users.
@@ -75,11 +75,12 @@ class SyntheticFrames:
             numel *= dim
         return ((torch.arange(numel, dtype=torch.float32) + item_id * 7919) % 251 / 251).reshape(shape)
 
-    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
-        self.faults.at_items(type(self).__name__, time_card)
-        frames = self.frames_for(time_card.item_id, self.shape).to(self.device)
-        time_card.set_field("frames_decoded", self.shape[0] * self.shape[2])
-        return StepOutput((frames,), {"request": non_tensors["request"]}, time_card)
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        card = one_card(time_card, type(self).__name__)
+        self.faults.at_items(type(self).__name__, card)
+        frames = self.frames_for(card.item_id, self.shape).to(self.device)
+        card.set_field("frames_decoded", self.shape[0] * self.shape[2])
+        return StepOutput((frames,), {"request": non_tensors["request"]}, card)
 
 
 class TinyConvNet:
@@ -128,24 +129,25 @@ class SegmentMerger:
                  exit_at_item: AtItem = None) -> None:
         self.faults = FaultInjection(fail_at_init, fail_at_item, exit_at_item)
         self.faults.at_init(type(self).__name__)
-        self.pending: dict[tuple, list[tuple[TimeCard, tuple[torch.Tensor, ...]]]] = {}
+        self.pending: dict[SegmentKey, list[tuple[TimeCard, tuple[torch.Tensor, ...]]]] = {}
 
     @staticmethod
     def output_shape(**kwargs: object) -> None:
         return None
 
-    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
-        self.faults.at_items(type(self).__name__, time_card)
-        if not time_card.segments:
-            return StepOutput(tensors, non_tensors, time_card)
-        parts = self.pending.setdefault(time_card.segment_key, [])
-        parts.append((time_card, tuple(tensor.clone() for tensor in tensors)))  # inputs live only during the call
-        if len(parts) < time_card.segments[-1][1]:
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        card = one_card(time_card, type(self).__name__)
+        self.faults.at_items(type(self).__name__, card)
+        if not card.segments:
+            return StepOutput(tensors, non_tensors, card)
+        parts = self.pending.setdefault(card.segment_key, [])
+        parts.append((card, tuple(tensor.clone() for tensor in tensors)))  # inputs live only during the call
+        if len(parts) < card.segments[-1][1]:
             return StepOutput((), non_tensors, None)
-        del self.pending[time_card.segment_key]
+        del self.pending[card.segment_key]
         parts.sort(key=lambda part: part[0].segments[-1][0])
         merged = tuple(torch.cat(pieces) for pieces in zip(*(part[1] for part in parts)))
-        return StepOutput(merged, non_tensors, TimeCard.merge(card for card, _ in parts))
+        return StepOutput(merged, non_tensors, TimeCard.merge(held for held, _ in parts))
 
 
 class SleepingDevice:
@@ -155,8 +157,8 @@ class SleepingDevice:
     work's time and only then applies its effect (writes the output), so a
     reader that does not wait for the device reads unfinished data, as it
     would on a GPU.  `mark` (rnb.core.device.DeviceQueue) queues a marker
-    behind everything submitted so far; waiting on it blocks until the worker
-    reaches it, as a CUDA event's synchronize does.
+    behind everything submitted so far; waiting on it polls until the worker
+    reaches it, as a runner waits on a CUDA event.
     """
 
     def __init__(self) -> None:
@@ -190,8 +192,11 @@ class SleepMark:
         self.at = time.monotonic()
         self._reached.set()
 
+    def query(self) -> bool:
+        return self._reached.is_set()
+
     def wait(self) -> None:
-        self._reached.wait()
+        wait_until_done(self.query)  # as a CUDA mark waits, so the GPU's waiting path runs in tests
 
     def ms_since(self, earlier: DeviceMark) -> float:
         if not isinstance(earlier, SleepMark):
@@ -247,10 +252,17 @@ class GpuSpin:
     step's stage times are the device's (bench/gpu_check.py): the kernel's
     length is known, its call returns when it is queued, and the runner must
     wait for it before it stamps the finish.  The spin's clock cycles per
-    millisecond are measured once, with CUDA events, when the model loads.
-    It hands its input on (a copy queued behind the kernel); as step 0 it
-    makes SyntheticFrames' frames.
+    millisecond are measured once, with CUDA events, when the model loads,
+    after WARM_UP_S of spinning: an idle GPU's clock is a fraction of its
+    boost (345 against 1980 MHz on an H200), and cycles counted at the idle
+    clock would make every later spin several times too short.  Of a few
+    measurements the fastest counts, since runners that load at once share
+    the GPU while they measure.  It hands its input on (a copy queued behind
+    the kernel); as step 0 it makes SyntheticFrames' frames.
     """
+
+    WARM_UP_S = 0.2
+    CALIBRATIONS = 3
 
     def __init__(self, device: torch.device, ms: float = 10.0, clips: int = 2, frames: int = 4, height: int = 16,
                  width: int = 16) -> None:
@@ -261,13 +273,19 @@ class GpuSpin:
         self.cycles = int(ms * self._cycles_per_ms())
 
     def _cycles_per_ms(self, cycles: int = 10_000_000) -> float:
-        torch.cuda._sleep(cycles)  # the first launch loads the kernel
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        return cycles / start.elapsed_time(end)
+        until = time.perf_counter() + self.WARM_UP_S  # the first launch also loads the kernel
+        while time.perf_counter() < until:
+            torch.cuda._sleep(cycles // 10)
+            torch.cuda.synchronize(self.device)
+        rates = []
+        for _ in range(self.CALIBRATIONS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            rates.append(cycles / start.elapsed_time(end))
+        return max(rates)
 
     @staticmethod
     def output_shape(clips: int = 2, frames: int = 4, height: int = 16, width: int = 16,

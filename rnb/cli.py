@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+import rnb.flags as flags
 from rnb.analysis.summary import job_summary
 from rnb.console import terminal_logging
 from rnb.core import joblog
@@ -50,68 +51,77 @@ DEFAULTS: dict[str, Any] = {"mean_interval_ms": 3, "videos": 2000, "batch_size":
                             "max_duration_s": 0.0}
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One sentence, not a usage dump: the flags are in --help.
-        self.exit(2, f"{self.prog}: {message}\n")
+# The flags that a config's "run" object may also set, each checked against its range in RUN_KEYS.
+RUN_FLAGS: dict[str, tuple[str, ...]] = {
+    "mean_interval_ms": flags.MEAN_INTERVAL, "videos": flags.VIDEOS, "batch_size": flags.BATCH,
+    "queue_size": flags.QUEUE_SIZE, "concurrency": ("--concurrency",), "warmup": ("--warmup",), "seed": ("--seed",),
+    "stall_s": ("--stall-s",), "max_duration_s": ("--max-duration",)}
+
+
+def run_value(key: str) -> Callable[[str], float]:
+    """The argparse type of a run key's flag: its RUN_KEYS range, refused as the config would be."""
+    integral, minimum, maximum = RUN_KEYS[key]
+    return flags.integer(minimum, maximum) if integral else flags.number(minimum)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = _Parser(prog="benchmark.py", description="Benchmark a multi-step, multi-process video inference pipeline.")
-    parser.add_argument("-c", "--config_file_path", help="pipeline config JSON (default: the embedded default config)")
-    parser.add_argument("-mi", "--mean_interval_ms", type=float, help="Poisson mean inter-arrival in ms; 0 = bulk (default 3)")
-    parser.add_argument("-v", "--videos", type=int, help="number of requests to finish (default 2000)")
-    parser.add_argument("-b", "--batch_size", type=int, help="default batch of batching steps (default 1)")
-    parser.add_argument("-qs", "--queue_size", type=int, help="capacity of every queue (default 50000)")
+    parser = flags.CommandParser("benchmark.py", "Benchmark a multi-step, multi-process video inference pipeline.")
+    parser.add_argument(*flags.CONFIG, dest="config_file_path",
+                        help="pipeline config JSON (default: the embedded default config, config/default.json)")
+    parser.add_argument(*flags.MEAN_INTERVAL, dest="mean_interval_ms", metavar="MS", type=run_value("mean_interval_ms"),
+                        help="Poisson mean inter-arrival in ms; 0 = bulk (default 3)")
+    parser.add_argument(*flags.VIDEOS, dest="videos", metavar="N", type=run_value("videos"),
+                        help="number of requests to finish (default 2000)")
+    parser.add_argument(*flags.BATCH, dest="batch_size", metavar="N", type=run_value("batch_size"),
+                        help="batch of the batching steps whose config sets none (default 1)")
+    parser.add_argument(*flags.QUEUE_SIZE, dest="queue_size", metavar="N", type=run_value("queue_size"),
+                        help="capacity of every queue (default 50000)")
+    parser.add_argument(*flags.QUIET, action="store_true",
+                        help="no live progress on stderr (default: a bar on a terminal, else a progress: line every 5 s)")
     parser.add_argument("--check", action="store_true", help="verify imports, environment and config, then exit")
     parser.add_argument("--cpu", action="store_true", help="run every runner on the CPU whatever the config's gpus say")
-    parser.add_argument("--concurrency", type=int, help="closed loop: keep N requests in flight (-mi is then ignored)")
-    parser.add_argument("--warmup", type=int, help="first N items excluded from latency statistics (default 10)")
+    parser.add_argument("--concurrency", type=run_value("concurrency"), metavar="N",
+                        help="closed loop: keep N requests in flight, -mi is then ignored (default: off, open loop)")
+    parser.add_argument("--warmup", type=run_value("warmup"), metavar="N",
+                        help="first N items excluded from latency statistics (default 10)")
     parser.add_argument("--log-dir", dest="log_dir", default="logs", help="where job logs go (default logs/)")
-    parser.add_argument("--seed", type=int, help="seed of the Poisson arrivals and of a random episode order (default 0)")
-    parser.add_argument("--sample-interval-ms", dest="sample_interval_ms", type=float, default=DEFAULT_INTERVAL_MS,
+    parser.add_argument("--seed", type=run_value("seed"), metavar="N",
+                        help="seed of the Poisson arrivals and of a random episode order (default 0)")
+    parser.add_argument("--sample-interval-ms", dest="sample_interval_ms", type=flags.number(0, above=True),
+                        default=DEFAULT_INTERVAL_MS, metavar="MS",
                         help="how often CPU, memory and GPU use are sampled into samples.parquet "
                              f"(default {DEFAULT_INTERVAL_MS:g})")
-    parser.add_argument("--dataset", help="replace the root (or video glob) of the config's dataset or videos source")
+    parser.add_argument("--dataset", help="replace the root (or video glob) of the config's dataset or videos source "
+                                          "(default: the config's)")
     parser.add_argument("--allow-busy-gpus", dest="allow_busy_gpus", action="store_true",
                         help="run on GPUs that other processes use (said in the job log) instead of refusing")
-    parser.add_argument("--max-replicas", dest="max_replicas", type=int,
-                        help="at most N runners per queue group (the first N of its gpus), to try a many-GPU config")
+    parser.add_argument("--max-replicas", dest="max_replicas", type=flags.integer(1), metavar="N",
+                        help="at most N runners per queue group (the first N of its gpus), to try a many-GPU config "
+                             "(default: all)")
     parser.add_argument("--engine", choices=RUN_CHOICES["engine"],
-                        help="local: processes on this host (default); ray: actors on a Ray cluster")
+                        help="local: processes on this host; ray: actors on a Ray cluster (default: the config's, "
+                             "else local)")
     parser.add_argument("--ray-address", dest="ray_address",
                         help="the Ray cluster to run on (default: RAY_ADDRESS if set, else a Ray started for the job)")
-    parser.add_argument("--stall-s", dest="stall_s", type=float, metavar="S",
+    parser.add_argument("--stall-s", dest="stall_s", type=run_value("stall_s"), metavar="S",
                         help="end the job as stalled when items wait and none has left any step for S seconds "
                              f"(default {DEFAULT_STALL_S:g}; 0 never)")
-    parser.add_argument("--max-duration", dest="max_duration_s", type=float, metavar="S",
+    parser.add_argument("--max-duration", dest="max_duration_s", type=run_value("max_duration_s"), metavar="S",
                         help="end the job after S seconds of measured time, keeping what it measured (default 0: no maximum)")
     return parser.parse_args(argv)
 
 
 def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
-    """Command line over config "run" over DEFAULTS; a bad command-line value raises ConfigError."""
-    values = {}
-    flags = {"mean_interval_ms": "-mi/--mean_interval_ms", "videos": "-v/--videos", "batch_size": "-b/--batch_size",
-             "queue_size": "-qs/--queue_size", "concurrency": "--concurrency", "warmup": "--warmup", "seed": "--seed",
-             "stall_s": "--stall-s", "max_duration_s": "--max-duration"}
-    for key, default in DEFAULTS.items():
-        given = getattr(ns, key)
-        _, minimum, maximum = RUN_KEYS[key]
-        if given is not None and (not math.isfinite(given) or given < minimum):
-            raise ConfigError("command line", flags[key], f"expected a number >= {minimum}, found {given:g}")
-        if given is not None and maximum is not None and given > maximum:
-            raise ConfigError("command line", flags[key], f"expected at most {maximum}, found {given}")
-        values[key] = given if given is not None else config.run.get(key, default)
+    """Command line over config "run" over DEFAULTS (parse_args checked each flag's range); a bad mix raises ConfigError."""
+    values = {key: getattr(ns, key) if getattr(ns, key) is not None else config.run.get(key, default)
+              for key, default in DEFAULTS.items()}
     _check_warmup(ns, config, values["warmup"], values["videos"])
-    if not (math.isfinite(ns.sample_interval_ms) and ns.sample_interval_ms > 0):
-        raise ConfigError("command line", "--sample-interval-ms", f"expected a positive number, found {ns.sample_interval_ms:g}")
     engine = ns.engine or str(config.run.get("engine", RUN_CHOICES["engine"][0]))  # _parse_run checked it is a choice
     if ns.ray_address is not None and engine != "ray":
-        raise ConfigError("command line", "--ray-address", f"expected the Ray engine (--engine ray or the config's "
-                                                          f"\"run\": {{\"engine\": \"ray\"}}), found the {engine} engine")
+        raise ConfigError(flags.WHERE, "--ray-address", f"expected the Ray engine (--engine ray or the config's "
+                                                        f"\"run\": {{\"engine\": \"ray\"}}), found the {engine} engine")
     return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms, engine=engine,
-                   ray_address=ns.ray_address)
+                   ray_address=ns.ray_address, quiet=ns.quiet)
 
 
 def _check_warmup(ns: argparse.Namespace, config: PipelineConfig, warmup: int, videos: int) -> None:
@@ -124,7 +134,7 @@ def _check_warmup(ns: argparse.Namespace, config: PipelineConfig, warmup: int, v
     if warmup < videos:
         return
     if ns.warmup is not None:
-        raise ConfigError("command line", "--warmup", f"expected fewer warm-up items than the {videos} requests to "
+        raise ConfigError(flags.WHERE, "--warmup", f"expected fewer warm-up items than the {videos} requests to "
                                                       f"finish (-v), found {warmup}, which would leave none to measure")
     if ns.videos is None and "warmup" in config.run and "videos" in config.run:
         raise ConfigError(config.path, "run.warmup", f"expected fewer warm-up items than the {videos} requests to "
@@ -164,8 +174,6 @@ def _run(ns: argparse.Namespace) -> int:
         if ns.dataset is not None:
             config = with_dataset(config, ns.dataset)
         if ns.max_replicas is not None:
-            if ns.max_replicas < 1:
-                raise ConfigError("command line", "--max-replicas", f"expected an integer >= 1, found {ns.max_replicas}")
             config = limit_replicas(config, ns.max_replicas)
         args = resolve_args(ns, config)
         config = dataclasses.replace(config, notes=(*config.notes, *filter(None, [request_queue_note(args)])))

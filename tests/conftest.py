@@ -21,10 +21,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from episodes.testing.server import NGINX
+from episodes.testing.server import nginx_binary
 from episodes.testing.synthetic import make_dataset
 from rnb.engines.ray.cluster import use_loopback_if_local
 from rnb.pipeline.gpus import child_environment
+from tests.tune_support import find_browser
 
 REPO = Path(__file__).resolve().parents[1]
 # Scripts the tests start (scripts/*.py, bench/run.py) import the project through the venv's
@@ -37,16 +38,39 @@ os.environ["RNB_CACHE_DIR"] = tempfile.mkdtemp(prefix="rnb-test-cache-")
 use_loopback_if_local(None)
 
 
+class Installed(NamedTuple):
+    """A program a marker's tests need, which scripts/setup.sh installs when `variable` is 1."""
+
+    what: str
+    variable: str
+    found: Callable[[], object]
+
+
+# scripts/test.sh exports the variables for setup.sh, and pytest inherits them: a test whose program setup was
+# told to install, and which is missing all the same, fails; without them (pytest run by hand) it is skipped.
+INSTALLED = {
+    "nginx": Installed("nginx (on PATH or Debian's /usr/sbin/nginx)", "RNB_WITH_NGINX", nginx_binary),
+    "browser": Installed("chromium and chromedriver on PATH", "RNB_WITH_BROWSER", find_browser),
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skips = {}
-    if not torch.cuda.is_available():
-        skips["gpu"] = pytest.mark.skip(reason="needs CUDA; this machine has no GPU")
-    if not os.access(NGINX, os.X_OK):
-        skips["nginx"] = pytest.mark.skip(reason=f"needs Debian's nginx at {NGINX}; scripts/test.sh installs it")
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA; this machine has no GPU")
     for item in items:
-        for marker, skip in skips.items():
-            if marker in item.keywords:
-                item.add_marker(skip)
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker, program in INSTALLED.items():
+        if marker not in item.keywords or program.found():
+            continue
+        if os.environ.get(program.variable) == "1":
+            pytest.fail(f"needs {program.what}, which scripts/setup.sh was to install ({program.variable}=1), "
+                        "and found none", pytrace=False)
+        pytest.skip(f"needs {program.what}; scripts/test.sh installs it")
 
 
 class JobLog(NamedTuple):

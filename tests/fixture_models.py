@@ -1,4 +1,4 @@
-"""Small stand-in models, selectors and sources for the config tests.
+"""Small stand-in models, selectors and sources for the config tests, and models that misbehave one exact way.
 
 They keep the broken-config corpus independent of the real models, whose
 keywords may change; each class has just the surface that validation checks.
@@ -6,10 +6,15 @@ keywords may change; each class has just the surface that validation checks.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from models.toy import SyntheticFrames
+from rnb.core.model import NonTensors, StepOutput, Tensors
+from rnb.core.timecard import TimeCard
 
 NOT_A_CLASS = 3
 
@@ -86,7 +91,8 @@ class TwoPaths:
 
 
 class Digest:
-    """Final step: records a digest of its input tensors' bytes, so two runs can be compared item by item.
+    """Final step: records a digest of its input tensors' bytes, so two runs can be compared item by item, and the
+    CUDA_DEVICE_ORDER its process runs with (the Ray engine's actors must number GPUs as NVML does).
 
     It runs on any device and reads its inputs on the CPU, so it keeps nothing of the device.
     """
@@ -101,4 +107,33 @@ class Digest:
         for tensor in tensors:
             digest.update(tensor.detach().to("cpu").contiguous().numpy().tobytes())
         time_card.set_field("digest", digest.hexdigest()[:16])
+        time_card.set_field("cuda_device_order", os.environ.get("CUDA_DEVICE_ORDER", "unset"))
         return (), non_tensors, time_card
+
+
+class TwoPartError(Exception):
+    """An error that pickles (as its class and its one message) but cannot be rebuilt: __init__ wants two arguments."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what}: {why}")
+
+
+class HandsOnItsError(SyntheticFrames):
+    """Step 0 that, on item `error_at_item`, passes the error it raised on to the next step in its non_tensors.
+
+    The next step's runner cannot unpickle that message, as a model's
+    exception class with a two-argument constructor would leave it.
+    """
+
+    def __init__(self, device: torch.device, error_at_item: int = 3, **kwargs: Any) -> None:
+        super().__init__(device, **kwargs)
+        self.error_at_item = error_at_item
+
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: TimeCard) -> StepOutput:
+        output = super().__call__(tensors, non_tensors, time_card)
+        if time_card.item_id != self.error_at_item:
+            return output
+        try:
+            raise TwoPartError("decoding", f"item {time_card.item_id} is cut short")
+        except TwoPartError as error:
+            return StepOutput(output.tensors, {**output.non_tensors, "error": error}, output.time_card)

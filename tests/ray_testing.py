@@ -2,12 +2,16 @@
 
 Starting Ray costs tens of seconds on a small machine, so one cluster serves
 every Ray test; each job creates its own actors and must remove them.  The
+cluster's processes start with CUDA_DEVICE_ORDER=FASTEST_FIRST, so what an
+actor or task sees is what the driver gave it (PCI_BUS_ID), never what this
+test process happened to hold.  The
 head runs the dashboard, whose state API lists what a job left behind.  No
 test runs on a cluster that listens beyond the loopback address: the
 fixture checks every listening socket of the cluster's processes first.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -27,6 +31,7 @@ from rnb.engines.ray.cluster import LOOPBACK, NAMESPACE, OWN_SYSTEM_CONFIG
 LABELS = ("loaders", "nets")
 OBJECT_STORE_BYTES = 150 * 2**20  # per node: the tests' tensors are small, and the nodes share this machine
 NETS_GPUS = 1  # a GPU Ray is told the "nets" node has: there is none, which the GPU checks must find
+CLUSTER_DEVICE_ORDER = "FASTEST_FIRST"  # what a worker of the cluster sees unless the driver sets its own
 
 
 @dataclass
@@ -44,9 +49,10 @@ class TestCluster:
                              raise_on_missing_output=False)
         return sorted(a.name for a in actors if a.name.startswith(f"{job}/") and a.state != "DEAD")
 
-    def add_node(self, label: str) -> Any:
-        node = self.cluster.add_node(node_ip_address=LOOPBACK, num_cpus=1, num_gpus=0, labels={"node": label},
-                                     object_store_memory=OBJECT_STORE_BYTES)
+    def add_node(self, label: str, gpus: int = 0) -> Any:
+        with device_order(CLUSTER_DEVICE_ORDER):
+            node = self.cluster.add_node(node_ip_address=LOOPBACK, num_cpus=1, num_gpus=gpus, labels={"node": label},
+                                         object_store_memory=OBJECT_STORE_BYTES)
         self.nodes[label] = node
         return node
 
@@ -70,16 +76,36 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def device_order_seen(file: str, json_path: str, allow_busy: bool) -> str:
+    """A stand-in for the Ray driver's GPU check task (rnb.engines.ray.driver._check_gpu_here): what it would
+    have checked under, returned where the check returns what is wrong."""
+    return f"CUDA_DEVICE_ORDER={os.environ.get('CUDA_DEVICE_ORDER', 'unset')}"
+
+
+@contextlib.contextmanager
+def device_order(order: str) -> Iterator[None]:
+    """CUDA_DEVICE_ORDER set to `order` in this process for the block (what processes started in it inherit)."""
+    before = os.environ.get("CUDA_DEVICE_ORDER")
+    os.environ["CUDA_DEVICE_ORDER"] = order
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_DEVICE_ORDER"]
+        else:
+            os.environ["CUDA_DEVICE_ORDER"] = before
+
+
 def start_test_cluster() -> Iterator[TestCluster]:
     """Yield the running cluster, the pytest process connected to it as a driver; shut it down after."""
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "node_ip_address": LOOPBACK, "num_cpus": 1, "num_gpus": 0, "object_store_memory": OBJECT_STORE_BYTES,
-        "include_dashboard": True, "dashboard_port": free_port(), "_system_config": OWN_SYSTEM_CONFIG})
+    with device_order(CLUSTER_DEVICE_ORDER):
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "node_ip_address": LOOPBACK, "num_cpus": 1, "num_gpus": 0, "object_store_memory": OBJECT_STORE_BYTES,
+            "include_dashboard": True, "dashboard_port": free_port(), "_system_config": OWN_SYSTEM_CONFIG})
     try:
         test = TestCluster(cluster)
         test.add_node("loaders")
-        test.nodes["nets"] = cluster.add_node(node_ip_address=LOOPBACK, num_cpus=1, num_gpus=NETS_GPUS,
-                                              labels={"node": "nets"}, object_store_memory=OBJECT_STORE_BYTES)
+        test.add_node("nets", gpus=NETS_GPUS)
         ray.init(address=cluster.address, namespace="rnb-tests", logging_level="WARNING")
         wide = listeners_beyond_loopback()
         if wide:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -24,25 +25,23 @@ from rnb.analysis.jobs import (
     stat_column,
     summarize_job,
 )
+from rnb.analysis.summary import job_summary
 from rnb.core.joblog import SPOOL_DIR
+from tests.shared_jobs import BULK_TOY_VIDEOS, bulk_toy_job
 
 REPO = Path(__file__).resolve().parents[1]
 ANALYZE = REPO / "scripts" / "analyze.py"
-VIDEOS = 400   # 390 after warm-up: enough to bound the p99 (368), so the job can be VALID
+VIDEOS = BULK_TOY_VIDEOS   # 390 after warm-up: enough to bound the p99 (368), so the job can be VALID
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 LENIENT = ValidityRules(min_duration_s=0.0, min_items=1)
 
 
 @pytest.fixture(scope="module")
 def real_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    log_dir = tmp_path_factory.mktemp("logs")
-    done = subprocess.run(
-        [sys.executable, "benchmark.py", "-c", "config/toy.json", "-mi", "0", "-v", str(VIDEOS),
-         "--log-dir", str(log_dir)],
-        cwd=REPO, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr
-    (job,) = log_dir.iterdir()
+    """The toy config's bulk job that other modules read too; tests that edit it take `log_copy`."""
+    shared = bulk_toy_job(tmp_path_factory.getbasetemp())
+    assert shared.done.returncode == 0, shared.done.stderr
+    (job,) = shared.log_dir.iterdir()
     return job
 
 
@@ -180,6 +179,30 @@ def test_analyze_prints_the_table_and_writes_every_export(real_job: Path, tmp_pa
     (document,) = json.loads(out["json"].read_text())
     assert document[stat_column("e2e", "p99")] == expected.column(stat_column("e2e", "p99"))[0].as_py()
     assert document["items_per_device"] == {"0": {"cpu": VIDEOS}, "1": {"cpu": VIDEOS}}
+
+
+def test_the_table_names_the_config_and_the_batches_also_of_a_log_in_the_old_layout(real_job: Path, log_copy: Path) -> None:
+    assert re.fullmatch(r"\d{6}_\d{6}-toy-mi0-v400", real_job.name)
+    # A log written before the id named the config and before the route columns: -b's value in the id, no batch_size{k}.
+    old = clone_job(log_copy, real_job.name, "261130_091500-mi0-b1-v400-qs50000")
+    timings = pq.read_table(old / "timings.parquet")
+    pq.write_table(timings.drop_columns(["batch_size0", "batch_size1"]), old / "timings.parquet")
+    done = run_analyze(str(log_copy), "--min-items", "1", "--min-duration", "0")
+    assert done.returncode == 0, done.stderr
+    header, rule, *rows = done.stdout.split("\n\n")[0].splitlines()
+    assert header.split()[:5] == ["job", "config", "batch", "reason", "validity"]
+    cells = {row.split()[0]: row.split()[1:5] for row in rows}
+    assert cells == {real_job.name: ["toy", "1/1", "target", "reached"],
+                     old.name: ["toy", "-/-", "target", "reached"]}
+
+
+def test_the_summary_throughput_is_the_measured_window_analyze_reports(real_job: Path) -> None:
+    row = load_jobs(real_job.parent, rules=LENIENT).jobs.to_pylist()[0]
+    (line,) = [line for line in job_summary(real_job).splitlines() if line.startswith("throughput: ")]
+    meta = json.loads((real_job / "meta.json").read_text())
+    assert line == (f"throughput: {row['measured_throughput_items_per_s']:.2f} items/s ({VIDEOS - 10} measured items "
+                    f"after 10 warm-up, in {row['measured_duration_s']:.3f} s); all {VIDEOS} items: "
+                    f"{meta['throughput_items_per_s']:.2f} items/s in {meta['elapsed_s']:.3f} s")
 
 
 def test_plot_is_a_png_with_a_load_panel_only_when_a_config_ran_at_several_loads(

@@ -57,6 +57,7 @@ def test_async_sleep_returns_at_once_and_its_output_holds_values_only_once_done(
     assert done.ms_since(began) >= 50.0 + 2 * 25.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [["-mi", "0"], ["-mi", "5"]], ids=["bulk", "poisson"])
 def test_every_step_of_asynchronous_work_is_timed_where_the_work_completed(tmp_path: Path, job_log, mode: list[str]):
     config = tmp_path / "async.json"
@@ -76,6 +77,7 @@ def test_every_step_of_asynchronous_work_is_timed_where_the_work_completed(tmp_p
     assert list(total) == pytest.approx(list(parts[END_TO_END.key]), abs=1e-9)
 
 
+@pytest.mark.slow
 def test_the_next_step_reads_the_finished_output_not_the_unfinished_one(tmp_path: Path, job_log):
     config = tmp_path / "digest.json"
     config.write_text(json.dumps(_chain({"model": "tests.fixture_models.Digest"})))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,12 @@ def test_floor_items_are_the_items_the_loader_makes(tiny: dict[int, Path]) -> No
 def test_p10d_compares_the_loader_with_its_floor(tiny: dict[int, Path], tmp_path: Path) -> None:
     (row,) = floor_bench.floor_rows("P10d", EFFORT, lambda: tiny, lambda: tiny, tmp_path)
     assert (row.id, str(row.goal), row.reps) == ("P10d", ">= 0.85", EFFORT.reps)
-    assert row.a.unit == row.b.unit == "items/s" and row.ratio > 0
+    assert (row.a.label, row.a.unit, row.b.label, row.b.unit) == ("loader", "items/s", "in memory", "items/s")
+    # The loader over its floor, repetition by repetition: the median, least and most of a[i] / b[i].
+    ratios = [a / b for a, b in zip(row.a.values, row.b.values, strict=True)]
+    assert len(ratios) == EFFORT.reps and all(value > 0 for value in (*row.a.values, *row.b.values))
+    assert (row.ratio, row.low, row.high) == (statistics.median(ratios), min(ratios), max(ratios))
+    assert (row.a.median, row.b.median) == (statistics.median(row.a.values), statistics.median(row.b.values))
     assert "64x64" in row.note and "waiting for its fetch" in row.note
     assert torch.get_num_threads() == THREADS  # the row's one thread is given back
     with pytest.raises(ValueError, match="has no benchmark 'P10'"):

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import time
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,15 +18,32 @@ from bench.run import BENCHMARKS
 ENTRY_KEYS = {"id", "what", "ratio", "goal", "met", "min", "max", "reps", "a", "b", "note"}
 
 
-def test_quick_p5_writes_both_rows_with_every_key(tmp_path) -> None:
-    path = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, "bench/run.py", "--quick", "--only", "P5", "--json", str(path)],
-                          capture_output=True, text=True, timeout=120)
+class QuickRun(NamedTuple):
+    """What one `bench/run.py --quick --only P5,P1h` run printed and wrote."""
+
+    done: subprocess.CompletedProcess[str]
+    document: dict[str, Any]
+
+    def entries(self, *ids: str) -> list[dict[str, Any]]:
+        return [entry for entry in self.document["entries"] if entry["id"] in ids]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> QuickRun:
+    """Both cheap figures from one process: each test reads its own rows (a second start would cost a torch import
+    and a job's start-up again)."""
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    done = subprocess.run([sys.executable, "bench/run.py", "--quick", "--only", "P5,P1h", "--json", str(path)],
+                          capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr
-    document = json.loads(path.read_text())
-    assert document["quick"] is True
-    entries = document["entries"]
-    assert [entry["id"] for entry in entries] == ["P5", "P5t"]
+    return QuickRun(done, json.loads(path.read_text()))
+
+
+@pytest.mark.slow
+def test_quick_p5_writes_both_rows_with_every_key(quick_run: QuickRun) -> None:
+    assert quick_run.document["quick"] is True
+    assert [entry["id"] for entry in quick_run.document["entries"]] == ["P5", "P5t", "P1h", "P1hc"]
+    entries = quick_run.entries("P5", "P5t")
     for entry in entries:
         assert set(entry) == ENTRY_KEYS
         assert entry["reps"] == 5 and len(entry["a"]["values"]) == 5 and len(entry["b"]["values"]) == 5
@@ -33,9 +51,9 @@ def test_quick_p5_writes_both_rows_with_every_key(tmp_path) -> None:
         assert entry["met"] == (entry["ratio"] >= float(entry["goal"].split()[1]))
         assert entry["a"]["unit"] == entry["b"]["unit"] == "items/s"
     assert [entry["goal"] for entry in entries] == [">= 5", ">= 1"]
-    table = done.stdout.splitlines()
+    table = quick_run.done.stdout.splitlines()
     assert table[0].split()[:3] == ["id", "what", "A"]
-    assert [line.split()[0] for line in table[2:4]] == ["P5", "P5t"]
+    assert [line.split()[0] for line in table[2:6]] == ["P5", "P5t", "P1h", "P1hc"]
 
 
 def test_an_unknown_benchmark_name_is_exit_2_with_one_sentence() -> None:
@@ -85,12 +103,9 @@ def test_window_rates_refuses_more_windows_than_items() -> None:
         window_rates(0.0, [1.0, 2.0], 5)
 
 
-def test_quick_p1h_reports_the_hop_against_a_bare_queue_message_in_wall_and_cpu_time(tmp_path) -> None:
-    path = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, "bench/run.py", "--quick", "--only", "P1h", "--json", str(path)],
-                          capture_output=True, text=True, timeout=280)
-    assert done.returncode == 0, done.stderr
-    wall, cpu = json.loads(path.read_text())["entries"]
+@pytest.mark.slow
+def test_quick_p1h_reports_the_hop_against_a_bare_queue_message_in_wall_and_cpu_time(quick_run: QuickRun) -> None:
+    wall, cpu = quick_run.entries("P1h", "P1hc")
     for entry, goal, units in ((wall, ("<= 2.5", 2.5), ("us/item/hop", "us/message")),
                                (cpu, ("<= 3", 3.0), ("CPU us/item/hop", "CPU us/message"))):
         assert entry["goal"] == goal[0] and entry["reps"] == 5

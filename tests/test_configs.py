@@ -59,6 +59,7 @@ def test_a_tuning_config_given_to_the_benchmark_says_that_its_lists_are_for_rnb_
         "for rnb-tune (docs/tuner.md), which tries each and picks one\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EPISODE_CONFIGS, ids=[path.name for path in EPISODE_CONFIGS])
 def test_every_config_runs_on_the_cpu_with_the_target_count(path, dataset, tmp_path, job_log):
     # rnb batches by -b: 10 items in batches of 3 end with a partial batch that only an idle flush hands over
@@ -95,6 +96,7 @@ def test_dataset_flag_and_missing_dataset_are_one_sentence_config_errors(tmp_pat
     assert not (tmp_path / "none").exists()
 
 
+@pytest.mark.slow
 def test_no_arguments_runs_the_default_config_generating_its_missing_dataset(tmp_path, monkeypatch, capsys, job_log):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["--log-dir", "logs"]) == 0

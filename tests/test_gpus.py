@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
-from types import TracebackType
+from types import SimpleNamespace, TracebackType
 
 import pytest
 import torch
@@ -19,6 +19,7 @@ from rnb.pipeline.gpus import (
     Family,
     GpuMismatchError,
     GpuRequestError,
+    Nvml,
     apply_cpu_override,
     busy_notes,
     check_cuda_numbering,
@@ -227,6 +228,39 @@ def test_nvml_query_failure_is_one_sentence(fake: FakeNvml, monkeypatch: pytest.
         "found an error: GPU is lost"
     )
     assert fake.exited == 1
+
+
+class _Py3nvmlRefusingProcesses:
+    """py3nvml as a sandboxed runtime may answer: a device it describes, and its compute processes refused."""
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(total=80 * GIB, used=GIB // 100)
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return "Sandboxed GPU"
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return "GPU-000-uuid"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        raise RuntimeError("Not Supported")
+
+
+def test_a_failed_process_query_is_unknown_and_a_note_not_a_refusal(fake: FakeNvml) -> None:
+    nvml = Nvml()
+    nvml._nv = _Py3nvmlRefusingProcesses()  # the library as it answered, without loading it
+    state = nvml.device(0)
+    assert (state.compute_pids, state.process_query_error) == (None, "RuntimeError: Not Supported")
+    fake.devices[0] = state
+    [gpu] = validate_gpus(_config([[0]]), cpu_only=False)
+    assert (gpu.compute_pids, gpu.process_query_error) == ((), "RuntimeError: Not Supported")
+    assert GpuRecord.from_json(gpu.to_json(), "meta.json") == gpu
+    assert busy_notes([gpu]) == [
+        "GPU 0 (physical 0, Sandboxed GPU): NVML could not list its compute processes (RuntimeError: Not Supported), "
+        "so whether another process computed on it is unknown"]
 
 
 def test_nvml_init_failure_suggests_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

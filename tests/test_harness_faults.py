@@ -16,6 +16,7 @@ import pytest
 
 from rnb import cli
 from rnb.analysis import analyze_cli
+from tests.shared_jobs import bulk_toy_job
 
 # A hang guard only: stopping itself is measured against the moment the job ended.
 STOP_BOUND_S = 10.0
@@ -63,6 +64,7 @@ def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path,
         assert 5 not in [row["item_id"] for row in rows]
 
 
+@pytest.mark.slow
 def test_a_full_request_queue_aborts_the_job_with_exit_1(tmp_path, capsys, job_log):
     # requests every 10 us on average: far more than the toy pipeline finishes, so 4 places fill at once
     code = cli.main(["-c", "config/toy.json", "-v", "2000", "-mi", "0.01", "-qs", "4", "--log-dir", str(tmp_path)])
@@ -76,29 +78,30 @@ def test_a_full_request_queue_aborts_the_job_with_exit_1(tmp_path, capsys, job_l
     assert log.children_left == []
 
 
-def test_bulk_mode_makes_the_request_queue_hold_every_request(tmp_path, capsys, job_log):
+def test_bulk_mode_makes_the_request_queue_hold_every_request(tmp_path_factory, job_log):
     """-mi 0 sends all -v requests at once: RnB sized the request queue for them, whatever -qs said.
 
     -qs 12 still holds the signals of the toy's 10 output slots between its steps.
     """
-    code = cli.main(["-c", "config/toy.json", "-v", "40", "-mi", "0", "-qs", "12", "--log-dir", str(tmp_path)])
-    log = job_log(tmp_path)
-    assert code == 0 and log.meta["termination_reason"] == "target reached" and len(log.rows) == 40
-    assert (log.meta["args"]["queue_size"], log.meta["args"]["request_queue_size"]) == (12, 40)
-    note = ("bulk mode (-mi 0): the request queue holds all 40 requests, more than -qs 12 (which still bounds "
+    shared = bulk_toy_job(tmp_path_factory.getbasetemp())   # -v 400 -mi 0 -qs 12
+    log = job_log(shared.log_dir)
+    assert shared.done.returncode == 0 and log.meta["termination_reason"] == "target reached" and len(log.rows) == 400
+    assert (log.meta["args"]["queue_size"], log.meta["args"]["request_queue_size"]) == (12, 400)
+    note = ("bulk mode (-mi 0): the request queue holds all 400 requests, more than -qs 12 (which still bounds "
             "the inter-step queues), as RnB sized it")
-    assert note in log.meta["notes"] and f"benchmark.py: {note}\n" in capsys.readouterr().err
+    assert note in log.meta["notes"] and f"benchmark.py: {note}\n" in shared.done.stderr
     assert log.meta["job_id"].endswith("-qs12")
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_and_keeps_the_finished_items(tmp_path, job_log):
     command = [sys.executable, "benchmark.py", "-c", "config/toy.json", "-mi", "20", "-v", "100000",
-               "--warmup", "0", "--log-dir", str(tmp_path)]
+               "--warmup", "0", "--log-dir", str(tmp_path), "-q"]   # -q: stderr's first line is the start, not start-up's
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         started = job.stderr.readline()  # the main process announces the start gate opening
         assert started.startswith("benchmark.py: started "), started
-        time.sleep(3)  # some items finish
+        time.sleep(1)  # some items finish (one every 20 ms)
         job.send_signal(signal.SIGINT)
         interrupted = time.time()
         out, err = job.communicate(timeout=60)

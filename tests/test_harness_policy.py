@@ -135,4 +135,5 @@ def test_cuda_device_order_is_pci_bus_id_unless_the_user_chose(tmp_path, monkeyp
 
 def test_command_line_values_are_checked_against_the_config_table(tmp_path, capsys):
     assert cli.main(["-c", _toy_config(tmp_path), "-qs", str(2**31), "--check"]) == 2
-    assert capsys.readouterr().err == f"command line: -qs/--queue_size: expected at most {2**31 - 1}, found {2**31}\n"
+    assert capsys.readouterr().err == (
+        f"command line: -qs/--queue_size: expected an integer from 1 to {2**31 - 1}, found {2**31}\n")

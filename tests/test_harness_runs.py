@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from rnb import cli
+from rnb.analysis.jobs import load_jobs
+from rnb.analysis.report import format_summary
 from rnb.core.stages import part_latencies
 
 SEGMENT_CHAIN = ["runner{k}_start", "inference{k}_start", "inference{k}_finish", "slot{k}_acquired", "runner{k}_finish"]
@@ -30,9 +33,12 @@ def write_config(tmp_path: Path, document: dict) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("mode", [["-mi", "0"], ["-mi", "1"], ["--concurrency", "3"]], ids=["bulk", "poisson", "closed"])
-def test_toy_pipeline_finishes_exactly_the_target(tmp_path, mode, run):
+@pytest.mark.parametrize("mode", [["-mi", "0"], ["-mi", "1"], ["--concurrency", "3", "-q"]],
+                         ids=["bulk", "poisson", "closed-quiet"])
+def test_toy_pipeline_finishes_exactly_the_target(tmp_path, mode, run, capsys):
+    capsys.readouterr()
     code, log = run(tmp_path, "-c", "config/toy.json", "-v", "30", "--warmup", "5", *mode)
+    live = [line for line in capsys.readouterr().err.splitlines() if line.startswith(("progress:", "start-up:"))]
     meta, rows = log.meta, log.rows
     assert code == 0
     assert meta["termination_reason"] == "target reached" and meta["error"] is None
@@ -52,9 +58,16 @@ def test_toy_pipeline_finishes_exactly_the_target(tmp_path, mode, run):
     share = max(1, len(os.sched_getaffinity(0)) // 2)  # two CPU runners divide the cores
     runners = meta["processes"][1:]
     assert [(p["threads"], p["intra_op_threads"], p["interop_threads"]) for p in runners] == [(share, share, share)] * 2
-    # A closed-loop id names the concurrency where an open-loop one names -mi, which closed loop ignores.
-    load = "-c3-" if "--concurrency" in mode else f"-mi{mode[1]}-"
-    assert load in meta["job_id"] and "-mi" not in meta["job_id"].replace(load, "") and meta["job_id"].endswith("-qs50000")
+    # The id names the config and the load: a closed-loop one its concurrency, an open-loop one -mi.
+    load = "c3" if "--concurrency" in mode else f"mi{mode[1]}"
+    assert re.fullmatch(rf"\d{{6}}_\d{{6}}-toy-{load}-v30", meta["job_id"]), meta["job_id"]
+    # stderr is no terminal here: a progress line once start-up completes and a last one at the end; -q: none.
+    progress = [line for line in live if line.startswith("progress:")]
+    if "-q" in mode:
+        assert live == []
+    else:
+        assert re.fullmatch(r"progress: \d+ of 30 items, \d+\.\d items/s, \d+\.\d s", progress[0]), progress
+        assert re.fullmatch(r"progress: 30 of 30 items, \d+\.\d items/s, \d+\.\d s", progress[-1]), progress
     assert meta["gpus"] == [] and meta["num_steps"] == 2
     assert log.children_left == []
 
@@ -71,6 +84,7 @@ SEGMENTED = {
 }
 
 
+@pytest.mark.slow
 def test_gpu_config_without_gpu_exits_2_and_cpu_flag_runs_replicas_and_merges_segments(tmp_path, capsys, run):
     config = write_config(tmp_path, SEGMENTED)
     assert cli.main(["-c", config, "-v", "24", "-mi", "0", "--log-dir", str(tmp_path / "refused")]) == 2
@@ -123,6 +137,7 @@ ROUTED = {
 }
 
 
+@pytest.mark.slow
 def test_every_item_logs_the_replica_output_queue_and_batch_of_each_step(tmp_path, run):
     code, log = run(tmp_path / "logs", "-c", write_config(tmp_path, ROUTED), "-v", "8", "-mi", "0")
     rows = log.rows
@@ -138,11 +153,17 @@ def test_every_item_logs_the_replica_output_queue_and_batch_of_each_step(tmp_pat
     for row in rows:
         batches.setdefault((row["group1"], row["batch1"]), set()).add(row["batch2"])
     assert sorted(batches) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # analyze.py's table names the config and the batches the steps ran with (the Batcher's 2), not -b's 1.
+    job = load_jobs(tmp_path / "logs").jobs.to_pylist()[0]
+    assert (job["config"], job["batch_sizes"], job["batch_size"]) == ("config", "1/2/2", 1)
+    header = format_summary(load_jobs(tmp_path / "logs").jobs).splitlines()[0].split()
+    assert header[:4] == ["job", "config", "batch", "reason"]
     assert all(len(seen) == 1 for seen in batches.values())  # a batch stays one batch at the next step
     assert sorted(seen.pop() for seen in batches.values()) == [0, 1, 2, 3]
     assert log.children_left == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_bulk_client_done_before_step_0_has_read_its_requests_still_delivers_every_one(tmp_path, run):
     # 1,500 requests are more than the request pipe holds; step 0, 2 ms per item, reads them over seconds,

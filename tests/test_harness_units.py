@@ -21,7 +21,7 @@ from rnb.core.timecard import TimeCard, as_cards
 from rnb.engines import transport as transport_module
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.plumbing import Plumbing, SharedSlot, SlotFlag, TerminationFlag
-from rnb.engines.local.ring import RingQueue
+from rnb.engines.local.ring import RING_BYTES, RingQueue
 from rnb.engines.local.transport import LocalTransport, LocalWiring
 from rnb.engines.runner import Runner
 from rnb.pipeline.config import ConfigError, parse_config
@@ -163,7 +163,7 @@ def _put_after(ring: RingQueue, delay_s: float, message: object) -> None:
 
 
 def test_ring_queue_wakes_a_consumer_in_another_process_and_keeps_order_and_capacity():
-    ring = RingQueue(3, TerminationFlag(CTX), ctx=CTX)
+    ring = RingQueue(3, TerminationFlag(CTX), ctx=CTX, name="test queue")
     started = time.monotonic()
     with pytest.raises(queue.Empty):
         ring.get(timeout=0.2)
@@ -185,22 +185,34 @@ def test_ring_queue_wakes_a_consumer_in_another_process_and_keeps_order_and_capa
 
 
 def test_ring_queue_wraps_messages_around_its_end_and_refuses_one_larger_than_itself():
-    ring = RingQueue(100, TerminationFlag(CTX), ctx=CTX, capacity=256)
+    ring = RingQueue(100, TerminationFlag(CTX), ctx=CTX, name="inter-step queue 0 (step 0 to step 1)", capacity=256,
+                     advice="; pass less in non_tensors")
     for turn in range(20):  # about 150 bytes a turn: the ring goes round a dozen times, splitting messages at its end
         messages = [(turn, i, b"x" * (turn + i)) for i in range(3)]
         for message in messages:
             ring.put_nowait(message)
         assert [ring.get(timeout=1) for _ in messages] == messages
-    with pytest.raises(ValueError, match=r"^a message of 2\d\d bytes does not fit the inter-step queue's ring of 256 "
-                                         r"bytes; pass less in non_tensors$"):
+    with pytest.raises(ValueError, match=r"^a message of 2\d\d bytes does not fit the 256-byte ring of the inter-step queue 0 "
+                                         r"\(step 0 to step 1\); pass less in non_tensors$"):
         ring.put_nowait(b"y" * 240)
     with pytest.raises(ValueError, match=r"^a ring's capacity must be a multiple of 8 bytes, not 100$"):
-        RingQueue(1, TerminationFlag(CTX), ctx=CTX, capacity=100)
+        RingQueue(1, TerminationFlag(CTX), ctx=CTX, name="test queue", capacity=100)
+
+
+def test_each_ring_of_a_job_names_itself_when_it_refuses_a_message_too_large():
+    plumbing = Plumbing.build(CTX, [{0, 1}], 10, None)
+    huge = b"x" * RING_BYTES
+    size = len(pickle.dumps(huge, pickle.HIGHEST_PROTOCOL))
+    for ring, name in [(plumbing.requests, "request queue"), (plumbing.results, "results queue"),
+                       (plumbing.step_queues[0][1], "inter-step queue 1 (step 0 to step 1); pass less in non_tensors")]:
+        with pytest.raises(ValueError) as refused:
+            ring.put_nowait(huge)
+        assert str(refused.value) == f"a message of {size} bytes does not fit the {RING_BYTES}-byte ring of the {name}"
 
 
 def test_a_full_ring_drops_what_nobody_will_read_once_the_job_has_ended():
     flag = TerminationFlag(CTX)
-    ring = RingQueue(100, flag, ctx=CTX, capacity=1024)
+    ring = RingQueue(100, flag, ctx=CTX, name="test queue", capacity=1024)
     flag.raise_(Termination.TARGET_REACHED)
     for i in range(40):
         ring.put_nowait((i, b"x" * 100))  # 5 kB against a ring of 1 kB: nobody reads, and none of it waits
@@ -219,7 +231,7 @@ def _hold_the_lock(lock: object) -> None:
 @pytest.mark.parametrize("side", ["write", "read"])
 def test_a_process_killed_holding_a_ring_lock_holds_nobody_up_past_the_end_of_the_job(side):
     flag = TerminationFlag(CTX)
-    ring = RingQueue(10, flag, ctx=CTX)
+    ring = RingQueue(10, flag, ctx=CTX, name="test queue")
     if side == "read":
         ring.put_nowait("waiting")
     lock = ring._wlock if side == "write" else ring._rlock
@@ -357,19 +369,34 @@ def test_the_final_step_ships_counted_cards_in_batches_and_holds_none_back(monke
 
 
 def test_held_cards_go_within_their_bound_whatever_the_final_steps_loop_does_next():
-    """No call after the count: the runner's loop may hang in its next item. The cards still go, on their own."""
+    """No call after the count: the runner's loop may hang in its next item. The cards still go, on their own,
+    when the oldest has been held 50 ms. The sender reads a clock the test moves, so the bound is checked exactly
+    however slowly the machine runs: nothing goes at 49 ms, whatever real time passes, and everything at 50."""
     sent: list[Results] = []
-    finished = transport_module.FinishedCards(sent.append, within_s=0.05)
+    clock = [100.0]
+    finished = transport_module.FinishedCards(sent.append, within_s=0.05, clock=lambda: clock[0])
+
+    def sent_ids_once(count: int) -> list[list[int]]:
+        deadline = time.monotonic() + 10.0  # a hang guard
+        while len(sent) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return [[card.item_id for card in results.cards] for results in sent]
+
     finished.add((TimeCard(0), TimeCard(1)))
-    finished.add((TimeCard(2),))
-    deadline = time.monotonic() + 10.0  # a hang guard: the bound is 0.05 s
-    while not sent and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert [[card.item_id for card in results.cards] for results in sent] == [[0, 1, 2]] and len(finished) == 0
-    finished.add((TimeCard(3),))  # a new batch after an empty spell: its own bound
-    while len(sent) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert [card.item_id for card in sent[-1].cards] == [3]
+    clock[0] = 100.0 + 0.03
+    finished.add((TimeCard(2),))    # joins what is held: the bound still runs from the first card
+    clock[0] = 100.0 + 0.049
+    time.sleep(0.3)                 # the sender looks again and again, each time short of the bound
+    assert sent == [] and len(finished) == 3
+    clock[0] = 100.0 + 0.05
+    assert sent_ids_once(1) == [[0, 1, 2]] and len(finished) == 0
+    clock[0] = 200.0
+    finished.add((TimeCard(3),))    # a new batch after an empty spell: its own bound
+    clock[0] = 200.0 + 0.049
+    time.sleep(0.3)
+    assert len(sent) == 1
+    clock[0] = 200.0 + 0.05
+    assert sent_ids_once(2) == [[0, 1, 2], [3]]
 
 
 def test_final_step_refuses_unmerged_segments():
@@ -403,11 +430,15 @@ def test_command_line_overrides_config_run_which_overrides_defaults():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["-v", "0"], "command line: -v/--videos: expected a number >= 1, found 0"),
+    (["-v", "0"], "command line: -v/--videos: expected an integer >= 1, found 0"),
+    (["--videos", "2.5"], "command line: -v/--videos: expected an integer >= 1, found 2.5"),
     (["-mi", "-1"], "command line: -mi/--mean_interval_ms: expected a number >= 0, found -1"),
-    (["-mi", "nan"], "command line: -mi/--mean_interval_ms: expected a number >= 0, found nan"),
-    (["--concurrency", "0"], "command line: --concurrency: expected a number >= 1, found 0"),
-    (["-v", "ten"], "benchmark.py: argument -v/--videos: invalid int value: 'ten'"),
+    (["--mean-interval-ms", "nan"], "command line: -mi/--mean_interval_ms: expected a number >= 0, found nan"),
+    (["--concurrency", "0"], "command line: --concurrency: expected an integer from 1 to 2147483647, found 0"),
+    (["-v", "ten"], "command line: -v/--videos: expected an integer >= 1, found 'ten'"),
+    (["-b"], "command line: -b/--batch_size: expected a value, found none"),
+    (["--engine", "spark"], "command line: --engine: expected one of 'local', 'ray', found 'spark'"),
+    (["--vidoes", "3"], "command line: --vidoes: expected a flag of benchmark.py, found an unknown one (did you mean --videos?)"),
 ])
 def test_bad_argument_values_exit_2_with_one_sentence(argv, message, capsys, tmp_path):
     assert cli.main(["-c", "config/toy.json", "--log-dir", str(tmp_path), *argv]) == 2
@@ -422,11 +453,15 @@ def test_check_prints_a_ready_line_and_spawns_nothing(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_job_id_carries_the_cli_values_and_directories_never_collide(tmp_path):
-    start = time.mktime((2026, 11, 30, 9, 15, 0, 0, 0, -1))
-    assert joblog.job_id(start, 3, 1, 2000, 50000, None) == "261130_091500-mi3-b1-v2000-qs50000"
-    # Closed loop ignores -mi, so its id names the concurrency instead.
-    assert joblog.job_id(start, 0.5, 4, 10, 9, 8) == "261130_091500-c8-b4-v10-qs9"
+def test_job_id_carries_the_config_name_and_load_and_directories_never_collide(tmp_path):
+    start = time.mktime((2026, 12, 1, 19, 33, 37, 0, 0, -1))
+    assert joblog.job_id(start, "toy", 2, 200, None) == "261201_193337-toy-mi2-v200"
+    assert joblog.job_id(start, "toy", 2, 200, None, batch_size=1, queue_size=50000) == "261201_193337-toy-mi2-v200"
+    # Closed loop ignores -mi, so its id names the concurrency instead; -b and -qs appear where not their defaults.
+    assert joblog.job_id(start, "r2p1d-whole", 0.5, 10, 8, 4, 9) == "261201_193337-r2p1d-whole-c8-v10-b4-qs9"
+    names = {"config/toy.json": "toy", "<default>": "default", "/tmp/my conf (2).json": "my_conf_2",
+             "../x/.hidden.json": "hidden", "config/ünïcode.json": "n_code", "$$$.json": "config", "a" * 60 + ".json": "a" * 40}
+    assert {path: joblog.config_name(path) for path in names} == names
     names = [joblog.create_job_dir(str(tmp_path), "job").name for _ in range(3)]
     assert names == ["job", "job-2", "job-3"]
 

@@ -149,6 +149,7 @@ def test_bad_options(options: dict, message: str) -> None:
         SyntheticSpec(**options)
 
 
+@pytest.mark.slow
 def test_script_writes_a_dataset_and_rejects_bad_options(tmp_path: Path) -> None:
     script = REPO / "scripts" / "make_dataset.py"
     out = tmp_path / "cli"

@@ -2,19 +2,26 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 import multiprocessing
+import pkgutil
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
 import torch
 from torchvision.models.video import r2plus1d_18
 
+import models
+import selector as selector_module
 from episodes import DEFAULT_COALESCE_GAP, EpisodeByteCache, open_dataset
 from episodes._mp4.span import episode_span
 from episodes._mp4.windows import frame_windows
 from episodes._storage import coalesce_ranges
 from episodes.testing.synthetic import make_dataset
+from models import shipped
 from models.aggregator import Aggregator
 from models.batcher import Batcher
 from models.clips import ClipCount
@@ -360,6 +367,26 @@ def test_batcher_stacks_full_batches_and_flushes_the_rest_after_its_timeout():
     waiting = Batcher(CPU, batch=3, timeout_ms=60_000)
     waiting((torch.zeros(1, 3, 8, 112, 112),), {}, TimeCard(0))
     assert waiting.flush()[2] is None
+
+    with pytest.raises(TypeError) as caught:
+        waiting((torch.zeros(1, 3, 8, 112, 112),), {}, (TimeCard(4), TimeCard(5)))
+    assert str(caught.value) == ("Batcher takes one item per call, found a batch of 2 (items 4, 5): a step after a "
+                                 "batching one needs a model that takes batches")
+
+
+def classes_defined_in(modules: list[ModuleType], member: str) -> set[type]:
+    """The classes these modules define (not import) that have `member`."""
+    return {cls for module in modules for cls in vars(module).values()
+            if inspect.isclass(cls) and cls.__module__ == module.__name__ and hasattr(cls, member)}
+
+
+def test_every_model_and_selector_class_shipped_is_in_the_tuple_mypy_checks_against_the_contract():
+    """models/shipped.py and selector.py hold each class to rnb.core.model's protocols; none may be left out."""
+    modules = [importlib.import_module(f"models.{info.name}") for info in pkgutil.iter_modules(models.__path__)]
+    assert classes_defined_in(modules, "output_shape") == set(shipped.MODEL_CLASSES)
+    assert len(shipped.MODEL_CLASSES) == 12
+    assert classes_defined_in([selector_module], "select") == set(selector_module.SELECTOR_CLASSES) == {
+        selector_module.RoundRobinSelector, LargeSmallSelector}
 
 
 def test_large_small_selector_routes_by_clip_count():

@@ -4,7 +4,9 @@ Jobs run as `benchmark.py --engine ray --ray-address ...` processes against
 the session's cluster: items finish exactly once, runners land on the nodes
 their group's label names, outputs equal the local engine's item for item,
 failures end the job with exit 1 within the stop bound and leave no actor,
-and what the cluster cannot host is exit 2 in one sentence.
+and what the cluster cannot host is exit 2 in one sentence.  The cluster's
+processes start under CUDA_DEVICE_ORDER=FASTEST_FIRST, so a runner actor or
+GPU check that sees PCI_BUS_ID was given it by the driver.
 """
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ import ray
 import torch
 
 from rnb import cli
+from rnb.engines.job import RunArgs
+from rnb.engines.ray import driver as ray_driver
+from rnb.engines.ray.cluster import JobRay
+from rnb.engines.ray.placement import seat_runners
+from rnb.pipeline.config import ConfigError, parse_config
+from rnb.pipeline.plan import plan_runners
+from tests.ray_testing import device_order_seen
 from tests.test_models import tiny_dataset
 
 pytestmark = pytest.mark.slow
@@ -91,6 +100,8 @@ def test_toy_pipeline_across_labelled_nodes_finishes_every_item_once_as_the_loca
     assert (meta["termination_reason"], meta["finished_items"], meta["engine"]["cluster"]) == ("target reached", 16, "given")
     assert labels_of(meta) == {"step0-g0-r0": "loaders", "step0-g0-r1": "loaders", "step1-g0-r0": "nets"}
     assert {row["device0"] for row in ray_log.rows} == {"cpu"}
+    # The final step's actor numbers GPUs as NVML does: its node started it under FASTEST_FIRST (tests/ray_testing.py).
+    assert {row["cuda_device_order"] for row in ray_log.rows} == {"PCI_BUS_ID"}
     for node in meta["engine"]["nodes"].values():
         assert node["round_trip_s"] > 0 and abs(node["offset_s"]) <= node["round_trip_s"]
     assert all(p["status"] == "ok" for p in meta["processes"])
@@ -112,6 +123,27 @@ def test_gpu_runners_sharing_one_gpu_entry_share_their_nodes_gpu_checked_there(r
     assert [(p["gpu_ids"], log.meta["engine"]["nodes"][p["node"]]["labels"]["node"]) for p in on_gpu] == [
         (["0"], "nets"), (["0"], "nets")]
     assert len(log.meta["gpus"]) == 1 and ray_cluster.alive_actors(log.meta["job_id"]) == []
+
+
+def test_the_gpu_check_task_numbers_the_gpus_as_nvml_does(ray_cluster, tmp_path, monkeypatch):
+    """The driver's own reservation and check of a GPU bundle on the nets node, with the check swapped for one that
+    says what CUDA_DEVICE_ORDER its task sees: the cluster's processes start with FASTEST_FIRST."""
+    monkeypatch.setattr(ray_driver, "_check_gpu_here", device_order_seen)
+    document = json.loads(Path(small_config(tmp_path)).read_text())
+    document["pipeline"][1]["queue_groups"][0]["gpus"] = [0]
+    config = parse_config(document, "gpu.json")
+    cluster = JobRay(ray_cluster.address)   # not entered: the test process is connected already
+    nodes = cluster.nodes()
+    seats, bundles = seat_runners(config, plan_runners(config, 1), nodes)
+    args = RunArgs(mean_interval_ms=0, videos=4, batch_size=1, queue_size=4, concurrency=None, warmup=0, seed=0,
+                   cpu=False, log_dir=str(tmp_path / "logs"))
+    job = ray_driver.RayJob(config, args, seats, nodes, cluster)
+    try:
+        with pytest.raises(ConfigError) as caught:
+            job.reserve_gpus(bundles, allow_busy=False)
+    finally:
+        job.clean_up()
+    assert str(caught.value) == "gpu.json: pipeline[1].queue_groups[0].gpus[0]: CUDA_DEVICE_ORDER=PCI_BUS_ID"
 
 
 @pytest.mark.parametrize("faults, error", [
@@ -258,7 +290,9 @@ def test_a_final_step_that_hangs_after_k_items_on_ray_stalls_and_leaves_exactly_
     assert [row["item_id"] for row in log.rows] == list(range(k)) and meta["counted_items"] == k
     assert (meta["termination_reason"], meta["failed_process"]) == ("stalled", "step1-g0-r0")
     assert re.match(rf"step 1 replica 0 \(pid \d+, on 127\.0\.0\.1, cpu\) has held item {k} for [\d.]+ s with no item "
-                    r"finished since \(a step only this slow needs a larger --stall-s\); the Python stacks of every process "
+                    r"finished since(, and its process has not computed (for 3\.\d s|since the job started)|, inside one "
+                    r"call for 3\.\d s, over 5 times the slowest its step completed \(0\.\d\d s\) \(a step only this slow "
+                    r"needs a larger --stall-s\)); the Python stacks of every process "
                     rf"are in {re.escape(str(log.dir))}/stacks/ "
                     r"\(step1-g0-r0\.txt is its own\)$", meta["error"]), meta["error"]
     assert "in hang" in (log.dir / "stacks" / "step1-g0-r0.txt").read_text()

@@ -12,7 +12,7 @@ from rnb import cli
 from rnb.core.messages import Request, Results
 from rnb.core.termination import Termination
 from rnb.core.timecard import TimeCard
-from rnb.engines.ray.actors import ACTOR_ENV, JobControl
+from rnb.engines.ray.actors import JobControl
 from rnb.engines.ray.cluster import NodeInfo, is_loopback_address, resolve_address, split_label, use_loopback_if_local
 from rnb.engines.ray.driver import measure_offset, paths_every_node_sees
 from rnb.engines.ray.handoffs import Courier, Outbox, Parcel
@@ -222,6 +222,3 @@ def test_a_ray_address_without_the_ray_engine_is_exit_2_in_one_sentence(capsys):
         'command line: --ray-address: expected the Ray engine (--engine ray or the config\'s "run": {"engine": "ray"}), '
         "found the local engine")
 
-
-def test_every_ray_actor_and_gpu_check_numbers_the_gpus_as_nvml_does():
-    assert ACTOR_ENV["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # the runtime_env of every actor and GPU check task

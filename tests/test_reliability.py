@@ -71,6 +71,7 @@ def job_log(tmp_path: Path) -> tuple[dict, list[dict]]:
     return json.loads((job_dir / "meta.json").read_text()), pq.read_table(job_dir / "timings.parquet").to_pylist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hold", ["flag", "status", "results"])
 def test_a_child_killed_holding_shared_plumbing_cannot_wedge_the_job(tmp_path, hold):
     """The dead child held the flag mid-raise, the status queue's write lock, or had written half a message."""
@@ -87,9 +88,11 @@ def test_a_child_killed_holding_shared_plumbing_cannot_wedge_the_job(tmp_path, h
     assert marked(mark) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["main", "group"])
 def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, target):
-    job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "100000", "-mi", "20", "--warmup", "0")
+    # -q: no start-up lines, so stderr's first line is the start.
+    job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "100000", "-mi", "20", "--warmup", "0", "-q")
     assert job.stderr.readline().startswith("benchmark.py: started "), "the job never started"
     time.sleep(1)  # some items finish
     (os.kill if target == "main" else os.killpg)(job.pid, signal.SIGTERM)
@@ -132,6 +135,7 @@ def test_children_of_a_killed_main_exit_at_once_even_while_importing(tmp_path, c
     assert capsys.readouterr().out.startswith(f"{job_dir.name}: INCOMPLETE: no meta.json")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not isolation_works(), reason="needs a mount namespace of its own (unshare) to mount a small tmpfs")
 @pytest.mark.parametrize("room, file", [("256k", r"timings\.spool/part-\d+\.parquet"), ("full", r"config\.json")],
                          ids=["fills_mid_run", "full_at_start"])
@@ -163,3 +167,21 @@ def test_a_log_directory_that_fills_up_ends_the_job_with_exit_1_and_one_sentence
         assert analyze_cli.main([str(kept)]) == 0  # whether the timings fitted at the end or stayed in the spool
         report = capsys.readouterr().out
         assert "INCOMPLETE: its log directory refused timings.parquet" in report or " log write failed " in report
+
+
+def test_a_message_the_next_step_cannot_unpickle_ends_the_job_with_exit_1_and_one_sentence(tmp_path):
+    """Step 0 passes on, in its non_tensors, an error whose class cannot be rebuilt from its pickle."""
+    document = json.loads((REPO / "config/toy.json").read_text())
+    document["pipeline"][0].update(model="tests.fixture_models.HandsOnItsError", error_at_item=3)
+    job, mark = start_job(tmp_path, write_config(tmp_path, document), "-v", "50", "-mi", "20", "--warmup", "0")
+    out, err = finish(job)
+    assert job.returncode == 1, err
+    meta, rows = job_log(tmp_path)
+    sentence = ("process step1-g0-r0 failed: UnreadableMessage: a message on the inter-step queue 0 (step 0 to step 1) "
+                "could not be unpickled (TypeError: TwoPartError.__init__() missing 1 required positional argument: "
+                "'why')")
+    assert (meta["termination_reason"], meta["failed_process"], meta["error"]) == ("process failed", "step1-g0-r0",
+                                                                                   sentence)
+    assert err.count(sentence) == 1 and f"benchmark.py: {sentence}\n" in err and "Traceback" not in err
+    assert [row["item_id"] for row in rows] == [0, 1, 2] == list(range(meta["finished_items"]))  # all before item 3
+    assert marked(mark) == []

@@ -1,7 +1,9 @@
-"""No job waits for ever: a process alive but making no progress ends the job as stalled, with its stacks.
+"""No job waits for ever: a process alive but making no progress ends the job as stalled, with its stacks; and
+no job that is working is ended as stalled.
 
 Jobs run the toy pipeline with one step replaced by bench.fault_models.Hangs
-(a deadlock at init, on an item or in flush), a short --stall-s, and end as
+(a deadlock at init, on an item or in flush, or calls that compute for
+several times --stall-s), a short --stall-s, and end as
 a user would see them: exit 1, reason `stalled`, one sentence naming the
 step, replica and item, every process's Python stacks under stacks/, and
 every item the final step finished in timings.parquet.  The issue's bound is
@@ -22,15 +24,17 @@ from typing import Any
 
 import pytest
 
+from models.toy import SleepingDevice
 from rnb import cli
 from rnb.analysis import analyze_cli
-from rnb.core.progress import ProgressSnapshot
+from rnb.core.progress import Progress, ProgressSnapshot, empty_cells
 from rnb.core.records import ProcessRecord
 from rnb.engines.job import JobBook
 from rnb.engines.stall import JobWatch, describe
 
 REPO = Path(__file__).resolve().parents[1]
 STALL_S = 3.0
+SLOW_STALL_S = 1.5    # for the slow steps: their calls compute for 3 x this
 HANG_GUARD_S = 20.0   # from the stall's end to the main process's return: a hang guard, not a timing
 
 
@@ -74,9 +78,11 @@ def test_a_final_step_that_hangs_after_k_items_leaves_exactly_k_rows(tmp_path, c
     stacks = log.dir / "stacks"
     assert meta["error"].startswith(f"step 1 replica 0 (pid {log.meta['processes'][2]['pid']}, cpu) has held item {k} "
                                     "for ")
-    assert meta["error"].endswith("s with no item finished since (a step only this slow needs a larger --stall-s); the Python "
-                                  f"stacks of every process are in {stacks}/ "
-                                  "(step1-g0-r0.txt is its own)")
+    assert re.search(r"s with no item finished since(, and its process has not computed (for 3\.\d s|since the job "
+                     r"started)|, inside one call for 3\.\d s, over 5 times the slowest its step completed \(0\.\d\d s\) "
+                     r"\(a step only this slow needs a larger --stall-s\)); the Python stacks of every process are in "
+                     f"{re.escape(str(stacks))}/ "
+                     r"\(step1-g0-r0.txt is its own\)$", meta["error"]), meta["error"]
     assert f"benchmark.py: {meta['error']}\n" in said.err and "Traceback" not in said.err
     assert meta["end_time"] - hung_at(said.err) <= STALL_S + 2.0   # the issue's bound, from before the last progress
     assert returned - meta["end_time"] < HANG_GUARD_S
@@ -126,10 +132,40 @@ def test_a_batching_step_that_hangs_in_flush_is_a_stall_too(tmp_path, capfd, job
     log = job_log(tmp_path / "logs")
     assert code == 1, said.err
     assert log.meta["termination_reason"] == "stalled" and "in flush" in (log.dir / "stacks" / "step1-g0-r0.txt").read_text()
-    # Step 0 holds an item too, only because step 1 stopped taking them: the stall is put on step 1.
+    # Step 0 holds an item too, only because step 1 stopped taking them: the stall is put on step 1, whose flush
+    # spins past 5 times the slowest call it completed (and past --stall-s).
     assert re.match(r"step 1 replica 0 \(pid \d+, cpu\) has been inside its model for [\d.]+ s with no item finished "
-                    "since", log.meta["error"]), log.meta["error"]
+                    r"since, inside one call for [\d.]+ s, over 5 times the slowest its step completed "
+                    r"\(0\.\d\d s\) \(a step only this slow needs a larger --stall-s\);", log.meta["error"]), log.meta["error"]
     assert len(log.rows) == log.meta["counted_items"]
+
+
+def test_a_step_whose_every_call_computes_for_3_times_stall_s_is_working_and_finishes(tmp_path, capfd, job_log):
+    busy_s = 3 * SLOW_STALL_S
+    code, _ = run(tmp_path, toy(tmp_path, 1, busy_s=busy_s), "-v", "3", "-mi", "0", "--stall-s", str(SLOW_STALL_S))
+    said = capfd.readouterr()
+    log = job_log(tmp_path / "logs")
+    assert code == 0, said.err
+    assert (log.meta["termination_reason"], log.meta["error"]) == ("target reached", None)
+    assert [row["item_id"] for row in log.rows] == [0, 1, 2]
+    assert all(row["inference1_finish"] - row["inference1_start"] >= busy_s for row in log.rows)
+
+
+def test_a_step_that_computes_long_then_hangs_is_caught_at_the_hang(tmp_path, capfd, job_log):
+    """Items 0 and 1 compute for 3 x S each; item 2 computes as long, then sleeps for ever."""
+    code, _ = run(tmp_path, toy(tmp_path, 1, busy_s=3 * SLOW_STALL_S, at_item=2, how="sleep"), "-v", "5", "-mi", "0",
+                  "--stall-s", str(SLOW_STALL_S))
+    said = capfd.readouterr()
+    log = job_log(tmp_path / "logs")
+    meta = log.meta
+    assert code == 1, said.err
+    assert (meta["termination_reason"], meta["failed_process"]) == ("stalled", "step1-g0-r0")
+    assert [row["item_id"] for row in log.rows] == [0, 1]
+    assert re.match(r"step 1 replica 0 \(pid \d+, cpu\) has held item 2 for [\d.]+ s with no item finished since, and its "
+                    r"process has not computed for 1\.\d s;", meta["error"]), meta["error"]
+    assert meta["end_time"] - hung_at(said.err) <= SLOW_STALL_S + 2.0
+    assert "in hang" in (log.dir / "stacks" / "step1-g0-r0.txt").read_text()
+    assert log.children_left == []
 
 
 def test_stall_s_0_turns_the_watch_off_and_max_duration_still_ends_the_job(tmp_path, capfd, job_log):
@@ -196,11 +232,11 @@ def test_the_watch_blames_the_oldest_held_item_once_no_item_left_any_step_for_st
     watch = JobWatch(stall_s=10.0, max_duration_s=0, now=0.0)
     watch.started(100.0)
     moving = {"step0-g0-r0": snapshot(5, 6, 101.0), "step1-g0-r0": snapshot(4, 5, 101.5), "step1-g1-r2": snapshot(0)}
-    assert watch.running(moving, RUNNERS, 102.0) is None
+    assert watch.running(moving, dict, RUNNERS, 102.0) is None
     still = {**moving, "step0-g0-r0": snapshot(9, 10, 102.5)}  # step 0 moved at 102.5; nothing since
-    assert watch.running(still, RUNNERS, 103.0) is None
-    assert watch.running(still, RUNNERS, 112.4) is None
-    stall = watch.running(still, RUNNERS, 113.0)
+    assert watch.running(still, dict, RUNNERS, 103.0) is None
+    assert watch.running(still, dict, RUNNERS, 112.4) is None
+    stall = watch.running(still, dict, RUNNERS, 113.0)
     assert stall is not None and stall.process == "step1-g0-r0"
     assert stall.sentence == ("step 1 group 0 replica 0 (pid 12, cuda:0) has held item 5 for 11.5 s with no item finished "
                               "since (a step only this slow needs a larger --stall-s)")
@@ -211,21 +247,117 @@ def test_the_stall_is_put_on_the_runner_inside_its_model_not_on_those_waiting_fo
     watch.started(0.0)
     blocked = {"step0-g0-r0": ProgressSnapshot(20, 21, 1.0, None),      # holds item 21, waiting for a free slot
                "step1-g0-r0": ProgressSnapshot(12, None, None, 2.0)}    # in its model's flush since 2.0
-    assert watch.running(blocked, RUNNERS, 2.5) is None   # the last item left just before
-    stall = watch.running(blocked, RUNNERS, 13.0)
+    demand = {"step0-g0-r0": 4.0, "step1-g0-r0": 7.0}
+    assert watch.running(blocked, lambda: demand, RUNNERS, 2.5) is None   # the last item left just before
+    stall = watch.running(blocked, lambda: {**demand, "step1-g0-r0": 7.1}, RUNNERS, 13.0)   # 0.1 s in 10.5 s: idle
     assert stall is not None and stall.process == "step1-g0-r0"
     assert stall.sentence == ("step 1 group 0 replica 0 (pid 12, cuda:0) has been inside its model for 11.0 s with no item "
-                              "finished since (a step only this slow needs a larger --stall-s)")
+                              "finished since, and its process has not computed since the job started")
+
+
+def calling(left: int, item: int | None, since: float | None, calling_since: float,
+            slowest_call_s: float | None = None) -> ProgressSnapshot:
+    return ProgressSnapshot(left, item, since, calling_since, slowest_call_s)
+
+
+def test_a_runner_whose_threads_compute_inside_its_first_call_is_working_however_long_the_call():
+    watch = JobWatch(stall_s=10.0, max_duration_s=0, now=0.0)
+    watch.started(0.0)
+    busy = {"step0-g0-r0": snapshot(3, 3, 1.0), "step1-g0-r0": calling(2, 2, 1.0, 1.0)}
+    for second in range(1, 600):   # its threads run or wait to run 0.8 s a second: computing, on a loaded machine
+        assert watch.running(busy, lambda: {"step1-g0-r0": 0.8 * second}, RUNNERS, float(second)) is None
+    # It stops asking for the CPU (a lock, a sleep, a device that never finishes): stalled stall_s later, not before.
+    stopped = {"step1-g0-r0": 0.8 * 599 + 0.1}
+    assert watch.running(busy, lambda: stopped, RUNNERS, 608.9) is None
+    stall = watch.running(busy, lambda: stopped, RUNNERS, 609.0)
+    assert stall is not None and stall.process == "step1-g0-r0"
+    assert stall.sentence == ("step 1 group 0 replica 0 (pid 12, cuda:0) has held item 2 for 608.0 s with no item "
+                              "finished since, and its process has not computed for 10.0 s")
+
+
+def test_a_call_that_ends_is_progress_though_its_item_has_not_left_yet():
+    watch = JobWatch(stall_s=10.0, max_duration_s=0, now=0.0)
+    watch.started(0.0)
+    inside = {"step1-g0-r0": calling(2, 2, 1.0, 1.0)}
+    for second in range(1, 30):
+        assert watch.running(inside, lambda: {"step1-g0-r0": 0.9 * second}, RUNNERS, float(second)) is None
+    back = {"step1-g0-r0": ProgressSnapshot(2, 2, 1.0, None, 29.0, 1)}   # the call returned; its item not passed on yet
+    assert watch.running(back, lambda: {"step1-g0-r0": 26.1}, RUNNERS, 30.0) is None
+    assert watch.running(back, lambda: {"step1-g0-r0": 26.1}, RUNNERS, 39.9) is None
+    stall = watch.running(back, lambda: {"step1-g0-r0": 26.1}, RUNNERS, 40.0)   # stuck passing it on
+    assert stall is not None and stall.sentence.endswith("has held item 2 for 39.0 s with no item finished since (a step "
+                                                         "only this slow needs a larger --stall-s)")
+
+
+def test_a_call_using_cpu_is_bounded_by_5_times_the_slowest_its_step_completed_and_never_less_than_stall_s():
+    # step 1 has two replicas: the one calling completed calls of at most 1 s; the other, in group 1, one of 4 s
+    spinning = {"step1-g0-r0": calling(5, 5, 100.0, 100.0, 1.0), "step1-g1-r2": snapshot(7)}
+    slowest = {**spinning, "step1-g1-r2": ProgressSnapshot(7, None, None, None, 4.0)}
+    for progress, bound_s in ((spinning, 10.0), (slowest, 20.0)):   # max(10, 5 x 1 s), then 5 x 4 s
+        watch = JobWatch(stall_s=10.0, max_duration_s=0, now=0.0)
+        watch.started(100.0)
+        for second in range(100, 100 + int(bound_s)):   # a thread computing all along
+            assert watch.running(progress, lambda: {"step1-g0-r0": float(second)}, RUNNERS, float(second)) is None
+        stall = watch.running(progress, lambda: {"step1-g0-r0": 100.0 + bound_s}, RUNNERS, 100.0 + bound_s)
+        assert stall is not None and stall.sentence == (
+            f"step 1 group 0 replica 0 (pid 12, cuda:0) has held item 5 for {bound_s:.1f} s with no item finished "
+            f"since, inside one call for {bound_s:.1f} s, over 5 times the slowest its step completed "
+            f"({bound_s / 5 if bound_s > 10 else 1.0:.2f} s) (a step only this slow needs a larger --stall-s)")
+
+
+def test_progress_keeps_the_slowest_call_that_did_work_not_an_idle_flush():
+    progress = Progress(empty_cells())
+    assert progress.read().slowest_call_s is None
+    progress.took(0, 10.0)
+    progress.calling(10.0)
+    progress.called(12.5)
+    progress.calling(13.0)
+    progress.called(14.0)
+    progress.calling(20.0)   # a flush that handed nothing on, asked long after
+    progress.called(None)
+    assert progress.read() == ProgressSnapshot(0, 0, 10.0, None, 2.5, 2)
+    progress.calling(30.0)
+    progress.called(33.0)
+    progress.passed(1)
+    assert progress.read() == ProgressSnapshot(1, None, None, None, 3.0, 3)
+
+
+def test_a_runner_that_blips_between_idle_waits_is_not_computing():
+    watch = JobWatch(stall_s=10.0, max_duration_s=0, now=0.0)
+    watch.started(0.0)
+    hung = {"step0-g0-r0": snapshot(3, 3, 1.0), "step1-g0-r0": calling(2, 2, 1.0, 1.0)}
+    demand = {"step0-g0-r0": 0.0, "step1-g0-r0": 0.0}
+    # Step 0 waits for a free slot, waking 20 times a second: on a loaded machine its wake-ups wait to run, three
+    # quarter seconds in eight demanding 25 % of the time, the others 1 %.
+    for quarter in range(4, 44):
+        demand["step0-g0-r0"] += 0.0625 if quarter % 8 in (1, 2, 3) else 0.0025
+        assert watch.running(hung, lambda: demand, RUNNERS, quarter / 4) is None
+    stall = watch.running(hung, lambda: demand, RUNNERS, 11.0)
+    assert stall is not None and stall.process == "step1-g0-r0"
+
+
+def test_waiting_for_a_device_polls_it_and_leaves_the_waiting_thread_almost_idle():
+    device = SleepingDevice()
+    device.submit(1.0, lambda: None)
+    done = device.mark()
+    asked: list[bool] = []
+    query = done.query
+    done.query = lambda: asked.append(query()) or asked[-1]   # type: ignore[method-assign]
+    cpu = time.thread_time()
+    done.wait()
+    cpu = time.thread_time() - cpu
+    assert asked[-1] and not any(asked[:-1]) and len(asked) > 100   # asked until done, then no more
+    assert cpu < 0.3   # a spinning wait would use about the whole second
 
 
 def test_a_quiet_pipeline_holding_nothing_never_stalls_and_a_new_hold_starts_its_own_clock():
     watch = JobWatch(stall_s=10.0, max_duration_s=0, now=0.0)
     watch.started(0.0)
     idle = {"step0-g0-r0": snapshot(3), "step1-g0-r0": snapshot(3)}
-    assert watch.running(idle, RUNNERS, 500.0) is None   # Poisson gaps longer than S are no stall
+    assert watch.running(idle, dict, RUNNERS, 500.0) is None   # Poisson gaps longer than S are no stall
     held = {"step0-g0-r0": snapshot(3, 3, 505.0), "step1-g0-r0": snapshot(3)}
-    assert watch.running(held, RUNNERS, 514.0) is None
-    assert watch.running(held, RUNNERS, 515.5) is not None
+    assert watch.running(held, dict, RUNNERS, 514.0) is None
+    assert watch.running(held, dict, RUNNERS, 515.5) is not None
 
 
 def test_start_up_stalls_only_when_no_process_became_ready_and_none_starting_used_cpu():
@@ -248,7 +380,7 @@ def test_the_maximum_duration_counts_from_the_start_barrier_and_none_means_no_bo
     assert (watch.deadline(), watch.over_time(79.9), watch.over_time(80.0)) == (80.0, False, True)
     unbounded = JobWatch(stall_s=0, max_duration_s=0, now=0.0)
     unbounded.started(0.0)
-    assert unbounded.deadline() is None and unbounded.running({"step0-g0-r0": snapshot(0, 1, 0.0)}, RUNNERS, 1e9) is None
+    assert unbounded.deadline() is None and unbounded.running({"step0-g0-r0": snapshot(0, 1, 0.0)}, dict, RUNNERS, 1e9) is None
 
 
 def test_a_process_is_described_as_a_user_finds_it():

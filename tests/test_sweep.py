@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rnb.analysis import sweep_cli
 from rnb.analysis.jobs import ValidityRules, load_jobs, stat_column
 from rnb.analysis.sweep import RunOutcome, Trial, bisect_rate, format_interval, measure_trial, run_benchmark
 
@@ -136,11 +137,21 @@ def test_the_search_gives_up_on_a_rate_that_stays_invalid(tmp_path: Path) -> Non
         "(0.99^n <= 0.025)); give a larger -v.")
 
 
-def test_sweep_script_rejects_a_single_mi_flag() -> None:
-    done = subprocess.run([sys.executable, str(SWEEP), "-c", "config/toy.json", "--mi", "1", "-mi", "3"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert "give loads with --mi (a list) or search with --latency-bound-ms, not -mi" in done.stderr
+@pytest.mark.parametrize(("argv", "sentence"), [
+    ([], "-mi/--mean_interval_ms: expected either the loads to run (-mi 0,1,2,5) or a search for the peak rate "
+         "(--latency-bound-ms MS), found neither"),
+    (["-mi", "3", "--latency-bound-ms", "50"], "-mi/--mean_interval_ms: expected either the loads to run (-mi 0,1,2,5) "
+                                               "or a search for the peak rate (--latency-bound-ms MS), found both"),
+    (["--mean-interval-ms", "1,x"], "-mi/--mean_interval_ms: expected comma-separated numbers >= 0, found '1,x'"),
+    (["-mi", "1", "-v", "0"], "-v/--videos: expected an integer >= 1, found 0"),
+    (["--latency-bound-ms", "50", "--low-mi", "1", "--high-mi", "5"],
+     "--high-mi: expected less than --low-mi 1 (a smaller interval is a higher rate), found 5"),
+    (["--latency-bound-ms", "50", "--percentile", "101"], "--percentile: expected a number > 0 and <= 100, found 101"),
+])
+def test_sweep_refuses_bad_loads_in_one_sentence(argv: list[str], sentence: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        sweep_cli.main(["--config", "config/toy.json", *argv])
+    assert (exited.value.code, capsys.readouterr()) == (2, ("", f"command line: {sentence}\n"))
 
 
 def test_sweep_script_stops_on_a_run_that_leaves_no_job(tmp_path: Path) -> None:
@@ -169,6 +180,7 @@ def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproce
     return logs, done
 
 
+@pytest.mark.slow
 def test_a_real_sweep_over_two_loads_yields_two_jobs_and_one_summary(
         real_sweep: tuple[Path, subprocess.CompletedProcess]) -> None:
     logs, done = real_sweep
@@ -177,9 +189,11 @@ def test_a_real_sweep_over_two_loads_yields_two_jobs_and_one_summary(
     header, rule, *rows = done.stdout.splitlines()
     assert header.startswith("job ") and set(rule) == {"-", " "}
     assert sorted(row.split()[0] for row in rows) == [job.name for job in jobs]
-    assert [row.split()[3] for row in rows] == ["VALID", "VALID"]
+    assert header.split()[:5] == ["job", "config", "batch", "reason", "validity"]
+    assert [row.split()[1:6] for row in rows] == [["toy", "1/1", "target", "reached", "VALID"]] * 2
 
 
+@pytest.mark.slow
 def test_a_real_bisection_brackets_the_bound_between_two_measured_loads(
         real_sweep: tuple[Path, subprocess.CompletedProcess], tmp_path: Path) -> None:
     """The bound lies between the sweep's two measured p90s (machine speed varies); one midpoint is run for real."""

@@ -15,6 +15,7 @@ import pytest
 
 from rnb.analysis.jobs import read_job
 from rnb.analysis.routing import replicas
+from tests.shared_jobs import BULK_TOY_VIDEOS, bulk_toy_job
 
 REPO = Path(__file__).resolve().parents[1]
 ANALYZE = REPO / "scripts" / "analyze.py"
@@ -247,12 +248,10 @@ def test_trace_needs_exactly_one_job(handmade: Path, tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def toy_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    log_dir = tmp_path_factory.mktemp("logs")
-    done = subprocess.run(
-        [sys.executable, "benchmark.py", "-c", "config/toy.json", "-mi", "1", "-v", "60", "--log-dir", str(log_dir)],
-        cwd=REPO, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
-    (job,) = log_dir.iterdir()
+    """The toy config's bulk job that other modules read too (tests/shared_jobs.py)."""
+    shared = bulk_toy_job(tmp_path_factory.getbasetemp())
+    assert shared.done.returncode == 0, shared.done.stderr
+    (job,) = shared.log_dir.iterdir()
     return job
 
 
@@ -269,7 +268,7 @@ def test_a_real_job_traces_every_item_exactly_as_logged(toy_job: Path, tmp_path:
         return int(np.round((seconds - origin) * 1e6))
 
     slices, waits = item_slices(trace), queue_waits(trace)
-    assert sorted(slices) == sorted(waits) == list(range(60))
+    assert sorted(slices) == sorted(waits) == list(range(BULK_TOY_VIDEOS))
     for row in timings:
         parts = [("enqueue", row["enqueue"], row["enqueue"])]
         parts += [("copy", row["runner0_start"], row["inference0_start"]),
@@ -285,5 +284,5 @@ def test_a_real_job_traces_every_item_exactly_as_logged(toy_job: Path, tmp_path:
         assert slices[row["item_id"]] == sorted(expected, key=lambda part: (part[2], -part[3]))
         assert [(begin, end) for _, begin, end in waits[row["item_id"]]] == [
             (us(row["enqueue"]), us(row["runner0_start"])), (us(row["runner0_finish"]), us(row["runner1_start"]))]
-    assert all(len(joined) == 3 for joined in flows(trace).values()) and len(flows(trace)) == 120
+    assert all(len(joined) == 3 for joined in flows(trace).values()) and len(flows(trace)) == 2 * BULK_TOY_VIDEOS
     check_nesting(trace["traceEvents"])

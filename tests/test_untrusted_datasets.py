@@ -157,6 +157,7 @@ def test_a_server_that_stops_answering_fails_the_read_in_one_sentence_within_tim
     assert took <= 1.0 * 2 + 0.2 + 2.0  # the bound: timeout x attempts (+ the backoff) + 2 s
 
 
+@pytest.mark.slow
 def test_a_remote_dataset_that_stops_answering_mid_run_ends_the_job_with_the_url_and_the_timeout(root, tmp_path, capsys,
                                                                                                 job_log):
     stalled_at: list[float] = []

@@ -16,6 +16,7 @@ from rnb.analysis.jobs import load_jobs, read_job
 from rnb.analysis.report import format_utilisation, load_curves, stage_colours
 from rnb.analysis.utilisation import busiest_step, busy_fractions, union_seconds
 from rnb.core.stages import PARTS
+from tests.shared_jobs import bulk_toy_job
 from tests.test_trace import handmade, process, run_analyze, step_times, write_job  # noqa: F401  (handmade by name)
 
 
@@ -74,15 +75,15 @@ def test_closed_loop_jobs_make_a_curve_of_their_own_ordered_by_concurrency() -> 
     assert "steady state" not in format_utilisation({"busy_fraction": "{}"})
 
 
-def test_the_end_of_run_summary_names_each_runners_busy_fraction_and_the_bottleneck(tmp_path, capsys, job_log) -> None:
-    assert cli.main(["-c", "config/toy.json", "-v", "40", "-mi", "0", "--sample-interval-ms", "10",
-                     "--log-dir", str(tmp_path)]) == 0
-    log = job_log(tmp_path)
+def test_the_end_of_run_summary_names_each_runners_busy_fraction_and_the_bottleneck(tmp_path_factory, job_log) -> None:
+    shared = bulk_toy_job(tmp_path_factory.getbasetemp())   # sampled every 10 ms
+    assert shared.done.returncode == 0, shared.done.stderr
+    log = job_log(shared.log_dir)
     start, end = log.meta["start_time"], log.meta["end_time"]
     # One replica per step runs its items one at a time, so its inside intervals do not overlap.
     busy = [sum(min(row[f"inference{k}_finish"], end) - max(row[f"inference{k}_start"], start) for row in log.rows)
             / (end - start) for k in range(2)]
-    lines = capsys.readouterr().out.splitlines()
+    lines = shared.done.stdout.splitlines()
     (runners,) = [line for line in lines if line.startswith("runners (time inside the model / elapsed): ")]
     cpu = re.fullmatch(r"runners \(time inside the model / elapsed\): step0-g0-r0 busy (\d+)%(?:, cpu (\d+)%)?; "
                        r"step1-g0-r0 busy (\d+)%(?:, cpu (\d+)%)?", runners)

@@ -47,6 +47,7 @@ def test_bad_arguments_exit_2(source: Path, capsys: pytest.CaptureFixture[str], 
     assert capsys.readouterr().err == message + "\n"
 
 
+@pytest.mark.slow
 def test_unreadable_dataset_exits_2_from_the_command_line(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "episodes", "verify", str(tmp_path / "missing")],
                             capture_output=True, text=True, timeout=120)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,18 +112,34 @@ def axis_misfits(plot: dict[str, Any]) -> list[str]:
     return misfits
 
 
+@dataclass(frozen=True)
+class Browser:
+    """Debian's chromium and its driver, as found on PATH."""
+
+    chromium: str
+    chromedriver: str
+
+
+def find_browser() -> Browser | None:
+    """chromium and chromedriver on PATH, where scripts/setup.sh looks before it installs them; None if one is missing."""
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    return Browser(chromium, chromedriver) if chromium and chromedriver else None
+
+
 def render(page: Path) -> Rendered:
     """Open a page from a file:// URL in Debian's headless chromium and report what it drew."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    browser = find_browser()
+    assert browser is not None  # the test's `browser` marker saw to it (tests/conftest.py)
     options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
+    options.binary_location = browser.chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                  "--disable-background-networking", "--window-size=1280,2000"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver = webdriver.Chrome(service=Service(browser.chromedriver), options=options)
     try:
         driver.get(page.resolve().as_uri())
         plots = driver.execute_script(

@@ -16,6 +16,8 @@ through a relay that gives it that bandwidth and round-trip time.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import socket
 import subprocess
 import time
@@ -25,7 +27,12 @@ from pathlib import Path
 
 from episodes.testing.network import NetworkProfile, free_port, slow_link, stop_process
 
-NGINX = "/usr/sbin/nginx"
+DEBIAN_NGINX = "/usr/sbin/nginx"   # where Debian's package puts it, on root's PATH but not always on a user's
+
+
+def nginx_binary() -> str | None:
+    """nginx on PATH, else Debian's: where scripts/setup.sh looks before it installs the package; None if neither."""
+    return shutil.which("nginx") or (DEBIAN_NGINX if os.access(DEBIAN_NGINX, os.X_OK) else None)
 
 _CONFIG = """\
 daemon off;
@@ -75,13 +82,15 @@ def serve_directory(root: Path, tmp: Path, timeout_s: float = 10.0,
 
     With `profile`, the yielded url leads through a relay with that bandwidth and round-trip time.
     """
-    if not Path(NGINX).exists():
-        raise FileNotFoundError(f"{NGINX} does not exist: install Debian's nginx package to serve datasets over HTTP")
+    nginx = nginx_binary()
+    if nginx is None:
+        raise FileNotFoundError(f"found no nginx on PATH or at {DEBIAN_NGINX}: install Debian's nginx package to serve "
+                                "datasets over HTTP")
     tmp.mkdir(parents=True, exist_ok=True)
     port = free_port()
     config = tmp / "nginx.conf"
     config.write_text(_CONFIG.format(tmp=tmp, port=port, root=Path(root).resolve()))
-    proc = subprocess.Popen([NGINX, "-c", str(config), "-p", str(tmp), "-e", str(tmp / "error.log")],
+    proc = subprocess.Popen([nginx, "-c", str(config), "-p", str(tmp), "-e", str(tmp / "error.log")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     stderr = proc.stderr
     assert stderr is not None  # a pipe

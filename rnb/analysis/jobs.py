@@ -23,7 +23,16 @@ import pyarrow.parquet as pq
 
 from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
 from rnb.analysis.utilisation import utilisation_columns
-from rnb.core.joblog import CONFIG_FILE, META_FILE, SAMPLES_FILE, SPOOL_DIR, TIMINGS_FILE, read_json_object, read_meta
+from rnb.core.joblog import (
+    CONFIG_FILE,
+    META_FILE,
+    SAMPLES_FILE,
+    SPOOL_DIR,
+    TIMINGS_FILE,
+    config_name,
+    read_json_object,
+    read_meta,
+)
 from rnb.core.records import JobLogError, JobMeta, Json, JsonObject, json_at
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 from rnb.core.termination import COMPLETE_REASONS
@@ -241,11 +250,18 @@ class MeasuredWindow:
 def measured_window(job: Job, measured: pa.Table, rules: ValidityRules) -> MeasuredWindow:
     """The window the measured items (measured_rows) span, and whether the job is VALID over it."""
     count = measured.num_rows
-    duration = 0.0
-    if count:
-        last_finish = np.nanmax(_column(measured, StepEvents(job.num_steps - 1).handed_over))
-        duration = float(last_finish - np.nanmin(_column(measured, ENQUEUE)))
+    duration = window_seconds(measured, job.num_steps) if count else 0.0
     return MeasuredWindow(count, duration, check_validity(job.meta.termination_reason, count, duration, rules))
+
+
+def window_seconds(measured: pa.Table, num_steps: int) -> float:
+    """How long the measured window lasted: from the first measured item's enqueue to the last one's finish.
+
+    `measured` holds the measured items' enqueue and final handed-over columns
+    (at least); the end-of-run summary's throughput and analyze.py's are this.
+    """
+    last_finish = np.nanmax(_column(measured, StepEvents(num_steps - 1).handed_over))
+    return float(last_finish - np.nanmin(_column(measured, ENQUEUE)))
 
 
 def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
@@ -265,6 +281,8 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
         "job_id": job.job_id,
         "job_dir": str(job.path),
         "config_path": meta.config_path,
+        "config": config_name(meta.config_path),
+        "batch_sizes": batch_sizes(job),
         **{key: args.get(key) for key in ARG_KEYS},
         **({"mean_interval_ms": None} if args.get("concurrency") else {}),   # closed loop ignores -mi
         "start_time": meta.start_time,
@@ -335,6 +353,21 @@ def throughput_columns(job: Job) -> JobRow:
         row.update(steady_start_s=steady.start_s, steady_end_s=steady.end_s,
                    steady_throughput_items_per_s=steady.throughput)
     return row
+
+
+def batch_sizes(job: Job) -> str:
+    """The largest batch each step's outputs held, step by step: `1/4/4` for a loader, a Batcher of 4 and a
+    network after it; `-` for a step whose log has no batch_size column.
+
+    What the runners did, read from the timings, not the -b flag (a config's
+    `batch` overrides it, and only batching steps take it).
+    """
+    sizes = []
+    for k in range(job.num_steps):
+        column = f"batch_size{k}"
+        found = pc.max(job.timings.column(column)).as_py() if column in job.timings.column_names else None
+        sizes.append("-" if found is None else str(found))
+    return "/".join(sizes)
 
 
 def _rate(measured: pa.Table, field: str, duration: float) -> float | None:

@@ -31,6 +31,8 @@ Colour: TypeAlias = tuple[float, float, float, float]
 E2E = END_TO_END.key
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("job", "job_id"),
+    ("config", "config"),
+    ("batch", "batch_sizes"),
     ("reason", "termination_reason"),
     ("validity", "validity"),
     ("items", "measured_items"),

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import read_job
+from rnb.analysis.jobs import read_job, window_seconds
 from rnb.analysis.report import format_utilisation
 from rnb.analysis.utilisation import busy_columns, utilisation_columns
 from rnb.core.joblog import TIMINGS_FILE, read_meta
@@ -34,11 +34,11 @@ def job_summary(job_dir: Path) -> str:
 def summary_text(timings: Path, num_steps: int, warmup: int, finished: int, elapsed: float | None,
                  reason: str) -> str:
     lines = [f"termination: {reason}"]
-    if elapsed:
-        lines.append(f"throughput: {finished / elapsed:.2f} items/s ({finished} items in {elapsed:.3f} s)")
     file = pq.ParquetFile(timings)
     measured = pc.invert(file.read(columns=["is_warmup"]).column("is_warmup"))
     count = pc.sum(measured.cast(pa.int64())).as_py() or 0
+    if elapsed:
+        lines.append(throughput_line(file, measured, count, num_steps, finished, elapsed))
     if count == 0:
         lines.append(f"latency: no items after the first {warmup} (warmup) to report")
         return "\n".join(lines)
@@ -49,6 +49,25 @@ def summary_text(timings: Path, num_steps: int, warmup: int, finished: int, elap
         if ms.size:
             lines.append(f"  {stage:<22}{ms.mean():>10.2f}{np.percentile(ms, 50):>10.2f}{np.percentile(ms, 99):>10.2f}")
     return "\n".join(lines)
+
+
+def throughput_line(file: pq.ParquetFile, measured: pa.ChunkedArray, count: int, num_steps: int, finished: int,
+                    elapsed: float) -> str:
+    """The measured window's throughput (analyze.py's and the tuner's figure) first, then that of every item.
+
+    The two differ: the first leaves out the warm-up items and the time
+    before the first measured item was sent.
+    """
+    every = f"all {finished} items: {finished / elapsed:.2f} items/s in {elapsed:.3f} s"
+    if count == 0:
+        return f"throughput: no measured window (all {finished} items are warm-up); {every}"
+    ends = [ENQUEUE, StepEvents(num_steps - 1).handed_over]
+    window = window_seconds(pa.table({name: file.read(columns=[name]).column(0).filter(measured) for name in ends}),
+                            num_steps)
+    warm = finished - count
+    if window <= 0:
+        return f"throughput: no measured window (the {count} measured items after {warm} warm-up span no time); {every}"
+    return f"throughput: {count / window:.2f} items/s ({count} measured items after {warm} warm-up, in {window:.3f} s); {every}"
 
 
 def _stage_latencies(file: pq.ParquetFile, measured: pa.ChunkedArray, num_steps: int) -> Iterator[tuple[str, np.ndarray]]:

@@ -1,12 +1,12 @@
 """Run the benchmark at several loads and compare them, or search for the peak rate under a latency bound.
 
-    python scripts/sweep.py -c config/toy.json --mi 0,1,2,5,10 -v 200
+    python scripts/sweep.py -c config/toy.json -mi 0,1,2,5,10 -v 200
     python scripts/sweep.py -c config/toy.json --latency-bound-ms 50 --percentile 99 --low-mi 20 --high-mi 1
 
 The search uses VALID jobs only (as analyze.py judges them): a job too short to
 be VALID runs again with a larger -v, at most --max-reruns times.
 
-Flags this script does not know (e.g. -b, -qs) are passed to every benchmark run.
+Flags this script does not know (e.g. -b, -qs, --warmup, --cpu) go on to every benchmark.py run.
 Exit codes: 0 success, 2 bad arguments or a run the sweep cannot use, 130 interrupted.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import rnb.flags as flags
 from rnb.analysis.jobs import JobLogError, ValidityRules, load_jobs
 from rnb.analysis.report import format_summary, plot_jobs
 from rnb.analysis.sweep import (
@@ -29,53 +30,59 @@ from rnb.analysis.sweep import (
 )
 from rnb.console import terminal_logging
 
-OWN_INTERVAL_FLAGS = ("-mi", "--mean_interval_ms")
 DEFAULTS = ValidityRules()
+PASSED_ON = ("Flags that sweep.py does not know (-b, -qs, --warmup, --cpu, --engine, ... : benchmark.py --help) go on "
+             "to every benchmark.py run.")
 
 
-def interval_list(text: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers of milliseconds, got {text!r}") from None
-    if not values or any(value < 0 for value in values):
-        raise argparse.ArgumentTypeError(f"expected one or more non-negative intervals, got {text!r}")
-    return values
+def add_job_rules(parser: argparse.ArgumentParser) -> None:
+    """How long a job may run and when it counts (VALID), and how often one too short runs again: the flags of
+    the sweep and of the tuner, whose jobs run through the sweep."""
+    parser.add_argument("--timeout", type=flags.number(0, above=True), metavar="S",
+                        help="seconds one job may take before it is interrupted (default: no limit)")
+    parser.add_argument("--min-duration", type=flags.number(0), default=DEFAULTS.min_duration_s, metavar="S",
+                        help=f"validity rule, as in analyze.py (default {DEFAULTS.min_duration_s:g})")
+    parser.add_argument("--min-items", type=flags.integer(0), default=DEFAULTS.min_items, metavar="N",
+                        help=f"validity rule, as in analyze.py (default {DEFAULTS.min_items})")
+    parser.add_argument("--max-reruns", type=flags.integer(0), default=3, metavar="N",
+                        help="longer re-runs of a job too short to be VALID before giving up on its load (default 3)")
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    parser.add_argument("-c", "--config_file_path", required=True, help="pipeline config JSON")
-    modes = parser.add_mutually_exclusive_group(required=True)
-    modes.add_argument("--mi", type=interval_list, help="comma-separated -mi values to run, e.g. 0,1,2,5,10")
-    modes.add_argument("--latency-bound-ms", type=float, help="search for the highest rate whose latency stays under this")
-    parser.add_argument("--percentile", type=float, default=99.0, help="latency percentile the bound applies to (default 99)")
-    parser.add_argument("--low-mi", type=float, default=20.0, help="-mi of the lowest rate searched (default 20)")
-    parser.add_argument("--high-mi", type=float, default=1.0, help="-mi of the highest rate searched (default 1)")
-    parser.add_argument("--max-steps", type=int, default=4, help="bisection steps after the two ends (default 4)")
-    parser.add_argument("-v", "--videos", help="requests per run, passed to the benchmark")
+    parser = flags.CommandParser("sweep.py", __doc__.split("\n")[0], epilog=PASSED_ON)
+    parser.add_argument(*flags.CONFIG, dest="config_file_path", required=True, help="pipeline config JSON (required)")
+    parser.add_argument(*flags.MEAN_INTERVAL, "--mi", dest="mi", metavar="MS,...", type=flags.numbers(0),
+                        help="the -mi values to run, comma-separated, e.g. 0,1,2,5,10 (default: none; give these "
+                             "or --latency-bound-ms)")
+    parser.add_argument("--latency-bound-ms", type=flags.number(0, above=True), metavar="MS",
+                        help="search for the highest rate whose latency stays under this (default: none; give this "
+                             "or -mi)")
+    parser.add_argument("--percentile", type=flags.number(0, above=True), default=99.0,
+                        help="latency percentile the bound applies to, at most 100 (default 99)")
+    parser.add_argument("--low-mi", type=flags.number(0, above=True), default=20.0, metavar="MS",
+                        help="-mi of the lowest rate searched (default 20)")
+    parser.add_argument("--high-mi", type=flags.number(0, above=True), default=1.0, metavar="MS",
+                        help="-mi of the highest rate searched (default 1)")
+    parser.add_argument("--max-steps", type=flags.integer(0), default=4, metavar="N",
+                        help="bisection steps after the two ends (default 4)")
+    parser.add_argument(*flags.VIDEOS, dest="videos", type=flags.integer(1), metavar="N",
+                        help="requests per run, passed to the benchmark (default: the config's, else 2000)")
     parser.add_argument("--log-dir", type=Path, default=Path("logs"), help="where the runs write their job logs (default logs)")
     parser.add_argument("--benchmark", type=Path, default=BENCHMARK, help="the benchmark script to run (default: this repo's)")
-    parser.add_argument("--timeout", type=float, help="seconds one run may take before it is interrupted")
-    parser.add_argument("--min-duration", type=float, default=DEFAULTS.min_duration_s, help="validity rule, as in analyze.py")
-    parser.add_argument("--min-items", type=int, default=DEFAULTS.min_items, help="validity rule, as in analyze.py")
-    parser.add_argument("--max-reruns", type=int, default=3,
-                        help="longer re-runs of a search job too short to be VALID before the sweep gives up (default 3)")
-    parser.add_argument("--plot", metavar="FILE.png", help="plot the runs as analyze.py --plot does")
+    add_job_rules(parser)
+    parser.add_argument("--plot", metavar="FILE.png", help="plot the runs as analyze.py --plot does (default: no plot)")
     args, extra = parser.parse_known_args(argv)
-    if any(flag in extra for flag in OWN_INTERVAL_FLAGS):
-        parser.error("give loads with --mi (a list) or search with --latency-bound-ms, not -mi")
+    if (args.mi is None) == (args.latency_bound_ms is None):
+        parser.refuse(flags.MEAN_INTERVAL, "expected either the loads to run (-mi 0,1,2,5) or a search for the peak "
+                      "rate (--latency-bound-ms MS), found " + ("neither" if args.mi is None else "both"))
     if args.latency_bound_ms is not None:
-        if args.latency_bound_ms <= 0:
-            parser.error("--latency-bound-ms must be positive")
-        if not 0 < args.high_mi < args.low_mi:
-            parser.error("--high-mi must be positive and smaller than --low-mi (a smaller interval is a higher rate)")
-        if not 0 < args.percentile <= 100:
-            parser.error("--percentile must be in (0, 100]")
-        if args.max_steps < 0 or args.max_reruns < 0:
-            parser.error("--max-steps and --max-reruns must not be negative")
+        if not args.high_mi < args.low_mi:
+            parser.refuse("--high-mi", f"expected less than --low-mi {args.low_mi:g} (a smaller interval is a higher "
+                          f"rate), found {args.high_mi:g}")
+        if args.percentile > 100:
+            parser.refuse("--percentile", f"expected a number > 0 and <= 100, found {args.percentile:g}")
     if args.videos is not None:
-        extra = ["-v", args.videos, *extra]
+        extra = ["-v", str(args.videos), *extra]
     return args, extra
 
 

@@ -11,9 +11,21 @@ of the work (`device_ms{k}`).
 `CudaQueue` is the seam over a CUDA stream (events recorded on it);
 `models.toy.AsyncSleep` brings its own, a CPU stand-in whose work completes
 on a worker thread, so that the same code path runs in tests without a GPU.
+
+Both wait the same way, by `wait_until_done`: asking the mark whether it is
+done, without pause for the first SPIN_S (as a synchronise would spin, so a
+short call's finish is stamped when it completes), then after sleeps of 1 %
+of the time waited so far, at most POLL_SLEEP_MAX_S (so a finish is stamped
+at most 1 % or 10 ms late).  A synchronise spins for as long as the device
+works, so a device that never finishes would look, from the process's CPU
+use, like a step computing; a runner waiting this way is asleep almost all
+the time, which is how the stall watch (rnb.engines.stall) tells a hung
+device from a busy one.
 """
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -22,8 +34,11 @@ import torch
 class DeviceMark(Protocol):
     """A point in a device's queue of work: everything queued before it."""
 
+    def query(self) -> bool:
+        """Whether all work queued before this mark has completed; returns at once."""
+
     def wait(self) -> None:
-        """Block until all work queued before this mark has completed."""
+        """Block until all work queued before this mark has completed (`wait_until_done` its query)."""
 
     def ms_since(self, earlier: DeviceMark) -> float:
         """Device milliseconds between an earlier mark of the same queue and this one; both must have completed."""
@@ -36,6 +51,19 @@ class DeviceQueue(Protocol):
         """A mark after everything queued so far."""
 
 
+SPIN_S = 0.05            # asked without pause this long: as long as the calls whose finish is stamped exactly
+POLL_SLEEP_MAX_S = 0.01  # the longest sleep between asks
+
+
+def wait_until_done(done: Callable[[], bool]) -> None:
+    """Return once `done()` (a mark's query) is true, asking it as the module docstring says."""
+    began = time.monotonic()
+    while not done():
+        waited = time.monotonic() - began
+        # sleep(0) lets the process's other threads (a SleepingDevice's worker, Ray's courier) take the GIL
+        time.sleep(0.0 if waited < SPIN_S else min(POLL_SLEEP_MAX_S, waited / 100))
+
+
 class CudaMark:
     """A CUDA event recorded on a stream, with timing."""
 
@@ -43,8 +71,11 @@ class CudaMark:
         self.event = torch.cuda.Event(enable_timing=True)
         self.event.record(stream)
 
+    def query(self) -> bool:
+        return bool(self.event.query())
+
     def wait(self) -> None:
-        self.event.synchronize()
+        wait_until_done(self.query)
 
     def ms_since(self, earlier: DeviceMark) -> float:
         if not isinstance(earlier, CudaMark):
@@ -53,7 +84,7 @@ class CudaMark:
 
 
 class CudaQueue:
-    """A runner's CUDA stream as a DeviceQueue: its marks are CUDA events (two records and a synchronise per item)."""
+    """A runner's CUDA stream as a DeviceQueue: its marks are CUDA events (two records and a wait per item)."""
 
     def __init__(self, stream: torch.cuda.Stream) -> None:
         self.stream = stream

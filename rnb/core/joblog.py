@@ -67,15 +67,34 @@ class LogWrites:
         return True
 
 
-def job_id(start: float, mean_interval_ms: float, batch_size: int, videos: int, queue_size: int,
-           concurrency: int | None) -> str:
-    """Start time plus the CLI values, so a directory listing reads as a table of runs.
+# -b and -qs as the job id leaves them out: at these values they say nothing the config does not.
+ID_DEFAULTS = {"batch_size": 1, "queue_size": 50000}
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+MAX_NAME_CHARS = 40
 
-    A closed-loop job names its concurrency in place of -mi, which it ignores.
+
+def config_name(config_path: str) -> str:
+    """A config's short name as job ids and tables show it: its file's stem, made safe for a directory name.
+
+    `config/toy.json` is `toy`; the embedded default (`<default>`) is `default`.
+    """
+    stem = Path(config_path.strip("<>")).stem if config_path else ""
+    return _UNSAFE.sub("_", stem).strip("._-")[:MAX_NAME_CHARS] or "config"
+
+
+def job_id(start: float, config: str, mean_interval_ms: float, videos: int, concurrency: int | None,
+           batch_size: int = ID_DEFAULTS["batch_size"], queue_size: int = ID_DEFAULTS["queue_size"]) -> str:
+    """Start time, config name and load, so a directory listing reads as a table of runs: `261201_193337-toy-mi2-v200`.
+
+    A closed-loop job names its concurrency in place of -mi, which it
+    ignores; -b and -qs appear only where they differ from their defaults
+    (the batch sizes a pipeline ran with are analyze.py's `batch` column).
     """
     stamp = time.strftime("%y%m%d_%H%M%S", time.localtime(start))
     load = f"c{concurrency}" if concurrency else f"mi{mean_interval_ms:g}"
-    return f"{stamp}-{load}-b{batch_size}-v{videos}-qs{queue_size}"
+    extra = "".join(f"-{flag}{value}" for flag, key, value in (("b", "batch_size", batch_size), ("qs", "queue_size", queue_size))
+                    if value != ID_DEFAULTS[key])
+    return f"{stamp}-{config}-{load}-v{videos}{extra}"
 
 
 def create_job_dir(log_dir: str, name: str) -> Path:

@@ -9,6 +9,10 @@ A model is a class built once per runner as `cls(device, **keywords)`:
   non_tensors, time_card)` returning a `StepOutput`, whose time card is
   None for "no output yet" (a batch filling, segments waiting).
 
+Every model class shipped in `models/` is checked against the contract by
+mypy (models/shipped.py).  A step that is not the final one hands each
+output to a `Selector`, built from a `SelectorClass` (selector.py ships two).
+
 Everything else is an optional hook, each its own small protocol, so the
 harness asks `isinstance(model, Flushes)` rather than looking a name up:
 `Flushes` (hand over what is held while the input is idle), `HasNotes`
@@ -53,10 +57,31 @@ class StepModel(Protocol):
 
 
 class StepModelClass(Protocol):
-    def __call__(self, device: torch.device, **keywords: Any) -> StepModel: ...
+    """A model class: built as `cls(device, **keywords)`, its instances StepModels.
+
+    Only the device is typed here: each class takes keywords of its own, and
+    `*args: Any, **keywords: Any` is the form mypy reads as "whatever comes
+    after the device", so a constructor with named keywords meets it (a
+    `**keywords: Any` alone would promise to take every keyword).
+    rnb.pipeline.config checks a config's keywords against the constructor's.
+    """
+
+    def __call__(self, device: torch.device, /, *args: Any, **keywords: Any) -> StepModel: ...
 
     @staticmethod
     def output_shape(**keywords: Any) -> Shapes | None: ...
+
+
+class Selector(Protocol):
+    """An output-queue policy (a group's `queue_selector`): which of the group's out_queues gets an output."""
+
+    def select(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> int: ...
+
+
+class SelectorClass(Protocol):
+    """A selector class: built once per runner as `cls(num_queues, **queue_selector_kwargs)` (see StepModelClass)."""
+
+    def __call__(self, num_queues: int, /, *args: Any, **keywords: Any) -> Selector: ...
 
 
 @runtime_checkable

@@ -1,11 +1,15 @@
 """How far each runner has got, in memory its driver reads: what stall detection watches, at no message per item.
 
-A runner writes four numbers as items pass it: how many items have left it,
+A runner writes six numbers as items pass it: how many items have left it,
 the item it holds now (the oldest it took and has not passed on) with the
-time it took it, and since when it has been inside its model (a call or a
-flush, with the device work it queued), 0 while it is not.  The last tells
-the runner that is stuck from those that hold items only because the next
-step stopped taking them.  The local engine keeps them in shared memory (a RawArray
+time it took it, since when it has been inside its model (a call or a
+flush, with the device work it queued), 0 while it is not, how many calls
+that did work (a call, or a flush that handed something on) it has
+completed, and the longest of those, -1 until one.  The fourth tells the
+runner that is stuck from those that hold items only because the next step
+stopped taking them; a completed call is progress, as an item leaving is;
+the last lets the watch judge a long call against the calls its step has
+made.  The local engine keeps them in shared memory (a RawArray
 per runner), which the main process reads whenever it looks; a Ray actor
 keeps them in its own memory and answers the driver's periodic asks.  Writing
 them costs a few stores per item and hop; nothing is sent.
@@ -20,14 +24,14 @@ from collections.abc import MutableSequence
 from dataclasses import dataclass
 
 # The cells of a runner's progress, in order.
-LEFT, HELD_ITEM, HELD_SINCE, CALLING_SINCE = range(4)
-CELLS = 4
-_NONE = -1.0  # HELD_ITEM when nothing is held
+LEFT, HELD_ITEM, HELD_SINCE, CALLING_SINCE, CALLS, SLOWEST_CALL = range(6)
+CELLS = 6
+_NONE = -1.0  # HELD_ITEM when nothing is held, SLOWEST_CALL before a call did work
 
 
 def empty_cells() -> list[float]:
     """The cells of a runner that has taken nothing yet, for an engine that keeps them in a plain list."""
-    return [0.0, _NONE, 0.0, 0.0]
+    return [0.0, _NONE, 0.0, 0.0, 0.0, _NONE]
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ class ProgressSnapshot:
     held_item: int | None       # the item it holds, if any: the oldest it took and has not passed on
     held_since: float | None    # when it took that item (epoch seconds, the job's clock)
     calling_since: float | None = None   # since when it has been inside its model, if it is
+    slowest_call_s: float | None = None  # its longest call that did work, once one has
+    calls: int = 0                       # how many calls that did work it has completed
 
 
 class Progress:
@@ -51,6 +57,9 @@ class Progress:
         self.cells = cells
         self._left = int(cells[LEFT])
         self._holding = cells[HELD_ITEM] >= 0
+        self._calling_since = cells[CALLING_SINCE]
+        self._slowest = cells[SLOWEST_CALL]
+        self._calls = int(cells[CALLS])
 
     def took(self, item_id: int, at: float) -> None:
         """The runner took item `item_id` at `at`; a hold already running (a batch filling) keeps its older item."""
@@ -62,11 +71,20 @@ class Progress:
 
     def calling(self, at: float) -> None:
         """The runner is calling its model (or its flush) from `at` on."""
+        self._calling_since = at
         self.cells[CALLING_SINCE] = at
 
-    def called(self) -> None:
-        """The model's call returned and the device work it queued is done."""
-        self.cells[CALLING_SINCE] = 0.0
+    def called(self, at: float | None) -> None:
+        """The model's call returned and the device work it queued is done, at `at` if the call did work (None for
+        a flush that handed nothing on: an idle runner asks every few ms, and those asks say nothing of its calls)."""
+        cells = self.cells
+        if at is not None and self._calling_since:
+            self._calls += 1
+            cells[CALLS] = self._calls
+            if at - self._calling_since > self._slowest:
+                self._slowest = at - self._calling_since
+                cells[SLOWEST_CALL] = self._slowest
+        cells[CALLING_SINCE] = 0.0
 
     def passed(self, count: int) -> None:
         """`count` items left the runner (handed on, or counted at the final step); it holds nothing now."""
@@ -77,6 +95,7 @@ class Progress:
         cells[LEFT] = self._left
 
     def read(self) -> ProgressSnapshot:
-        left, item, since, calling = self.cells[:CELLS]
+        left, item, since, calling, calls, slowest = self.cells[:CELLS]
         held = item >= 0
-        return ProgressSnapshot(int(left), int(item) if held else None, since if held else None, calling or None)
+        return ProgressSnapshot(int(left), int(item) if held else None, since if held else None, calling or None,
+                                slowest if slowest >= 0 else None, int(calls))

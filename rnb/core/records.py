@@ -144,6 +144,7 @@ class GpuRecord:
     memory_used_bytes: int = 0      # when the job was checked: not 0 only where --allow-busy-gpus let it run
     compute_pids: tuple[int, ...] = ()  # other processes computing on it then, likewise
     main_process: MainGpuMemory | None = None  # None where the main process held no slots on it
+    process_query_error: str = ""   # why NVML could not list its compute processes ("" where it could)
 
     def to_json(self) -> JsonObject:
         document: JsonObject = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -162,7 +163,8 @@ class GpuRecord:
             memory_total_bytes=_optional(document, "memory_total_bytes", int, where) or 0,
             memory_used_bytes=_optional(document, "memory_used_bytes", int, where) or 0,
             compute_pids=tuple(int(pid) for pid in pids if isinstance(pid, int)) if isinstance(pids, list) else (),
-            main_process=MainGpuMemory.from_json(main, f"{where}: main_process") if isinstance(main, dict) else None)
+            main_process=MainGpuMemory.from_json(main, f"{where}: main_process") if isinstance(main, dict) else None,
+            process_query_error=str(document.get("process_query_error") or ""))
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,10 @@ class Fork(NamedTuple):
     route: int        # the same for its route
 
 
+# What the segments of one fork share (TimeCard.segment_key): the item and the forks above this one.
+SegmentKey: TypeAlias = tuple[int, tuple[Fork, ...]]
+
+
 def _put(values: list[Entry], index: int, value: Entry) -> None:
     if index < len(values):
         values[index] = value
@@ -200,7 +204,7 @@ class TimeCard:
         return parts
 
     @property
-    def segment_key(self) -> tuple[int, tuple[Fork, ...]]:
+    def segment_key(self) -> SegmentKey:
         """What the segments of one fork share: the item and the forks above this one."""
         return self.item_id, self.segments[:-1]
 
@@ -327,3 +331,12 @@ def as_cards(time_card: TimeCard | Sequence[TimeCard]) -> tuple[TimeCard, ...]:
 
 # One item's card, or a batch's cards (a Batcher's output): what travels with a step's output.
 Cards: TypeAlias = TimeCard | tuple[TimeCard, ...]
+
+
+def one_card(time_card: Cards, model: str) -> TimeCard:
+    """The card of a model that takes one item per call; a batch reaches it only from a batching step before it."""
+    if isinstance(time_card, TimeCard):
+        return time_card
+    raise TypeError(f"{model} takes one item per call, found a batch of {len(time_card)} (items "
+                    f"{', '.join(str(card.item_id) for card in time_card)}): a step after a batching one needs a model "
+                    "that takes batches")

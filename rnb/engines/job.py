@@ -53,6 +53,7 @@ class RunArgs:
     ray_address: str | None = None    # --ray-address as given
     stall_s: float = DEFAULT_STALL_S   # --stall-s: no item leaving any step this long ends the job; 0: never
     max_duration_s: float = 0.0        # --max-duration: measured seconds after which the job ends; 0: no bound
+    quiet: bool = False                # -q: no live progress on stderr (rnb.engines.live)
     request_queue_size: int = field(init=False)  # -qs, or in bulk mode at least -v (see __post_init__)
 
     def __post_init__(self) -> None:
@@ -149,7 +150,8 @@ class JobResult:
 
 def open_job_dir(config: PipelineConfig, args: RunArgs) -> Path:
     """The job's new log directory, holding a copy of its config; LogWriteError (one sentence) if it cannot be made."""
-    job = joblog.job_id(time.time(), args.mean_interval_ms, args.batch_size, args.videos, args.queue_size, args.concurrency)
+    job = joblog.job_id(time.time(), joblog.config_name(config.path), args.mean_interval_ms, args.videos,
+                        args.concurrency, args.batch_size, args.queue_size)
     where = Path(args.log_dir) / job
     try:
         job_dir = joblog.create_job_dir(args.log_dir, job)

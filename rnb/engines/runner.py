@@ -21,7 +21,18 @@ import torch
 
 from rnb.core.device import CudaQueue, DeviceMark, DeviceQueue
 from rnb.core.messages import Ready
-from rnb.core.model import Cards, Flushes, HasDeviceQueue, HasNotes, NonTensors, StepModelClass, StepOutput, Tensors
+from rnb.core.model import (
+    Cards,
+    Flushes,
+    HasDeviceQueue,
+    HasNotes,
+    NonTensors,
+    Selector,
+    SelectorClass,
+    StepModelClass,
+    StepOutput,
+    Tensors,
+)
 from rnb.core.termination import POLL_S, Termination
 from rnb.core.timecard import TimeCard, as_cards, now
 from rnb.engines.transport import Input, Stamps, Transport
@@ -55,8 +66,9 @@ class Runner:
             model_class: StepModelClass = load_object(spec.model)
             self.model = model_class(self.device, **spec.model_kwargs)
         self.work = self._device_queue()
-        selector_class = load_object(spec.selector) if spec.selector else RoundRobinSelector
-        self.selector = None if spec.is_final else selector_class(len(spec.out_queues), **spec.selector_kwargs)
+        selector_class: SelectorClass = load_object(spec.selector) if spec.selector else RoundRobinSelector
+        self.selector: Selector | None = (None if spec.is_final
+                                          else selector_class(len(spec.out_queues), **spec.selector_kwargs))
 
     def _device_queue(self) -> DeviceQueue | None:
         """What the loop waits on before it stamps a finish: the model's own device, the runner's CUDA stream, or none."""
@@ -99,7 +111,7 @@ class Runner:
             card.set_replica(self.spec.step, self.spec.group, self.spec.instance)
         began = self.work.mark() if self.work is not None else None
         self.progress.calling(started)
-        self.emit(StepOutput(*self.model(item.tensors, item.non_tensors, item.time_card)), began)
+        self.emit(StepOutput(*self.model(item.tensors, item.non_tensors, item.time_card)), began, took_item=True)
 
     def flush(self) -> None:
         """While the input is idle, let a holding model (a batcher) hand over what it holds.
@@ -115,26 +127,28 @@ class Runner:
             if output.time_card is not None:
                 for card in as_cards(output.time_card):
                     card.record(self.events.flushed, called)
-            self.emit(output, None)
+            self.emit(output, None, took_item=False)
 
-    def emit(self, output: StepOutput, began: DeviceMark | None) -> None:
+    def emit(self, output: StepOutput, began: DeviceMark | None, took_item: bool) -> None:
         """Pass a model's result on (or count it at the final step) once its device work is done.
 
         A None time card means nothing yet.  The finish is stamped when the
         work the call queued has completed, not when the call returned: on
         a GPU that is when the kernels ran.  With a mark from before the
         call, the device's own measure of it is kept as `device_ms{k}`.
+        The call's length counts toward the slowest the stall watch knows
+        of if it took an item or handed something on.
         """
         if output.time_card is None:
-            self.progress.called()
+            self.progress.called(now() if took_item else None)
             return
         device_ms = None
         if self.work is not None:
             done = self.work.mark()
-            done.wait()
+            done.wait()   # polls: a device that never finishes leaves the runner using no CPU (rnb.core.device)
             device_ms = done.ms_since(began) if began is not None else None
-        self.progress.called()
         finished = now()
+        self.progress.called(finished)
         batch = as_cards(output.time_card)
         for card in batch:
             card.record(self.events.finished, finished)

@@ -6,19 +6,33 @@ watches progress itself, from what it already has: before the start barrier,
 which processes have reported ready and the CPU time of those still starting
 (importing and loading a model take CPU; a deadlock or a read that never
 returns takes none); after it, each runner's progress cells
-(rnb.core.progress: how many items left it, and which item it holds since
-when).  The job has stalled when items are waiting (some runner holds one)
-and no item has left any step for `stall_s` seconds, or when start-up has
-stood still that long: no process became ready and none of those still
-starting used any CPU.  A process that spins at start-up is, as far as the
-harness can tell, working.  Both engines' drivers
-ask the same `JobWatch`; what they do about a stall (ask each process for its
-Python stacks, then stop the job) is theirs.
+(rnb.core.progress: how many items left it, which item it holds since
+when, since when it is inside its model, its slowest call) and how much
+each runner's threads ran or asked to run (`demand_seconds`).
+
+Start-up has stalled when it stood still for `stall_s` seconds: no process
+became ready and none of those still starting used any CPU.  A running job
+has stalled when items are waiting (some runner holds one), no item has
+left any step and no call has ended for `stall_s` seconds, and no runner
+is working.  A runner inside its model is working while its threads
+computed within the last `stall_s` seconds (demanded at least BUSY_SHARE
+of a BUSY_WINDOW_S: a call computing, a GPU's host side launching), unless the call it is in has lasted SLOWEST_TIMES
+times the slowest call its step completed (and at least `stall_s`).  A
+runner waiting for its device polls it (rnb.core.device) and demands
+little: a lock, a sleep, a read or a device that never returns leaves it
+idle, and the job ends `stall_s` after the last item moved and the runner
+last computed, however long the step's calls were before.  A process that spins is, as far
+as the harness can tell, working: at start-up and in the first call of a
+step that has completed none, for ever; later, until its call passes the
+step's bound.  Both engines' drivers ask the same `JobWatch`; what they do
+about a stall (ask each process for its Python stacks, then stop the job)
+is theirs.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +41,14 @@ from rnb.core.progress import ProgressSnapshot
 from rnb.core.records import ProcessRecord
 from rnb.engines.job import JobBook
 
-# A step that is slow but alive reads the same as a stuck one from outside (a GPU's synchronise spins like a busy
-# loop), so the sentence says what to do if that is the case.
+# A call that spins past its step's bound may be a slow one, so the sentence says what to do if that is the case.
 SLOW_HINT = " (a step only this slow needs a larger --stall-s)"
+SAMPLE_EVERY_S = 0.25   # how often the runners' demand is read (about 0.15 ms a thread, on the loaded 2-core machine)
+BUSY_WINDOW_S = 1.0     # the demand that says a runner is computing is over this long
+BUSY_SHARE = 0.5        # of BUSY_WINDOW_S: a computing thread demands all of it, a runner waiting on its device about
+                        # 0.05 and an idle one under 0.03, with blips to 0.25 over a quarter second (load average 13 to
+                        # 30 on 2 cores)
+SLOWEST_TIMES = 5       # how many times its step's slowest completed call a working call may last
 
 
 @dataclass(frozen=True)
@@ -50,6 +69,9 @@ class JobWatch:
         self._start: float | None = None
         self._count: object = None
         self._since = now            # when the count last moved, or when the watch last saw nothing waiting
+        self._sampled = -float("inf")   # when the runners' demand was last read
+        self._demand: dict[str, deque[tuple[float, float]]] = {}   # each runner's (time, demand_seconds) samples
+        self._busy_at: dict[str, float] = {}                  # when each runner was last seen computing
 
     def _moved(self, count: object, now: float) -> None:
         if count != self._count:
@@ -57,7 +79,7 @@ class JobWatch:
 
     def start_up(self, book: JobBook, cpu_s: Mapping[str, float], now: float) -> Stall | None:
         """Before the start barrier: stalled when, for stall_s, no process became ready and none still starting
-        used CPU (`cpu_s`: the CPU seconds so far of the processes not yet ready, those it can see)."""
+        used CPU (`cpu_s`: the CPU seconds so far of the processes it can see; those ready do not count)."""
         waiting = [record for record in book.records if record.name not in book.ready and record.status is None]
         self._moved((len(book.ready), sum(cpu_s.get(record.name, 0.0) for record in waiting)), now)
         if self.stall_s is None or now - self._since < self.stall_s or not waiting:
@@ -79,18 +101,57 @@ class JobWatch:
         deadline = self.deadline()
         return deadline is not None and now >= deadline
 
-    def running(self, progress: Mapping[str, ProgressSnapshot], book: JobBook, now: float) -> Stall | None:
-        """After the start: stalled when some runner holds an item and no item has left any step for stall_s."""
-        self._moved(sum(p.left for p in progress.values()), now)
+    def running(self, progress: Mapping[str, ProgressSnapshot], demand_s: Callable[[], Mapping[str, float]],
+                book: JobBook, now: float) -> Stall | None:
+        """After the start: stalled when some runner holds an item, no item has left any step for stall_s, and no
+        runner is working (`demand_s`: each runner process's demand_seconds so far, asked every SAMPLE_EVERY_S)."""
+        if self.stall_s is None:
+            return None
+        self._moved(sum(p.left + p.calls for p in progress.values()), now)   # an item leaving, or a call ending
+        if now - self._sampled >= SAMPLE_EVERY_S:
+            self._sample(demand_s(), now)
         held = [(name, p) for name, p in progress.items() if p.held_item is not None and p.held_since is not None]
         if not held:
             self._since = now   # nothing waits: a quiet pipeline has not stalled
             return None
         _, oldest = min(held, key=lambda entry: entry[1].held_since or 0.0)
         assert oldest.held_since is not None
-        if self.stall_s is None or now - max(self._since, oldest.held_since) < self.stall_s:
+        if now - max(self._since, oldest.held_since) < self.stall_s:
             return None
-        return blame(progress, book, now)
+        verdicts = {name: self._verdict(name, p, progress, book, now, self.stall_s) for name, p in progress.items()
+                    if p.calling_since is not None}
+        idle = {name: why for name, why in verdicts.items() if why is not None}
+        if len(idle) < len(verdicts):   # a runner is working: the others wait for it
+            return None
+        return blame(progress, book, now, idle)
+
+    def _sample(self, demand_s: Mapping[str, float], now: float) -> None:
+        """Note which runners are computing: those that demanded BUSY_SHARE of the last BUSY_WINDOW_S (or more)."""
+        self._sampled = now
+        for name, demand in demand_s.items():
+            samples = self._demand.setdefault(name, deque())
+            samples.append((now, demand))
+            while len(samples) > 2 and samples[1][0] <= now - BUSY_WINDOW_S:
+                samples.popleft()
+            then, before = samples[0]
+            if now - then >= BUSY_WINDOW_S and demand - before >= BUSY_SHARE * (now - then):
+                self._busy_at[name] = now
+
+    def _verdict(self, name: str, runner: ProgressSnapshot, progress: Mapping[str, ProgressSnapshot], book: JobBook,
+                 now: float, stall_s: float) -> str | None:
+        """None while a runner inside its model is working (it computed within stall_s, and its call has not passed
+        its step's bound); else why it is not, as the end of a sentence."""
+        busy_at = self._busy_at.get(name)
+        if busy_at is None or now - busy_at >= stall_s:
+            since = "since the job started" if busy_at is None else f"for {now - busy_at:.1f} s"
+            return f", and its process has not computed {since}"
+        slowest = max(slowest_calls(name, progress, book), default=None)
+        calling = runner.calling_since
+        assert calling is not None
+        if slowest is not None and now - calling >= max(stall_s, SLOWEST_TIMES * slowest):
+            return (f", inside one call for {now - calling:.1f} s, over {SLOWEST_TIMES} times "
+                    f"the slowest its step completed ({slowest:.2f} s){SLOW_HINT}")
+        return None
 
 
 @dataclass(frozen=True)
@@ -99,6 +160,7 @@ class Look:
 
     progress: ProgressSnapshot | None   # a runner's progress; None for the client
     cpu_s: float                        # CPU seconds its loop's thread has used (start-up's progress)
+    demand_s: float = 0.0               # demand_seconds of its loop's thread and those started since (torch's), not Ray's
 
 
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -114,19 +176,53 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
 
-def blame(progress: Mapping[str, ProgressSnapshot], book: JobBook, now: float) -> Stall:
+def slowest_calls(name: str, progress: Mapping[str, ProgressSnapshot], book: JobBook) -> Iterable[float]:
+    """The slowest completed call of each runner of `name`'s step that has completed one."""
+    step = book[name].step
+    return (p.slowest_call_s for other, p in progress.items()
+            if p.slowest_call_s is not None and book[other].step == step)
+
+
+def demand_seconds(pid: int, leaving_out: Collection[int] = ()) -> float:
+    """The seconds a process's threads (those alive, but `leaving_out`'s native ids) ran on a CPU or waited, runnable,
+    for one, from /proc schedstat; 0 once gone.
+
+    This, not CPU time, tells computing from waiting on a loaded machine: a
+    thread that computes demands about a second each second however little
+    of it the scheduler grants (18 % of a core at a load average of 50 on
+    this 2-core machine), one that waits on a lock, a timer or a read none.
+    """
+    try:
+        threads = [int(name) for name in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return 0.0
+    total_ns = 0
+    for thread in threads:
+        if thread in leaving_out:
+            continue
+        try:
+            running_ns, waiting_ns, _ = Path(f"/proc/{pid}/task/{thread}/schedstat").read_text().split()
+        except (OSError, ValueError):
+            continue  # gone since the listing
+        total_ns += int(running_ns) + int(waiting_ns)
+    return total_ns / 1e9
+
+
+def blame(progress: Mapping[str, ProgressSnapshot], book: JobBook, now: float, verdicts: Mapping[str, str]) -> Stall:
     """The runner a stall is put on: the one inside its model the longest (those that only hold items the next
-    step does not take are waiting on it), else the one holding the oldest item."""
+    step does not take are waiting on it), else the one holding the oldest item; `verdicts` say why each runner
+    inside its model is not working."""
     calling = [(name, p) for name, p in progress.items() if p.calling_since is not None]
     held = [(name, p) for name, p in progress.items() if p.held_since is not None]
     name, stuck = min(calling or held, key=lambda entry: (entry[1].calling_since if calling else entry[1].held_since) or 0.0)
     who = describe(book[name], book)
+    why = verdicts.get(name, SLOW_HINT)
     if stuck.held_item is not None and stuck.held_since is not None:
         return Stall(name, f"{who} has held item {stuck.held_item} for {now - stuck.held_since:.1f} s with no item "
-                           f"finished since{SLOW_HINT}")
+                           f"finished since{why}")
     assert stuck.calling_since is not None
     return Stall(name, f"{who} has been inside its model for {now - stuck.calling_since:.1f} s with no item finished "
-                       f"since{SLOW_HINT}")
+                       f"since{why}")
 
 
 def describe(record: ProcessRecord, book: JobBook) -> str:

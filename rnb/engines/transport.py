@@ -46,13 +46,15 @@ class FinishedCards:
     only final steps have one; it sleeps while nothing is held.
     """
 
-    def __init__(self, send: Callable[[Results], Any], within_s: float | None = None) -> None:
+    def __init__(self, send: Callable[[Results], Any], within_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._send = send
         self.within_s = RESULTS_WAIT_S if within_s is None else within_s
+        self._clock = clock  # seconds, only ever subtracted: a test gives one it moves by hand
         self._cards: list[TimeCard] = []
         self._held = threading.Condition(threading.Lock())  # guards _cards and oldest; the sender thread waits on it
         self._sender: threading.Thread | None = None
-        self.oldest = 0.0  # when the first card held now was added (time.monotonic)
+        self.oldest = 0.0  # when the first card held now was added (by the clock)
 
     def __len__(self) -> int:
         return len(self._cards)
@@ -62,7 +64,7 @@ class FinishedCards:
             return
         with self._held:
             if not self._cards:
-                self.oldest = time.monotonic()
+                self.oldest = self._clock()
                 self._held.notify()
             self._cards.extend(cards)
         if self._sender is None:
@@ -85,7 +87,7 @@ class FinishedCards:
                 if not self._cards:
                     self._held.wait()
                     continue
-                due = self.oldest + self.within_s - time.monotonic()
+                due = self.oldest + self.within_s - self._clock()
                 if due > 0:
                     self._held.wait(due)
                     continue

@@ -55,7 +55,8 @@ class DeviceState:
     uuid: str
     memory_total_bytes: int
     memory_used_bytes: int
-    compute_pids: tuple[int, ...]
+    compute_pids: tuple[int, ...] | None  # None where NVML could not list them (process_query_error says why)
+    process_query_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -180,12 +181,18 @@ class Nvml:
         nv = self._nv
         handle = nv.nvmlDeviceGetHandleByIndex(physical_index)
         memory = nv.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            pids: tuple[int, ...] | None = tuple(int(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(handle))
+            error = ""
+        except Exception as exc:  # e.g. NVML_ERROR_NOT_SUPPORTED under a sandboxed runtime: unknown, not fatal
+            pids, error = None, f"{type(exc).__name__}: {exc}"
         return DeviceState(
             name=str(nv.nvmlDeviceGetName(handle)),
             uuid=str(nv.nvmlDeviceGetUUID(handle)),
             memory_total_bytes=int(memory.total),
             memory_used_bytes=int(memory.used),
-            compute_pids=tuple(int(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)),
+            compute_pids=pids,
+            process_query_error=error,
         )
 
     def process_memory(self, uuid: str) -> dict[int, int]:
@@ -346,7 +353,7 @@ def _check_one(file: str, nvml: Nvml, logical: int, path: str, physical: int, ma
                allow_busy: bool, family: Family) -> GpuRecord:
     state = nvml.device(physical)
     where = f"GPU {logical} (physical {physical}, {state.name})"
-    others = family.strangers(state.uuid, state.compute_pids)
+    others = family.strangers(state.uuid, state.compute_pids or ())
     if others and not allow_busy:
         raise GpuRequestError(file, path, f"expected {where} to be free, found {others.describe()}; "
                                           "--allow-busy-gpus runs on it anyway")
@@ -358,7 +365,7 @@ def _check_one(file: str, nvml: Nvml, logical: int, path: str, physical: int, ma
             "--allow-busy-gpus runs on it anyway",
         )
     return GpuRecord(logical, physical, state.name, state.uuid, state.memory_total_bytes, state.memory_used_bytes,
-                     others.pids if others else ())
+                     others.pids if others else (), process_query_error=state.process_query_error)
 
 
 def check_cuda_numbering(config: PipelineConfig, gpus: list[GpuRecord],
@@ -404,9 +411,16 @@ def _torch_uuid(index: int) -> str:
 
 
 def busy_notes(infos: list[GpuRecord], max_memory_fraction: float = DEFAULT_MAX_MEMORY_FRACTION) -> list[str]:
-    """One job-log note per GPU that was busy when the job was checked (only --allow-busy-gpus lets one run)."""
+    """One job-log note per GPU that was busy when the job was checked, or whose compute processes NVML could not list.
+
+    Only --allow-busy-gpus lets a busy GPU run; one whose processes are unknown runs, and its note says so.
+    """
     notes = []
     for info in infos:
+        if info.process_query_error:
+            notes.append(f"GPU {info.logical_index} (physical {info.physical_index}, {info.name}): NVML could not list "
+                         f"its compute processes ({info.process_query_error}), so whether another process computed on "
+                         "it is unknown")
         if info.compute_pids or info.memory_used_bytes > max_memory_fraction * info.memory_total_bytes:
             pids = ", ".join(str(pid) for pid in info.compute_pids) or "none"
             notes.append(f"--allow-busy-gpus: GPU {info.logical_index} (physical {info.physical_index}, {info.name}) "

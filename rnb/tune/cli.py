@@ -26,14 +26,16 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import IO
 
 import psutil
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+import rnb.flags as flags
 from rnb.analysis.jobs import JobLogError, ValidityRules
 from rnb.analysis.sweep import RunOutcome, SweepError, run_benchmark
+from rnb.analysis.sweep_cli import add_job_rules
 from rnb.console import terminal_logging
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.gpus import GpuRequestError, validate_gpus
@@ -44,79 +46,62 @@ from rnb.tune.search import Evaluated, Goal, Memory, choose_mode, finalists, sea
 from rnb.tune.space import Budget, TuneRequestError, TuneSpace, read_space
 from rnb.tune.verify import Verified, VerifySettings, closest, verify
 
-DEFAULTS = ValidityRules()
 log = logging.getLogger(__name__)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message}\n")
-
-
-def _integers(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    return values
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = _Parser(prog="rnb-tune", description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("-c", "--config", required=True, help="the tuning config: a pipeline config, where a "
-                        "Batcher's batch or a step's num_segments may be a list of choices")
-    parser.add_argument("--gpus", type=_integers, help="GPUs the replicas may use, e.g. 0,1,2,3 (several replicas may share one)")
-    parser.add_argument("--cpu-slots", type=int, default=0, help="replica slots on the CPU (one per replica of a work step)")
-    parser.add_argument("--latency-bound-ms", type=float, required=True, help="the bound on the end-to-end percentile")
-    parser.add_argument("--percentile", type=float, default=99.0, help="the percentile the bound applies to (default 99)")
+    parser = flags.CommandParser("rnb-tune", __doc__.splitlines()[0])
+    parser.add_argument(*flags.CONFIG, dest="config", required=True, help="the tuning config: a pipeline config, where a "
+                        "Batcher's batch or a step's num_segments may be a list of choices (required)")
+    parser.add_argument("--gpus", type=flags.integers(0), metavar="LIST",
+                        help="GPUs the replicas may use, e.g. 0,1,2,3; several replicas may share one (default: none)")
+    parser.add_argument("--cpu-slots", type=flags.integer(0), default=0, metavar="N",
+                        help="replica slots on the CPU, one per replica of a work step (default 0)")
+    parser.add_argument("--latency-bound-ms", type=flags.number(0, above=True), required=True, metavar="MS",
+                        help="the bound on the end-to-end percentile (required)")
+    parser.add_argument("--percentile", type=flags.number(0, above=True, below=100), default=99.0,
+                        help="the percentile the bound applies to (default 99)")
     parser.add_argument("--objective", choices=("throughput", "devices"), default="throughput",
-                        help="most items/s under the bound (default), or the fewest devices serving --target-rate")
-    parser.add_argument("--target-rate", type=float, help="items/s the devices objective must serve under the bound")
+                        help="most items/s under the bound, or the fewest devices serving --target-rate "
+                             "(default throughput)")
+    parser.add_argument("--target-rate", type=flags.number(0, above=True), metavar="R",
+                        help="items/s the devices objective must serve under the bound (default: none)")
     parser.add_argument("--search", choices=("auto", "exhaustive", "quick", "optuna"), default="auto",
-                        help="auto (default): exhaustive up to 256 candidates, else quick; optuna: TPE over the same space")
-    parser.add_argument("--engine", choices=("local", "ray"), default="local", help="the harness engine every job runs on")
-    parser.add_argument("--out", required=True, type=Path, help="directory of profiles, jobs and the report")
-    parser.add_argument("--batch", type=_integers, help="batch sizes of every Batcher whose config gives no list "
-                        "(default: the config's value, else 1,2,4,8)")
-    parser.add_argument("--segments", type=_integers, help="num_segments to try on every step a later step merges")
-    parser.add_argument("--max-replicas", type=int, help="most replicas of one group (default: what the budget allows)")
-    parser.add_argument("--top", type=int, default=3, help="finalists run for real (default 3)")
-    parser.add_argument("--profile-calls", type=int, default=150, help="calls per profiling job (default 150)")
-    parser.add_argument("--sim-items", type=int, default=DEFAULT_ITEMS,
+                        help="auto: exhaustive up to 256 candidates, else quick; optuna: TPE over the same space "
+                             "(default auto)")
+    parser.add_argument("--engine", choices=("local", "ray"), default="local",
+                        help="the harness engine every job runs on (default local)")
+    parser.add_argument("--out", required=True, type=Path, help="directory of profiles, jobs and the report (required)")
+    parser.add_argument(*flags.BATCH, "--batch", dest="batch", type=flags.integers(1), metavar="LIST",
+                        help="batch sizes of every Batcher whose config gives no list (default: the config's value, "
+                             "else 1,2,4,8)")
+    parser.add_argument("--segments", type=flags.integers(1), metavar="LIST",
+                        help="num_segments to try on every step a later step merges (default: the config's)")
+    parser.add_argument("--max-replicas", type=flags.integer(1), metavar="N",
+                        help="most replicas of one group (default: what the budget allows)")
+    parser.add_argument("--top", type=flags.integer(1), default=3, metavar="N", help="finalists run for real (default 3)")
+    parser.add_argument("--profile-calls", type=flags.integer(1), default=150, metavar="N",
+                        help="calls per profiling job (default 150)")
+    parser.add_argument("--sim-items", type=flags.integer(1), default=DEFAULT_ITEMS, metavar="N",
                         help=f"items per simulation (default {DEFAULT_ITEMS})")
-    parser.add_argument("--trials", type=int, default=60, help="Optuna trials (--search optuna; default 60)")
-    parser.add_argument("--verify-steps", type=int, default=3, help="bisection steps per finalist after its two ends (default 3)")
-    parser.add_argument("--verify-seconds", type=float, default=3.0,
+    parser.add_argument("--trials", type=flags.integer(1), default=60, metavar="N",
+                        help="Optuna trials of --search optuna (default 60)")
+    parser.add_argument("--verify-steps", type=flags.integer(0), default=3, metavar="N",
+                        help="bisection steps per finalist after its two ends (default 3)")
+    parser.add_argument("--verify-seconds", type=flags.number(0, above=True), default=3.0, metavar="S",
                         help="a verification job's length in seconds of requests at its rate (default 3)")
-    parser.add_argument("--warmup", type=int, default=20, help="warm-up items of each verification job (default 20)")
-    parser.add_argument("--min-duration", type=float, default=DEFAULTS.min_duration_s, help="validity rule, as in analyze.py")
-    parser.add_argument("--min-items", type=int, default=DEFAULTS.min_items, help="validity rule, as in analyze.py")
-    parser.add_argument("--max-reruns", type=int, default=3, help="longer re-runs of a job too short to be VALID (default 3)")
-    parser.add_argument("--timeout", type=float, help="seconds one job may take before it is interrupted")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the simulations and of Optuna (default 0)")
-    parser.add_argument("--ray-address", help="the Ray cluster of --engine ray (passed to every job)")
+    parser.add_argument("--warmup", type=flags.integer(0), default=20, metavar="N",
+                        help="warm-up items of each verification job (default 20)")
+    add_job_rules(parser)
+    parser.add_argument("--seed", type=flags.integer(0), default=0, metavar="N",
+                        help="seed of the simulations and of Optuna (default 0)")
+    parser.add_argument("--ray-address", help="the Ray cluster of --engine ray, passed to every job (default: as "
+                                              "benchmark.py finds one)")
     args = parser.parse_args(argv)
-    if not args.gpus and args.cpu_slots <= 0:
-        parser.error("give the budget: --gpus LIST and/or --cpu-slots N (N >= 1)")
-    if args.cpu_slots < 0 or (args.gpus and any(g < 0 for g in args.gpus)):
-        parser.error("--cpu-slots must not be negative and --gpus lists GPU indices (>= 0); -1 is what --cpu-slots counts")
-    if not args.latency_bound_ms > 0 or not math.isfinite(args.latency_bound_ms):
-        parser.error("--latency-bound-ms must be a positive number of milliseconds")
-    if not 0 < args.percentile < 100:
-        parser.error("--percentile must be in (0, 100)")
-    if args.objective == "devices" and (args.target_rate is None or not args.target_rate > 0):
-        parser.error("--objective devices needs --target-rate R (items/s, R > 0)")
-    for name in ("top", "profile_calls", "sim_items", "trials"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if min(args.verify_steps, args.warmup, args.max_reruns, args.min_items) < 0 or args.verify_seconds <= 0:
-        parser.error("--verify-steps, --warmup, --max-reruns and --min-items must not be negative, --verify-seconds positive")
-    if args.max_replicas is not None and args.max_replicas < 1:
-        parser.error("--max-replicas must be at least 1")
-    if any(b < 1 for b in args.batch or ()) or any(s < 1 for s in args.segments or ()):
-        parser.error("--batch and --segments list integers >= 1")
+    if not args.gpus and args.cpu_slots == 0:
+        parser.refuse("--gpus/--cpu-slots", "expected the budget, --gpus LIST and/or --cpu-slots N (N >= 1), found neither")
+    if args.objective == "devices" and args.target_rate is None:
+        parser.refuse("--target-rate", "expected the items/s that --objective devices must serve, found none")
     return args
 
 

@@ -21,7 +21,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeAlias
 
 from rnb.tune.estimate import Estimator, PeakEstimate
 from rnb.tune.profile import Bench, Profile, ProfileKey, forms_of, profile_key, unit_plan
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 Objective = Literal["throughput", "devices"]
 SearchMode = Literal["exhaustive", "quick", "optuna"]
+GroupKey: TypeAlias = tuple[int, int]   # (step, group)
 AUTO_EXHAUSTIVE_MAX = 256   # `--search auto` is exhaustive up to this many candidates, quick beyond
 GPU_CONTEXT_BYTES = 512 * 2**20   # a CUDA process's context where its profile could not see it (NVML blind)
 
@@ -203,69 +204,14 @@ class Search:
         """The neighbours that relieve the bottleneck of the current candidate, or trade replicas towards it."""
         if current.estimate.rate_per_s is None:
             return self.single_changes(current.candidate)
-        space = self.space
-        candidate = current.candidate
         prediction = current.estimate.at_peak or current.estimate.lowest
-        busy = prediction.busy
-        by_name = {g.name: g for g in space.groups}
-        tuned = [g for g in space.tuned_groups]
-        # The bottleneck among what can change: a tuned group, or the group a Batcher feeds.
-        order = sorted(busy, key=lambda name: -busy[name])
-        neck = next((by_name[name] for name in order if by_name[name].tuned), tuned[0])
-        replicas = space.replicas_of(candidate)
-        batches = space.batches_of(candidate)
-        segments = list(space.segments_of(candidate))
-        devices = {(g.step, g.group): candidate.group(g.step, g.group).devices for g in tuned if g.on_gpu}
-        where = (neck.step, neck.group)
-        result: list[Candidate] = []
-
-        def make(new_replicas: Mapping[tuple[int, int], int], new_batches: Mapping[tuple[int, int], int] = batches,
-                 new_segments: Sequence[int] = segments,
-                 new_devices: Mapping[tuple[int, int], tuple[int, ...]] | None = None) -> None:
-            placed = dict(new_devices if new_devices is not None else devices)
-            for key, count in new_replicas.items():
-                if key in placed and len(placed[key]) != count:
-                    placed[key] = _resize(placed[key], count, placed, space.budget.gpus)
-            result.append(space.candidate(new_replicas, new_batches, new_segments, placed))
-
-        make({**replicas, where: replicas[where] + 1})
-        batcher = space.batcher_of(neck)
-        if batcher is not None:
-            choices = sorted(batcher.batches)
-            at = choices.index(batches[(batcher.step, batcher.group)])
-            for other in (at - 1, at + 1):
-                if 0 <= other < len(choices):
-                    make(replicas, {**batches, (batcher.step, batcher.group): choices[other]})
-        idle = sorted((g for g in tuned if replicas[(g.step, g.group)] > 1 and g is not neck),
-                      key=lambda g: busy.get(g.name, 0.0))
-        if idle:
-            donor = (idle[0].step, idle[0].group)
-            traded = {**replicas, donor: replicas[donor] - 1, where: replicas[where] + 1}
-            make(traded)
-            make({**replicas, donor: replicas[donor] - 1})
-            # The donor's fewer replicas may keep up at a larger batch: the trade and the batch in one move.
-            feeder = space.batcher_of(idle[0])
-            if feeder is not None:
-                choices = sorted(feeder.batches)
-                at = choices.index(batches[(feeder.step, feeder.group)])
-                if at + 1 < len(choices):
-                    make(traded, {**batches, (feeder.step, feeder.group): choices[at + 1]})
-        if neck.step > 0 and len(space.segments[neck.step - 1]) > 1:
-            choices = list(space.segments[neck.step - 1])
-            at = choices.index(segments[neck.step - 1])
-            for other in (at - 1, at + 1):
-                if 0 <= other < len(choices):
-                    make(replicas, batches, [*segments[: neck.step - 1], choices[other], *segments[neck.step:]])
-        if neck.on_gpu and len(space.budget.gpus) > 1:
-            load = _gpu_load(devices, space.budget.gpus)
-            mine = devices[where]
-            busiest = max(set(mine), key=lambda d: load[d])
-            freest = min(space.budget.gpus, key=lambda d: load[d])
-            if load[freest] < load[busiest]:
-                moved = list(mine)
-                moved[moved.index(busiest)] = freest
-                make(replicas, new_devices={**devices, where: tuple(moved)})
-        return [c for c in result if c != candidate]
+        around = _Neighbours.of(self.space, current.candidate, prediction.busy)
+        around.add({**around.replicas, around.where: around.replicas[around.where] + 1})
+        around.batches_beside_the_neck()
+        around.trades_from_the_idlest()
+        around.segments_beside_the_neck()
+        around.the_neck_on_a_freer_gpu()
+        return [c for c in around.made if c != current.candidate]
 
     def single_changes(self, candidate: Candidate) -> list[Candidate]:
         """Every neighbour one change away: a replica more of a group, a batch or a step's segments one choice
@@ -316,6 +262,102 @@ class Search:
         return self.ranked()
 
 
+
+@dataclass
+class _Neighbours:
+    """Quick search's moves from one candidate, gathered in order around its bottleneck (`neck`, at `where`)."""
+
+    space: TuneSpace
+    busy: Mapping[str, float]
+    neck: GroupChoices
+    tuned: list[GroupChoices]
+    replicas: dict[GroupKey, int]
+    batches: dict[GroupKey, int]
+    segments: list[int]
+    devices: dict[GroupKey, tuple[int, ...]]
+    made: list[Candidate]
+
+    @staticmethod
+    def of(space: TuneSpace, candidate: Candidate, busy: Mapping[str, float]) -> _Neighbours:
+        by_name = {g.name: g for g in space.groups}
+        tuned = list(space.tuned_groups)
+        # The bottleneck among what can change: a tuned group, or the group a Batcher feeds.
+        order = sorted(busy, key=lambda name: -busy[name])
+        neck = next((by_name[name] for name in order if by_name[name].tuned), tuned[0])
+        devices = {(g.step, g.group): candidate.group(g.step, g.group).devices for g in tuned if g.on_gpu}
+        return _Neighbours(space, busy, neck, tuned, space.replicas_of(candidate), space.batches_of(candidate),
+                           list(space.segments_of(candidate)), devices, [])
+
+    @property
+    def where(self) -> GroupKey:
+        return self.neck.step, self.neck.group
+
+    def add(self, replicas: Mapping[GroupKey, int], batches: Mapping[GroupKey, int] | None = None,
+            segments: Sequence[int] | None = None, devices: Mapping[GroupKey, tuple[int, ...]] | None = None) -> None:
+        """The candidate of these choices (the current ones where None), GPU lists resized to new replica counts."""
+        placed = dict(devices if devices is not None else self.devices)
+        for key, count in replicas.items():
+            if key in placed and len(placed[key]) != count:
+                placed[key] = _resize(placed[key], count, placed, self.space.budget.gpus)
+        self.made.append(self.space.candidate(replicas, self.batches if batches is None else batches,
+                                              self.segments if segments is None else segments, placed))
+
+    def batches_beside_the_neck(self) -> None:
+        """The batch of the Batcher feeding the neck one choice down and up."""
+        batcher = self.space.batcher_of(self.neck)
+        if batcher is None:
+            return
+        choices = sorted(batcher.batches)
+        at = choices.index(self.batches[(batcher.step, batcher.group)])
+        for other in (at - 1, at + 1):
+            if 0 <= other < len(choices):
+                self.add(self.replicas, {**self.batches, (batcher.step, batcher.group): choices[other]})
+
+    def trades_from_the_idlest(self) -> None:
+        """A replica of the least busy group with more than one given to the neck, or given up."""
+        idle = sorted((g for g in self.tuned if self.replicas[(g.step, g.group)] > 1 and g is not self.neck),
+                      key=lambda g: self.busy.get(g.name, 0.0))
+        if not idle:
+            return
+        replicas, where = self.replicas, self.where
+        donor = (idle[0].step, idle[0].group)
+        traded = {**replicas, donor: replicas[donor] - 1, where: replicas[where] + 1}
+        self.add(traded)
+        self.add({**replicas, donor: replicas[donor] - 1})
+        # The donor's fewer replicas may keep up at a larger batch: the trade and the batch in one move.
+        feeder = self.space.batcher_of(idle[0])
+        if feeder is not None:
+            choices = sorted(feeder.batches)
+            at = choices.index(self.batches[(feeder.step, feeder.group)])
+            if at + 1 < len(choices):
+                self.add(traded, {**self.batches, (feeder.step, feeder.group): choices[at + 1]})
+
+    def segments_beside_the_neck(self) -> None:
+        """The segments of the step before the neck one choice down and up."""
+        step = self.neck.step
+        if step == 0 or len(self.space.segments[step - 1]) <= 1:
+            return
+        choices = list(self.space.segments[step - 1])
+        at = choices.index(self.segments[step - 1])
+        for other in (at - 1, at + 1):
+            if 0 <= other < len(choices):
+                self.add(self.replicas, self.batches, [*self.segments[: step - 1], choices[other], *self.segments[step:]])
+
+    def the_neck_on_a_freer_gpu(self) -> None:
+        """One of the neck's GPU replicas moved from its busiest GPU to the least loaded one, if that is freer."""
+        gpus = self.space.budget.gpus
+        if not self.neck.on_gpu or len(gpus) <= 1:
+            return
+        load = _gpu_load(self.devices, gpus)
+        mine = self.devices[self.where]
+        busiest = max(set(mine), key=lambda d: load[d])
+        freest = min(gpus, key=lambda d: load[d])
+        if load[freest] < load[busiest]:
+            moved = list(mine)
+            moved[moved.index(busiest)] = freest
+            self.add(self.replicas, devices={**self.devices, self.where: tuple(moved)})
+
+
 def _scalar(key: tuple[float, ...]) -> float:
     """A rank key folded into one number for Optuna (lower is better), each element dominating the next."""
     value = 0.0
@@ -324,7 +366,7 @@ def _scalar(key: tuple[float, ...]) -> float:
     return value
 
 
-def _gpu_load(devices: Mapping[tuple[int, int], tuple[int, ...]], gpus: Sequence[int]) -> dict[int, int]:
+def _gpu_load(devices: Mapping[GroupKey, tuple[int, ...]], gpus: Sequence[int]) -> dict[int, int]:
     load = {gpu: 0 for gpu in gpus}
     for placed in devices.values():
         for device in placed:
@@ -332,7 +374,7 @@ def _gpu_load(devices: Mapping[tuple[int, int], tuple[int, ...]], gpus: Sequence
     return load
 
 
-def _resize(placed: tuple[int, ...], count: int, all_devices: Mapping[tuple[int, int], tuple[int, ...]],
+def _resize(placed: tuple[int, ...], count: int, all_devices: Mapping[GroupKey, tuple[int, ...]],
             gpus: Sequence[int]) -> tuple[int, ...]:
     """A group's devices with one replica more (on the least loaded GPU) or fewer (off the most loaded)."""
     load = _gpu_load(all_devices, gpus)

@@ -28,7 +28,6 @@ from multiprocessing.context import SpawnContext
 
 import torch
 import torch.multiprocessing as mp
-from tqdm import tqdm
 
 from rnb.core.joblog import SAMPLES_FILE
 from rnb.core.progress import CELLS, Progress, empty_cells
@@ -36,6 +35,7 @@ from rnb.core.records import GpuRecord, MainGpuMemory, ProcessRecord
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
 from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
+from rnb.engines.live import LiveProgress, progress_mode
 from rnb.engines.local.plumbing import Plumbing, SharedSlot
 from rnb.engines.local.supervisor import Supervisor
 from rnb.engines.local.transport import DeviceFirst, LocalWiring, client_main, runner_main
@@ -76,17 +76,19 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     start = None
     watch = JobWatch(args.stall_s, args.max_duration_s, time.time())
     stall: list[Stall] = []  # the stall that ended the job, if one did
+    live = LiveProgress(["client", *(p.name for p in placements)], args.videos, progress_mode(args.quiet, sys.stderr))
     try:
         spawn_all(ctx, supervisor, config, args, placements, wirings)
         for record in supervisor.book.records:
             if record.pid is not None:  # every spawned child's record has one
                 sampler.watch(record.name, record.pid)
         sampler.start()  # from start-up on, so that model loading shows too
-        start = _run_between_barriers(supervisor, job_dir.name, args.videos, len(placements), watch, stall)
+        start = _run_between_barriers(supervisor, job_dir.name, live, len(placements), watch, stall)
     finally:
         end = plumbing.flag.raised_at if plumbing.flag.is_set else time.time()
         plumbing.flag.take_over(Termination.INTERRUPTED)  # a no-op unless we got here by an exception
         supervisor.stop(**({"grace_s": STALLED_GRACE_S} if stall else {}))
+        live.close(spool.rows)
         sampler.stop()
         spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
         for number, handler in previous.items():
@@ -201,37 +203,40 @@ def spawn_all(ctx: SpawnContext, supervisor: Supervisor, config: PipelineConfig,
             output_device=p.output_device if p.output_shapes else None))
 
 
-def _run_between_barriers(supervisor: Supervisor, job: str, videos: int, runners: int, watch: JobWatch,
+def _run_between_barriers(supervisor: Supervisor, job: str, live: LiveProgress, runners: int, watch: JobWatch,
                           stall: list[Stall]) -> float | None:
     """Wait until every child is ready, open the start gate, then wait for the flag; the start time, if any.
 
     The main process raises the flag itself when `watch` says the job has
     stalled (first asking every child for its stacks; the stall is appended
-    to `stall`) or has run its maximum duration.
+    to `stall`) or has run its maximum duration.  `live` shows how far
+    start-up and then the items have got.
     """
     plumbing = supervisor.plumbing
     while not plumbing.flag.is_set and len(supervisor.book.ready) < len(supervisor.children):
         supervisor.pump()
+        live.starting(supervisor.book.ready)
         _stop_if_stalled(supervisor, watch.start_up(supervisor.book, supervisor.cpu_of_starting(), time.time()), stall)
     if plumbing.flag.is_set:
         return None
     start = time.time()
     watch.started(start)
     plumbing.open_start_gate()
+    live.started()
     log.info("started %s: client and %d runners ready", job, runners)
     deadline = watch.deadline()
-    with tqdm(total=videos, unit="item", file=sys.stderr, disable=None, leave=False) as bar:
-        while not plumbing.flag.is_set:
-            # At the maximum duration's end the flag goes up within a few ms: its time is the job's end.
-            supervisor.pump(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.time())))
-            bar.update(supervisor.spool.rows - bar.n)
-            now = time.time()
-            if supervisor.spool.writes.first is not None:  # the log directory refused a write: nothing more to measure
-                plumbing.flag.take_over(Termination.LOG_FAILED)
-            elif watch.over_time(now):
-                plumbing.flag.take_over(Termination.MAX_DURATION)
-            else:
-                _stop_if_stalled(supervisor, watch.running(supervisor.progress_now(), supervisor.book, now), stall)
+    while not plumbing.flag.is_set:
+        # At the maximum duration's end the flag goes up within a few ms: its time is the job's end.
+        supervisor.pump(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.time())))
+        live.running(supervisor.spool.rows)
+        now = time.time()
+        if supervisor.spool.writes.first is not None:  # the log directory refused a write: nothing more to measure
+            plumbing.flag.take_over(Termination.LOG_FAILED)
+        elif watch.over_time(now):
+            plumbing.flag.take_over(Termination.MAX_DURATION)
+        else:
+            _stop_if_stalled(supervisor, watch.running(supervisor.progress_now(), supervisor.demand_of_children,
+                                                       supervisor.book, now), stall)
     return start
 
 

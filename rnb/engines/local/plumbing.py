@@ -281,9 +281,12 @@ class Plumbing:
         flag = TerminationFlag(ctx)
         requests = request_queue_size or queue_size
         return Plumbing(
-            requests=RingQueue(requests, flag, ctx=ctx, capacity=max(RING_BYTES, REQUEST_BYTES * requests)),
-            step_queues=tuple({q: RingQueue(queue_size, flag, ctx=ctx) for q in sorted(names)} for names in queue_names),
-            results=RingQueue(RESULTS_MAXSIZE, flag, ctx=ctx),
+            requests=RingQueue(requests, flag, ctx=ctx, name="request queue",
+                               capacity=max(RING_BYTES, REQUEST_BYTES * requests)),
+            step_queues=tuple({q: RingQueue(queue_size, flag, ctx=ctx, name=f"inter-step queue {q} (step {k} to step {k + 1})",
+                                            advice="; pass less in non_tensors") for q in sorted(names)}
+                              for k, names in enumerate(queue_names)),
+            results=RingQueue(RESULTS_MAXSIZE, flag, ctx=ctx, name="results queue"),
             status=ctx.Queue(),
             flag=flag,
             finished=ctx.Value("q", 0),

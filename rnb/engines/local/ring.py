@@ -3,18 +3,31 @@
 A pipe costs a hop four system calls (the producer polls for room and
 writes; the consumer polls and reads a header, then the body) and the
 Python of multiprocessing's connection around each.  Here a message is
-copied into shared memory under a lock, and one semaphore counts the
-messages written and not yet taken: its post and its wait stay in user space
-(a futex) unless the consumer is asleep, so a backlogged consumer takes each
-message without entering the kernel at all, and an idle one is woken by the
-post as a pipe's write would wake it.
+copied into shared memory under a lock, and a consumer copies it out under
+another: a backlogged consumer takes each message without entering the
+kernel at all, and an idle one sleeps on a semaphore that each put posts,
+woken as a pipe's write would wake it.
+
+The ring's bytes between its head and its tail are what it holds; the
+semaphore is only a doorbell.  A producer killed after its message is in
+but before it rang, or a consumer killed after it was woken but before it
+took anything, changes no message: a sleeping consumer looks at the ring
+again every RECHECK_S even when nobody rang, and one woken for nothing
+goes back to sleep.  The message count that bounds the queue (`maxsize`)
+is kept beside the ends and checked under the write lock, so no race of
+producers takes the queue past it.  A message is taken off (the head moved)
+under the read lock and unpickled after it is released, so one that cannot
+be unpickled fails its reader (UnreadableMessage) and leaves every message
+behind it in place.
 
 No process waits for good on another: the locks are taken a poll interval
 at a time and given up once the job has ended, so a process killed while
 holding one (mid-write) holds nobody up past the job's end, which its death
 brings about (the main process raises the flag).  A message becomes visible
 only once it is written whole: a writer killed mid-message leaves nothing
-half written to read.
+half written to read.  The two sides read each other's end words without a
+common lock, relying on stores becoming visible in the order they were
+made (x86-64 guarantees it), as the producer's room check always has.
 """
 from __future__ import annotations
 
@@ -34,8 +47,10 @@ RING_BYTES = 1 << 22
 # request (its payload and a new card) pickles to well under this, so the client never waits for room either.
 REQUEST_BYTES = 256
 _WORD = 8             # a message is its length in one int64 word, then its pickle, padded to whole words
-_HEAD, _TAIL = 0, 1   # bytes ever taken and ever written, in the ends array
+# The ends array: bytes ever taken and ever written (head, tail), messages ever taken and ever written.
+_HEAD, _TAIL, _TAKEN, _PUT = 0, 1, 2, 3
 ROOM_WAIT_S = 0.001   # how often a producer looks for room in a full ring
+RECHECK_S = POLL_S    # the longest a waiting consumer sleeps before it looks at the ring again, rung or not
 
 
 class JobFlag(Protocol):
@@ -45,24 +60,32 @@ class JobFlag(Protocol):
     def is_set(self) -> bool: ...
 
 
+class UnreadableMessage(Exception):
+    """A message that was taken off a queue but could not be unpickled; the messages behind it are still there."""
+
+
 class RingQueue:
     """A multi-producer, multi-consumer queue of pickled messages in shared memory (put_nowait, get).
 
     `maxsize` messages at most (-qs): a put beyond it raises queue.Full, and
     the caller ends the job.  Producers take the write lock, consumers the
     read lock; the two sides meet only through the ends array and the
-    semaphore, whose post and wait order the memory each side touched.
+    doorbell.  `name` says which queue it is in errors ("the request
+    queue"); `advice` ends the sentence refusing a message too large for it.
     """
 
-    def __init__(self, maxsize: int, flag: JobFlag, *, ctx: SpawnContext, capacity: int = RING_BYTES) -> None:
+    def __init__(self, maxsize: int, flag: JobFlag, *, ctx: SpawnContext, name: str, capacity: int = RING_BYTES,
+                 advice: str = "") -> None:
         if capacity % _WORD:
             raise ValueError(f"a ring's capacity must be a multiple of {_WORD} bytes, not {capacity}")
         self.maxsize = maxsize
         self.capacity = capacity
+        self.name = name
+        self.advice = advice
         self._flag = flag
         self._ring = ctx.RawArray("B", capacity)
-        self._ends = ctx.RawArray("q", 2)
-        self._items = ctx.Semaphore(0)
+        self._ends = ctx.RawArray("q", 4)
+        self._doorbell = ctx.Semaphore(0)
         self._wlock = ctx.Lock()
         self._rlock = ctx.Lock()
         self._attach()
@@ -87,43 +110,79 @@ class RingQueue:
         data = self._dumps(obj)
         size = _WORD + -(-len(data) // _WORD) * _WORD
         if size > self.capacity:
-            raise ValueError(f"a message of {len(data)} bytes does not fit the inter-step queue's ring of "
-                             f"{self.capacity} bytes; pass less in non_tensors")
+            raise ValueError(f"a message of {len(data)} bytes does not fit the {self.capacity}-byte ring of the "
+                             f"{self.name}{self.advice}")
         if not (self._wlock.acquire(False) or self._until(lambda: bool(self._wlock.acquire(timeout=POLL_S)))):
             return
         try:
-            if self._items.get_value() >= self.maxsize:
-                raise queue.Full
-            ends = self._ends
-            tail = ends[_TAIL]
-            while self.capacity - (tail - ends[_HEAD]) < size:
-                if self._flag.is_set:
-                    return
-                time.sleep(ROOM_WAIT_S)
-            self._store(tail, data)
-            ends[_TAIL] = tail + size
+            written = self._write(data, size)
         finally:
             self._wlock.release()
-        self._items.release()
+        if written:
+            self._doorbell.release()
+
+    def _write(self, data: bytes, size: int) -> bool:
+        """Under the write lock: copy a message in and move the tail past it; False if the job ended first."""
+        ends = self._ends
+        if ends[_PUT] - ends[_TAKEN] >= self.maxsize:
+            raise queue.Full
+        tail = ends[_TAIL]
+        while self.capacity - (tail - ends[_HEAD]) < size:
+            if self._flag.is_set:
+                return False
+            time.sleep(ROOM_WAIT_S)
+        self._store(tail, data)
+        ends[_PUT] += 1
+        ends[_TAIL] = tail + size  # the message is whole before the tail shows it
+        return True
 
     def get(self, timeout: float) -> Any:
-        """The next message, waiting up to `timeout` seconds for one; queue.Empty if none came (or the job ended)."""
-        if not self._items.acquire(timeout=timeout):
-            raise queue.Empty
-        if not (self._rlock.acquire(False) or self._until(lambda: bool(self._rlock.acquire(timeout=POLL_S)))):
-            raise queue.Empty  # a consumer killed while reading holds the lock for good; the job is ending anyway
+        """The next message, waiting up to `timeout` seconds for one; queue.Empty if none came (or the job ended).
+
+        UnreadableMessage if the next message does not unpickle: it is gone
+        from the queue, and the next get reads the one behind it.
+        """
+        rung = False
+        deadline = 0.0
+        while (data := self._take(rung)) is None:
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + timeout
+            if now >= deadline:
+                raise queue.Empty
+            rung = self._doorbell.acquire(timeout=min(deadline - now, RECHECK_S))
         try:
-            head = self._ends[_HEAD]
-            start = head % self.capacity
-            length = self._words[start // _WORD]
-            obj = pickle.loads(self._load((start + _WORD) % self.capacity, length))
-            self._ends[_HEAD] = head + _WORD + -(-length // _WORD) * _WORD
-        finally:
-            self._rlock.release()
-        return obj
+            return pickle.loads(data)
+        except Exception as error:  # the class's own code runs here (a constructor that refuses its pickled args)
+            raise UnreadableMessage(f"a message on the {self.name} could not be unpickled "
+                                    f"({type(error).__name__}: {error})") from error
 
     def get_nowait(self) -> Any:
         return self.get(0.0)
+
+    def _take(self, rung: bool) -> bytes | None:
+        """Under the read lock: a copy of the next message, its place given back; None if the ring is empty.
+
+        A consumer that was not woken by the doorbell silences one ring of
+        it, so that rings stay about as many as messages.
+        """
+        if not (self._rlock.acquire(False) or self._until(lambda: bool(self._rlock.acquire(timeout=POLL_S)))):
+            raise queue.Empty  # a consumer killed while reading holds the lock for good; the job is ending anyway
+        try:
+            ends = self._ends
+            head = ends[_HEAD]
+            if head == ends[_TAIL]:
+                return None
+            start = head % self.capacity
+            length = self._words[start // _WORD]
+            data = self._load((start + _WORD) % self.capacity, length)
+            ends[_TAKEN] += 1
+            ends[_HEAD] = head + _WORD + -(-length // _WORD) * _WORD
+        finally:
+            self._rlock.release()
+        if not rung:
+            self._doorbell.acquire(False)
+        return data
 
     def _store(self, tail: int, data: bytes) -> None:
         start = tail % self.capacity
@@ -134,11 +193,11 @@ class RingQueue:
         if first < len(data):  # the message wraps around the ring's end
             self._bytes[: len(data) - first] = data[first:]
 
-    def _load(self, at: int, length: int) -> bytes | memoryview:
+    def _load(self, at: int, length: int) -> bytes:
         first = min(length, self.capacity - at)
         if first == length:
-            return self._bytes[at: at + length]
-        return bytes(self._bytes[at:]) + bytes(self._bytes[: length - first])
+            return self._bytes[at: at + length].tobytes()
+        return self._bytes[at:].tobytes() + self._bytes[: length - first].tobytes()
 
     def _dumps(self, obj: Any) -> bytes:
         """`obj` pickled plainly: no reducer table beyond copyreg's, no class named in the hop's wire tuples.

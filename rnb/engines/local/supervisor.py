@@ -31,7 +31,7 @@ from rnb.engines.local.inbox import Inbox
 from rnb.engines.local.lifeline import STACKS_SIGNAL, Lifeline, run, spawning_children
 from rnb.engines.local.plumbing import Plumbing
 from rnb.engines.spool import TimingsSpool
-from rnb.engines.stall import cpu_seconds, stacks_file
+from rnb.engines.stall import cpu_seconds, demand_seconds, stacks_file
 
 # How long the main process waits for the children it asked to write their stacks (faulthandler writes at once).
 STACKS_WAIT_S = 1.0
@@ -96,6 +96,10 @@ class Supervisor:
         """The CPU seconds so far of each live child that has not reported ready (start-up's progress)."""
         return {child.name: cpu_seconds(child.process.pid) for child in self.alive()
                 if child.name not in self.book.ready and child.process.pid is not None}
+
+    def demand_of_children(self) -> dict[str, float]:
+        """How long each live child's threads have run or waited to run (rnb.engines.stall.demand_seconds)."""
+        return {child.name: demand_seconds(child.process.pid) for child in self.alive() if child.process.pid is not None}
 
     def ask_for_stacks(self) -> None:
         """Have every live child write its Python stacks to its file (STACKS_SIGNAL), and wait until they have.

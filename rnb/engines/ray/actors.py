@@ -46,7 +46,7 @@ from rnb.engines.buffers import LocalBuffers
 from rnb.engines.participant import run_and_report
 from rnb.engines.ray.handoffs import Courier, Outbox, Parcel
 from rnb.engines.runner import Runner
-from rnb.engines.stall import Look, cpu_seconds
+from rnb.engines.stall import Look, cpu_seconds, demand_seconds
 from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
 from rnb.pipeline.gpus import DEVICE_ORDER
 from rnb.pipeline.plan import Placement
@@ -155,6 +155,7 @@ class _Member:
         self.started = threading.Event()
         self.halted = threading.Event()
         self.loop_thread: int | None = None   # the native id of the thread its loop runs in, once it runs
+        self.ray_threads: frozenset[int] = frozenset()   # the process's other threads when the loop began: Ray's
         self.progress: Progress | None = None  # a runner's progress cells (rnb.core.progress), in this process
 
     async def where(self) -> Whereabouts:
@@ -175,15 +176,20 @@ class _Member:
         self.halted.set()
 
     async def look(self) -> Look:
-        """The driver's periodic look: how far the runner has got, and the CPU its loop has used.
+        """The driver's periodic look: how far the runner has got, and the CPU its threads have used and asked for.
 
         The loop runs in a thread of its own, so the actor answers this even
-        while its loop is stuck (in a lock, a read, a device call).  The CPU
-        is that thread's alone: Ray's own threads in the process always use
-        a little, which would hide a loop that stopped.
+        while its loop is stuck (in a lock, a read, a device call).  Ray's
+        own threads in the process always use a little, which would hide a
+        loop that stopped, so they are left out: start-up counts the loop's
+        thread's CPU time; a running step the demand of that thread and of
+        those started since (torch's, which compute its calls), not of those
+        that were there when the loop began.
         """
-        cpu = 0.0 if self.loop_thread is None else cpu_seconds(os.getpid(), self.loop_thread)
-        return Look(None if self.progress is None else self.progress.read(), cpu)
+        if self.loop_thread is None:
+            return Look(None if self.progress is None else self.progress.read(), 0.0)
+        return Look(None if self.progress is None else self.progress.read(), cpu_seconds(os.getpid(), self.loop_thread),
+                    demand_seconds(os.getpid(), self.ray_threads))
 
     async def stacks(self) -> str:
         """Every thread's Python stack, as faulthandler writes them (the local engine's children write the same)."""
@@ -197,6 +203,7 @@ class _Member:
         """Run the loop in a thread of its own, then wait for the calls its courier still holds (its last words)."""
         def run() -> int:
             self.loop_thread = threading.get_native_id()
+            self.ray_threads = frozenset(int(name) for name in os.listdir("/proc/self/task")) - {self.loop_thread}
             code = run_and_report(transport.name, transport, work, device)
             transport.courier.flush()
             return code

@@ -34,7 +34,6 @@ from typing import Any
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
-from tqdm import tqdm
 
 from rnb.core.joblog import SAMPLES_FILE
 from rnb.core.records import GpuRecord, ProcessRecord, Role
@@ -42,6 +41,7 @@ from rnb.core.stages import StepEvents
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
 from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
+from rnb.engines.live import LiveProgress, progress_mode
 from rnb.engines.ray.actors import ACTOR_ENV, ClientActor, ControlState, JobControl, RayWiring, RunnerActor
 from rnb.engines.ray.cluster import JobRay, NodeInfo
 from rnb.engines.ray.placement import NodeChoice, Seat, seat_runners
@@ -141,6 +141,7 @@ class RayJob:
     start: float | None = None
     stall: Stall | None = None                          # the stall that ended the job, if one did
     looked_at: float = 0.0
+    live: LiveProgress = field(default_factory=lambda: LiveProgress((), 0, "off"))  # what stderr shows; run() sets it
 
     def reserve_gpus(self, bundles: Sequence[NodeChoice], allow_busy: bool) -> list[GpuRecord]:
         """The placement group of the GPU bundles, each GPU checked free by NVML on its node (GpuRequestError)."""
@@ -176,6 +177,8 @@ class RayJob:
         self.job_dir = job_dir
         self.spool = TimingsSpool(job_dir, len(self.config.steps), self.args.warmup)
         sampler = Sampler(self.args.sample_interval_ms / 1000.0)
+        self.live = LiveProgress(["client", *(seat.placement.name for seat in self.seats)], self.args.videos,
+                                 progress_mode(self.args.quiet, sys.stderr))
         try:
             self.launch(job)
             self.sample_here(sampler)
@@ -192,6 +195,7 @@ class RayJob:
             for number, handler in previous.items():
                 signal.signal(number, handler)
             self.stop(self.outside if self.interrupted.is_set() or self.start is not None else Termination.SETUP_FAILED)
+            self.live.close(self.spool.rows)
             sampler.stop()
             self.spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
         assert self.state is not None  # stop() leaves the flag's state, whatever came before
@@ -306,6 +310,7 @@ class RayJob:
         start = time.time()
         for member in self.members:
             member.actor.start.remote(self.offsets[self._node_id(member)].offset_s)
+        self.live.started()
         log.info("started %s on Ray: client and %d runners ready on %d nodes", job, len(self.seats), len(self.offsets))
         return start
 
@@ -316,17 +321,18 @@ class RayJob:
 
     def follow(self) -> None:
         """Until the flag is raised: take in statuses and cards, notice failures, show progress."""
-        with tqdm(total=self.args.videos, unit="item", file=sys.stderr, disable=None, leave=False) as bar:
-            self.wait_until(lambda: False, bar)
+        self.wait_until(lambda: False)
 
-    def wait_until(self, done: Any, bar: tqdm | None = None) -> bool:
-        """Poll until done() (True) or the flag is raised (False); a failure, Ctrl-C, a stall or the maximum
-        duration raises the flag."""
+    def wait_until(self, done: Callable[[], bool]) -> bool:
+        """Poll until done() (True) or the flag is raised (False), showing progress; a failure, Ctrl-C, a stall
+        or the maximum duration raises the flag."""
         while True:
             self.poll()
             assert self.spool is not None and self.state is not None  # run() made the spool, poll() the state
-            if bar is not None:
-                bar.update(self.spool.rows - bar.n)
+            if self.start is None:
+                self.live.starting(self.book.ready)
+            else:
+                self.live.running(self.spool.rows)
             if self.state.reason != Termination.RUNNING:
                 return False
             if done():
@@ -343,8 +349,9 @@ class RayJob:
             self.raise_flag(Termination.MAX_DURATION)
             return
         else:
-            found = self.watch.running({m.name: m.seen.progress for m in self.members if m.seen and m.seen.progress},
-                                       self.book, now)
+            seen = [(m.name, m.seen) for m in self.members if m.seen and m.seen.progress]
+            found = self.watch.running({name: look.progress for name, look in seen if look.progress},
+                                       lambda: {name: look.demand_s for name, look in seen}, self.book, now)
         if found is not None:
             self.stalled(found)
 
