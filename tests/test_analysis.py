@@ -182,7 +182,7 @@ def test_analyze_prints_the_table_and_writes_every_export(real_job: Path, tmp_pa
 
 
 def test_the_table_names_the_config_and_the_batches_also_of_a_log_in_the_old_layout(real_job: Path, log_copy: Path) -> None:
-    assert re.fullmatch(r"\d{6}_\d{6}-toy-mi0-v400", real_job.name)
+    assert re.fullmatch(r"\d{6}_\d{6}-toy-mi0-v400-qs12", real_job.name)  # -qs only where not its default
     # A log written before the id named the config and before the route columns: -b's value in the id, no batch_size{k}.
     old = clone_job(log_copy, real_job.name, "261130_091500-mi0-b1-v400-qs50000")
     timings = pq.read_table(old / "timings.parquet")
