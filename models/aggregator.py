@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from rnb.core.keywords import Count
 from rnb.core.model import Cards, NonTensors, Shapes, StepOutput, Tensors
 from rnb.core.timecard import SegmentKey, TimeCard
 
@@ -24,7 +25,7 @@ class Aggregator:
 
     merges_segments = True  # config validation lets a step before this one split items (num_segments > 1)
 
-    def __init__(self, device: torch.device, num_classes: int = 400, batch: int = 1) -> None:
+    def __init__(self, device: torch.device, num_classes: Count = 400, batch: Count = 1) -> None:
         self.pending: dict[SegmentKey, list[tuple[TimeCard, torch.Tensor]]] = {}
 
     @staticmethod

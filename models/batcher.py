@@ -11,10 +11,13 @@ items are never stuck waiting for company.
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
 import torch
+from annotated_types import Ge
 
 from models.clips import NumClips, clip_shape
+from rnb.core.keywords import Count
 from rnb.core.model import NOTHING_YET, Cards, NonTensors, Shapes, StepOutput, Tensors
 from rnb.core.timecard import TimeCard, one_card
 
@@ -26,8 +29,9 @@ class Batcher:
     repeat the loader's keywords, and describe the input only without it.
     """
 
-    def __init__(self, device: torch.device, batch: int = 1, num_clips: NumClips = 10,
-                 clip_length: int = 8, size: int = 112, timeout_ms: float = 50.0) -> None:
+    def __init__(self, device: torch.device, batch: Count = 1, num_clips: NumClips = 10,
+                 clip_length: Count = 8, size: Count = 112,
+                 timeout_ms: Annotated[float, Ge(0)] = 50.0) -> None:
         if batch < 1 or timeout_ms < 0:
             raise ValueError(f"batch must be >= 1 and timeout_ms >= 0, got {batch} and {timeout_ms}")
         self.batch = batch

@@ -12,8 +12,10 @@ from typing import TypeAlias
 
 import numpy as np
 
+from rnb.core.keywords import Count
+
 # `num_clips` as a config gives it: a count, or {"choices": [...], "weights": [...]} (ClipCount.parse checks it).
-NumClips: TypeAlias = int | Mapping[str, Sequence[float]]
+NumClips: TypeAlias = Count | Mapping[str, Sequence[float]]
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeAlias
+from typing import Literal, TypeAlias, get_args
 
 import numpy as np
 import torch
@@ -65,6 +65,7 @@ from episodes import (
     open_episodes,
 )
 from models.clips import ClipCount, NumClips, clip_shape
+from rnb.core.keywords import Count, Natural
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
 from rnb.core.timecard import TimeCard, one_card
 from rnb.pipeline.config import KeywordError
@@ -74,7 +75,9 @@ from rnb.pipeline.dataset_source import READ_RETRIES, READ_TIMEOUT_S, EpisodeReq
 # the step's own `dataset`.
 Request: TypeAlias = EpisodeRequest | int
 
-FETCH = ("episode", "clips")
+# How a loader reads an episode's frames (the module docstring): the whole episode, or the sampled clips' GOPs.
+FetchName: TypeAlias = Literal["episode", "clips"]
+FETCH: tuple[str, ...] = get_args(FetchName)
 CACHE_ENV = "RNB_CACHE_DIR"
 KINETICS_MEAN = (0.43216, 0.394666, 0.37645)
 KINETICS_STD = (0.22803, 0.22145, 0.216989)
@@ -318,10 +321,10 @@ class EpisodeLoader:
     """
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
-                 num_clips: NumClips = 10, clip_length: int = 8, size: int = 112,
-                 tabular: list[str] | None = None, prefetch: int = 2, byte_budget: int = 2**30,
-                 workers: int | None = None, seed: int = 0, decode_threads: int | None = None,
-                 tabular_cache: bool = True, fetch: str = "episode", coalesce_gap: int = DEFAULT_COALESCE_GAP,
+                 num_clips: NumClips = 10, clip_length: Count = 8, size: Count = 112,
+                 tabular: list[str] | None = None, prefetch: Natural = 2, byte_budget: Count = 2**30,
+                 workers: Count | None = None, seed: Natural = 0, decode_threads: Count | None = None,
+                 tabular_cache: bool = True, fetch: FetchName = "episode", coalesce_gap: Natural = DEFAULT_COALESCE_GAP,
                  require_nvdec: bool = False, warmup_request: EpisodeRequest | None = None) -> None:
         self.device = device
         self.size = size
@@ -376,9 +379,9 @@ class EpisodeFetcher:
     output_device = "cpu"  # the decoder reads bytes from host memory (rnb.core.model.PlacesOutputs)
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
-                 num_clips: NumClips = 10, clip_length: int = 8, prefetch: int = 2,
-                 byte_budget: int = 2**30, workers: int | None = None, seed: int = 0, max_bytes: int = 2**24,
-                 fetch: str = "episode", coalesce_gap: int = DEFAULT_COALESCE_GAP) -> None:
+                 num_clips: NumClips = 10, clip_length: Count = 8, prefetch: Natural = 2,
+                 byte_budget: Count = 2**30, workers: Count | None = None, seed: Natural = 0, max_bytes: Count = 2**24,
+                 fetch: FetchName = "episode", coalesce_gap: Natural = DEFAULT_COALESCE_GAP) -> None:
         self.max_bytes = max_bytes
         self.reader = EpisodeReader(dataset, camera, num_clips, clip_length, prefetch, byte_budget, workers, seed,
                                     fetch=fetch, coalesce_gap=coalesce_gap)
@@ -418,8 +421,8 @@ class EpisodeDecoder:
 
     input_device = "cpu"  # rnb.core.model.PlacesInputs
 
-    def __init__(self, device: torch.device, num_clips: NumClips = 10, clip_length: int = 8,
-                 size: int = 112, require_nvdec: bool = False, warmup_request: EpisodeRequest | None = None,
+    def __init__(self, device: torch.device, num_clips: NumClips = 10, clip_length: Count = 8,
+                 size: Count = 112, require_nvdec: bool = False, warmup_request: EpisodeRequest | None = None,
                  camera: str | None = None) -> None:
         self.device = device
         self.size = size

@@ -20,13 +20,16 @@ say both.
 from __future__ import annotations
 
 import os
+from typing import Annotated, TypeAlias
 
 import torch
+from annotated_types import Interval
 from torch import nn
 from torchvision.models.video import r2plus1d_18
 
 from models.clips import ClipCount, NumClips, clip_shape
 from models.episode import EpisodeLoader
+from rnb.core.keywords import Count, Natural
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
 from rnb.pipeline.dataset_source import EpisodeRequest
 
@@ -37,6 +40,7 @@ MAX_WARM_SIZES = 16
 # output channels of stages 1..4; stage 5 gives num_classes logits
 _CHANNELS = (64, 64, 128, 256)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+Stage: TypeAlias = Annotated[int, Interval(ge=1, le=NUM_STAGES)]
 
 
 def compute_dtype(dtype: str) -> torch.dtype:
@@ -136,10 +140,10 @@ class R2P1DRunner:
     clip counts) also tells the warm-up exactly which input sizes can come.
     """
 
-    def __init__(self, device: torch.device, start_index: int = 1, end_index: int = 5,
-                 num_clips: NumClips | None = None, clip_length: int = 8, size: int = 112,
-                 num_classes: int = 400, batch: int = 1, checkpoint: str | None = None, seed: int = 0,
-                 warmup: int = 1, input_shapes: tuple[tuple[int, ...], ...] | None = None,
+    def __init__(self, device: torch.device, start_index: Stage = 1, end_index: Stage = 5,
+                 num_clips: NumClips | None = None, clip_length: Count = 8, size: Count = 112,
+                 num_classes: Count = 400, batch: Count = 1, checkpoint: str | None = None, seed: Natural = 0,
+                 warmup: Natural = 1, input_shapes: tuple[tuple[int, ...], ...] | None = None,
                  dtype: str = "float32", channels_last: bool = False) -> None:
         check_cut(start_index, end_index)
         self.dtype = compute_dtype(dtype)
@@ -220,9 +224,9 @@ class R2P1DSingleStep:
     """Loader and the whole network in one step: RnB's no-pipeline baseline. Outputs (clips, num_classes) logits."""
 
     def __init__(self, device: torch.device, dataset: str | None = None, camera: str | None = None,
-                 num_clips: NumClips = 10, clip_length: int = 8, size: int = 112,
-                 prefetch: int = 2, byte_budget: int = 2**30, workers: int = 4, seed: int = 0,
-                 num_classes: int = 400, checkpoint: str | None = None, warmup: int = 1,
+                 num_clips: NumClips = 10, clip_length: Count = 8, size: Count = 112,
+                 prefetch: Natural = 2, byte_budget: Count = 2**30, workers: Count = 4, seed: Natural = 0,
+                 num_classes: Count = 400, checkpoint: str | None = None, warmup: Natural = 1,
                  dtype: str = "float32", channels_last: bool = False, require_nvdec: bool = False,
                  warmup_request: EpisodeRequest | None = None) -> None:
         self.loader = EpisodeLoader(device, dataset, camera, num_clips, clip_length, size, None, prefetch,

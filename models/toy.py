@@ -12,13 +12,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from annotated_types import Ge
 from torch import nn
 
 from rnb.core.device import DeviceMark, wait_until_done
+from rnb.core.keywords import TEST_HOOK, Count, Natural
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
 from rnb.core.timecard import SegmentKey, TimeCard, as_cards, one_card
+
+Ms = Annotated[float, Ge(0)]
+# The fail-on-purpose keywords: checked as any keyword, never offered to users.
+FailAtInit = Annotated[bool, TEST_HOOK]
+AtItem = Annotated[int | None, TEST_HOOK]
 
 
 @dataclass(frozen=True)
@@ -47,9 +55,9 @@ class SyntheticFrames:
     The values depend only on the item id, so tests can predict any output.
     """
 
-    def __init__(self, device: torch.device, clips: int = 2, frames: int = 4, height: int = 16,
-                 width: int = 16, fail_at_init: bool = False, fail_at_item: int | None = None,
-                 exit_at_item: int | None = None) -> None:
+    def __init__(self, device: torch.device, clips: Count = 2, frames: Count = 4, height: Count = 16,
+                 width: Count = 16, fail_at_init: FailAtInit = False, fail_at_item: AtItem = None,
+                 exit_at_item: AtItem = None) -> None:
         self.faults = FaultInjection(fail_at_init, fail_at_item, exit_at_item)
         self.faults.at_init(type(self).__name__)
         self.device = device
@@ -78,9 +86,9 @@ class SyntheticFrames:
 class TinyConvNet:
     """A later step: a one-layer Conv3d classifier with seeded random weights; `clips` is accepted, not needed."""
 
-    def __init__(self, device: torch.device, clips: int = 2, classes: int = 10, channels: int = 8,
-                 seed: int = 0, record_pid: bool = False, fail_at_init: bool = False,
-                 fail_at_item: int | None = None, exit_at_item: int | None = None) -> None:
+    def __init__(self, device: torch.device, clips: Count = 2, classes: Count = 10, channels: Count = 8,
+                 seed: Natural = 0, record_pid: Annotated[bool, TEST_HOOK] = False,
+                 fail_at_init: FailAtInit = False, fail_at_item: AtItem = None, exit_at_item: AtItem = None) -> None:
         self.record_pid = record_pid  # lets tests see which replica handled an item
         self.faults = FaultInjection(fail_at_init, fail_at_item, exit_at_item)
         self.faults.at_init(type(self).__name__)
@@ -117,8 +125,8 @@ class SegmentMerger:
 
     merges_segments = True
 
-    def __init__(self, device: torch.device, fail_at_init: bool = False,
-                 fail_at_item: int | None = None, exit_at_item: int | None = None) -> None:
+    def __init__(self, device: torch.device, fail_at_init: FailAtInit = False, fail_at_item: AtItem = None,
+                 exit_at_item: AtItem = None) -> None:
         self.faults = FaultInjection(fail_at_init, fail_at_item, exit_at_item)
         self.faults.at_init(type(self).__name__)
         self.pending: dict[SegmentKey, list[tuple[TimeCard, tuple[torch.Tensor, ...]]]] = {}
@@ -208,8 +216,8 @@ class AsyncSleep:
     frames of the toy geometry; later it hands its input on unchanged.
     """
 
-    def __init__(self, device: torch.device, ms: float = 0.0, ms_per_item: float = 0.0, clips: int = 2,
-                 frames: int = 4, height: int = 16, width: int = 16) -> None:
+    def __init__(self, device: torch.device, ms: Ms = 0.0, ms_per_item: Ms = 0.0, clips: Count = 2,
+                 frames: Count = 4, height: Count = 16, width: Count = 16) -> None:
         if ms < 0 or ms_per_item < 0:
             raise ValueError(f"ms and ms_per_item must be >= 0, got {ms} and {ms_per_item}")
         self.device = device

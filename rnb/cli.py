@@ -115,12 +115,31 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
     """Command line over config "run" over DEFAULTS (parse_args checked each flag's range); a bad mix raises ConfigError."""
     values = {key: getattr(ns, key) if getattr(ns, key) is not None else config.run.get(key, default)
               for key, default in DEFAULTS.items()}
+    _check_warmup(ns, config, values["warmup"], values["videos"])
     engine = ns.engine or str(config.run.get("engine", RUN_CHOICES["engine"][0]))  # _parse_run checked it is a choice
     if ns.ray_address is not None and engine != "ray":
         raise ConfigError(flags.WHERE, "--ray-address", f"expected the Ray engine (--engine ray or the config's "
                                                         f"\"run\": {{\"engine\": \"ray\"}}), found the {engine} engine")
     return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms, engine=engine,
                    ray_address=ns.ray_address, quiet=ns.quiet)
+
+
+def _check_warmup(ns: argparse.Namespace, config: PipelineConfig, warmup: int, videos: int) -> None:
+    """Refuse a warm-up that leaves no item to measure where it was asked for: --warmup, or a config whose run
+    gives both.
+
+    A -v below a warm-up the user did not set (the built-in one, a shipped config's run.warmup) still runs:
+    a smoke run such as -v 4 is not a mistake, and its summary says that no item was measured.
+    """
+    if warmup < videos:
+        return
+    if ns.warmup is not None:
+        raise ConfigError(flags.WHERE, "--warmup", f"expected fewer warm-up items than the {videos} requests to "
+                                                      f"finish (-v), found {warmup}, which would leave none to measure")
+    if ns.videos is None and "warmup" in config.run and "videos" in config.run:
+        raise ConfigError(config.path, "run.warmup", f"expected fewer warm-up items than the {videos} requests to "
+                                                     f"finish (run.videos), found {warmup}, which would leave none to "
+                                                     "measure")
 
 
 def prepare_log_dir(log_dir: str) -> None:
@@ -162,7 +181,7 @@ def _run(ns: argparse.Namespace) -> int:
         gpus = validate_gpus(config, cpu_only=args.cpu or args.engine == "ray", allow_busy=ns.allow_busy_gpus)
         check_cuda_numbering(config, gpus)
         config = dataclasses.replace(config, notes=(*config.notes, *busy_notes(gpus)))
-        dataset = check_source(config.source, config.path, may_write=not ns.check)
+        dataset = _checked_source(config, ns)
         placements = plan_runners(apply_cpu_override(config) if args.cpu else config, args.batch_size)
         check_against_dataset(config, placements, dataset)
         check_slot_memory(config, placements, {gpu.logical_index: gpu.memory_total_bytes for gpu in gpus})
@@ -184,6 +203,16 @@ def _run(ns: argparse.Namespace) -> int:
     except joblog.LogWriteError as error:  # the log directory could not take the job's directory or config copy
         print(f"benchmark.py: {error}", file=sys.stderr)
         return 1
+
+
+def _checked_source(config: PipelineConfig, ns: argparse.Namespace) -> object:
+    """check_source, blaming --dataset, not the config, for a root or glob the command line gave."""
+    try:
+        return check_source(config.source, config.path, may_write=not ns.check)
+    except ConfigError as error:
+        if ns.dataset is not None and error.json_path == f"source.{next(iter(config.source), '')}":
+            raise ConfigError("command line", "--dataset", error.expected) from None
+        raise
 
 
 def _run_on_ray(config: PipelineConfig, args: RunArgs, placements: list[Placement], allow_busy_gpus: bool) -> int:

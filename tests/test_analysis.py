@@ -182,7 +182,7 @@ def test_analyze_prints_the_table_and_writes_every_export(real_job: Path, tmp_pa
 
 
 def test_the_table_names_the_config_and_the_batches_also_of_a_log_in_the_old_layout(real_job: Path, log_copy: Path) -> None:
-    assert re.fullmatch(r"\d{6}_\d{6}-toy-mi0-v400", real_job.name)
+    assert re.fullmatch(r"\d{6}_\d{6}-toy-mi0-v400-qs12", real_job.name)  # -qs only where not its default
     # A log written before the id named the config and before the route columns: -b's value in the id, no batch_size{k}.
     old = clone_job(log_copy, real_job.name, "261130_091500-mi0-b1-v400-qs50000")
     timings = pq.read_table(old / "timings.parquet")
@@ -219,6 +219,14 @@ def test_plot_is_a_png_with_a_load_panel_only_when_a_config_ran_at_several_loads
     assert one_panel.shape[1] == 800 and two_panels.shape[1] == 1300
 
 
+def test_plot_says_which_jobs_time_rows_it_left_out(real_job: Path, log_copy: Path, tmp_path: Path) -> None:
+    clones = [clone_job(log_copy, real_job.name, f"z-clone-{i}").name for i in range(6)]   # sorted after the job
+    done = run_analyze(str(log_copy), "--plot", str(tmp_path / "many.png"))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (f"analyze: --plot draws the time rows of the first 6 jobs; left out: {clones[-1]} "
+                           "(name them alone to draw theirs).\n")
+
+
 def test_compare_shows_both_jobs_with_ratios(real_job: Path, log_copy: Path) -> None:
     clone_job(log_copy, real_job.name, "copy-job")
     done = run_analyze(str(log_copy), "--compare", real_job.name, "copy-job")
@@ -227,6 +235,11 @@ def test_compare_shows_both_jobs_with_ratios(real_job: Path, log_copy: Path) -> 
     assert f"A {real_job.name}" in lines[0] and "B copy-job" in lines[0] and "B/A" in lines[0]
     ratios = [line.split()[-1] for line in lines if line.startswith(("measured_items ", stat_column("e2e", "p99")))]
     assert ratios == ["1.000", "1.000"]
+    # Memory reads in MiB, as in the summary table, and says so.
+    (rss,) = [line.split() for line in lines if line.startswith("max_peak_rss")]
+    peak = json.loads((real_job / "meta.json").read_text())
+    expected = max(p["peak_rss_bytes"] for p in peak["processes"] if p.get("peak_rss_bytes") is not None) / 2**20
+    assert rss == ["max_peak_rss", "MiB", f"{expected:.1f}", f"{expected:.1f}", "1.000"]
     missing = run_analyze(str(log_copy), "--compare", real_job.name, "no-such-job")
     assert (missing.returncode, missing.stderr) == (2, f"analyze: {log_copy}: no job named 'no-such-job'.\n")
 

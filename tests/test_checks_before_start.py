@@ -15,7 +15,7 @@ def test_a_misspelt_model_keyword_fails_check(capsys):
     assert cli.main(["-c", "tests/broken_configs/model_keyword_typo.json", "--check"]) == 2
     assert capsys.readouterr().err == (
         "tests/broken_configs/model_keyword_typo.json: pipeline[0].clip: expected a keyword that "
-        "models.toy.SyntheticFrames takes (clips, frames, height, width, fail_at_init, fail_at_item, exit_at_item), "
+        "models.toy.SyntheticFrames takes (clips, frames, height, width), "
         "found an unknown keyword (did you mean \"clips\"?)\n")
 
 
@@ -44,6 +44,6 @@ def test_a_missing_dataset_named_on_the_command_line_is_never_generated(tmp_path
     monkeypatch.chdir(tmp_path)
     assert cli.main(["--dataset", "mine"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("<default>: source.dataset: expected a LeRobot v3.0 dataset, found an error: ")
+    assert err.startswith("command line: --dataset: expected a LeRobot v3.0 dataset, found an error: ")
     assert "mine" in err and err.count("\n") == 1
     assert files_under(tmp_path) == []

@@ -46,8 +46,8 @@ CASES: dict[str, tuple[str, str]] = {
     "missing_queue_groups": ("pipeline[0].queue_groups", "expected a non-empty list of queue groups, found no such key"),
     "model_keyword_missing": ("pipeline[1].queue_groups[1].width",
                               "expected the keyword width, which tests.fixture_models.NeedsWidth requires"),
-    "model_keyword_typo": ("pipeline[0].clip", "takes (clips, frames, height, width, fail_at_init, fail_at_item, "
-                                               'exit_at_item), found an unknown keyword (did you mean "clips"?)'),
+    "model_keyword_typo": ("pipeline[0].clip", 'takes (clips, frames, height, width), found an unknown keyword '
+                                               '(did you mean "clips"?)'),
     "group_keyword_typo": ("pipeline[1].queue_groups[0].clases", 'found an unknown keyword (did you mean "classes"?)'),
     "model_missing_class": ("pipeline[1].model", 'class "NoSuchClass" in module "tests.fixture_models", found nothing'),
     "model_missing_module": ("pipeline[1].model", 'found no module named "models.no_such_module"'),

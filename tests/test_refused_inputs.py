@@ -70,10 +70,9 @@ def test_json_deeper_than_the_parser_can_recurse_is_one_sentence(tmp_path, capsy
 
 
 @pytest.mark.parametrize("changes, sentence", [
-    ({"step0": {"clips": True}}, "pipeline[0].clips: expected an integer (the default of SyntheticFrames is 2), found true"),
-    ({"step0": {"height": 1e30}},
-     "pipeline[0].height: expected an integer (the default of SyntheticFrames is 16), found 1e+30"),
-    ({"step1": {"classes": 2.5}}, "pipeline[1].classes: expected an integer (the default of TinyConvNet is 10), found 2.5"),
+    ({"step0": {"clips": True}}, "pipeline[0].clips: expected an integer >= 1, found true"),
+    ({"step0": {"height": 1e30}}, "pipeline[0].height: expected an integer >= 1, found 1e+30"),
+    ({"step1": {"classes": 2.5}}, "pipeline[1].classes: expected an integer >= 1, found 2.5"),
     ({"step0": {"frames": 10**18}},
      "pipeline[0].num_shared_tensors: expected output slots that fit in memory, found 10 slots of shapes "
      "[(2, 3, 1000000000000000000, 16, 16)] per runner and 5.72e+13 GiB for all slots on cpu, more than the "),
@@ -89,6 +88,66 @@ def test_json_deeper_than_the_parser_can_recurse_is_one_sentence(tmp_path, capsy
 def test_values_that_cannot_work_are_refused_before_start(tmp_path, capsys, changes, sentence):
     config = write(tmp_path, toy(**changes))
     assert refused(["-c", config, "-v", "4", "-mi", "0"], capsys, tmp_path / "logs").startswith(f"{config}: {sentence}")
+
+
+BATCHED = {"source": {"synthetic": True}, "pipeline": [
+    {"model": "models.toy.SyntheticFrames", "queue_groups": [{"gpus": [-1], "out_queues": [0]}]},
+    {"model": "models.batcher.Batcher", "queue_groups": [{"gpus": [-1], "in_queue": 0, "out_queues": [0]}]},
+    {"model": "models.toy.TinyConvNet", "queue_groups": [{"gpus": [-1], "in_queue": 0}]}]}
+
+
+@pytest.mark.parametrize("step, keywords, sentence", [
+    (1, {"batch": "4"}, 'pipeline[1].batch: expected an integer >= 1, found the string "4"'),
+    (1, {"batch": 0}, "pipeline[1].batch: expected an integer >= 1, found 0"),
+    (1, {"timeout_ms": -5}, "pipeline[1].timeout_ms: expected a number >= 0, found -5"),
+    (2, {"classes": "ten"}, 'pipeline[2].classes: expected an integer >= 1, found the string "ten"'),
+    (0, {"fail_at_item": "3"}, 'pipeline[0].fail_at_item: expected an integer or null, found the string "3"'),
+    (1, {"num_clips": {"choices": [1, "15"], "weights": [10, 1]}},
+     'pipeline[1].num_clips.choices[1]: expected a number, found the string "15"'),
+    (1, {"num_clips": "ten"}, 'pipeline[1].num_clips: expected an integer >= 1 or an object, found the string "ten"'),
+    (1, {"batch": [1, 2, 4]}, "pipeline[1].batch: expected an integer >= 1, found the list [1, 2, 4]; a list of "
+                              "choices is for rnb-tune (docs/tuner.md), which tries each and picks one"),
+], ids=["batch_string", "batch_zero", "timeout_negative", "classes_string", "hook_string", "clip_choice_string",
+        "clips_string", "batch_choices"])
+def test_each_model_keyword_is_checked_against_its_declared_type_and_range_at_check(
+        tmp_path, capsys, step, keywords, sentence):
+    document = json.loads(json.dumps(BATCHED))
+    document["pipeline"][step].update(keywords)
+    config = write(tmp_path, document)
+    assert refused(["-c", config, "--check"], capsys, tmp_path / "logs") == f"{config}: {sentence}"
+
+
+def test_a_keyword_given_to_a_queue_group_is_checked_under_its_own_path(tmp_path, capsys):
+    document = json.loads(json.dumps(BATCHED))
+    document["pipeline"][1]["queue_groups"][0]["batch"] = 2.5
+    config = write(tmp_path, document)
+    assert refused(["-c", config, "--check"], capsys, tmp_path / "logs") == (
+        f"{config}: pipeline[1].queue_groups[0].batch: expected an integer >= 1, found 2.5")
+
+
+def test_test_hooks_are_accepted_but_never_offered(tmp_path, capsys):
+    document = json.loads(json.dumps(BATCHED))
+    document["pipeline"][2].update({"fail_at_itm": 3})
+    config = write(tmp_path, document)
+    assert refused(["-c", config, "--check"], capsys, tmp_path / "logs") == (
+        f"{config}: pipeline[2].fail_at_itm: expected a keyword that models.toy.TinyConvNet takes (clips, classes, "
+        "channels, seed), found an unknown keyword")
+    document["pipeline"][2] = {**document["pipeline"][2], "fail_at_item": 3}
+    del document["pipeline"][2]["fail_at_itm"]
+    assert cli.main(["-c", write(tmp_path, document), "--check"]) == 0
+
+
+@pytest.mark.parametrize("flags, run, sentence", [
+    (["--warmup", "500", "-v", "100"], {}, "command line: --warmup: expected fewer warm-up items than the 100 requests "
+                                           "to finish (-v), found 500, which would leave none to measure"),
+    (["--warmup", "40"], {"videos": 40}, "command line: --warmup: expected fewer warm-up items than the 40 requests "
+                                         "to finish (-v), found 40, which would leave none to measure"),
+    ([], {"videos": 30, "warmup": 30}, "{config}: run.warmup: expected fewer warm-up items than the 30 requests to "
+                                       "finish (run.videos), found 30, which would leave none to measure"),
+], ids=["both_flags", "warmup_flag", "config_run"])
+def test_a_warmup_that_leaves_nothing_to_measure_is_refused_at_the_start(tmp_path, capsys, flags, run, sentence):
+    config = write(tmp_path, {**TOY, "run": run})
+    assert refused(["-c", config, *flags], capsys, tmp_path / "logs") == sentence.format(config=config)
 
 
 @pytest.mark.parametrize("where, sentence", [

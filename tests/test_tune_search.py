@@ -214,3 +214,31 @@ def test_a_config_of_several_queue_groups_per_step_is_tuned_group_by_group() -> 
     config = parse_config(space.document_for(best), "rnb.json")
     assert [group.gpus for step in config.steps for group in step.queue_groups] == [
         (0, 1, 2, 3), (0,), (2,), (0, 1), (2, 3)]
+
+
+def _finalist_job(busy: dict[str, float], busiest: int, saturated: bool) -> dict[str, Any]:
+    """The columns of a finalist's job row that say what bounds it (rnb.analysis.utilisation's)."""
+    names = [name for name in busy if name.startswith(f"step{busiest}-")]
+    mean = sum(busy[name] for name in names) / len(names)
+    return {"busy_fraction": json.dumps(busy), "busiest_step": busiest, "busiest_busy_fraction": mean,
+            "bottleneck_step": busiest if saturated else None}
+
+
+def test_what_bounds_a_finalist_is_its_jobs_bottleneck_as_analysis_names_it(space: TuneSpace, estimator: Estimator) -> None:
+    from rnb.tune.report import bounding_sentence
+    from rnb.tune.verify import Verified
+
+    finalist = Verified(space.candidate({(0, 0): 3, (2, 0): 1, (3, 0): 1}, {(1, 0): 8}), Path("c.json"), (), None, None)
+    busy = {"step0-g0-r0": 0.9, "step0-g0-r1": 0.96, "step0-g0-r2": 0.93, "step1-g0-r0": 0.02,
+            "step2-g0-r0": 0.6, "step3-g0-r0": 0.3}
+    said = bounding_sentence(space, estimator, finalist, _finalist_job(busy, 0, saturated=True))
+    assert said.startswith("step 0's 3 replicas are busy 93%: one more CPU slot would add about ")
+    assert said.endswith(" items/s (predicted).")
+    idle = {name: share / 2 for name, share in busy.items()}
+    assert bounding_sentence(space, estimator, finalist, _finalist_job(idle, 0, saturated=False)) == (
+        "3 | b8 | 1 | 1: no step was saturated at the peak rate (the busiest, step 0, busy 46%): the latency bound, "
+        "not a step's capacity, holds it there.")
+    # A Batcher whose own calls keep it busy (not its wait for company): named, but the tuner does not replicate it.
+    batcher = {**idle, "step1-g0-r0": 0.85}
+    assert bounding_sentence(space, estimator, finalist, _finalist_job(batcher, 1, saturated=True)) == (
+        "step 1's 1 replica is busy 85%; the tuner does not choose its replicas, so only a faster step would lift it.")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import statistics
 from dataclasses import dataclass
@@ -58,6 +59,57 @@ class Rendered:
     traces: int                # paths drawn by their traces: bars, lines, markers
     errors: tuple[str, ...]    # console messages at SEVERE
     fetched: tuple[str, ...]   # resources the page loaded (a self-contained page loads none)
+    misfit_axes: tuple[str, ...] = ()   # axes that do not span their plot's data (axis_misfits), one line each
+
+
+# Per plot as plotly drew it: its id, each cartesian axis's type and range (log10 units on a log axis), how bars
+# combine, and each visible trace's kind, axes and values.
+_AXES_JS = """
+return Array.from(document.querySelectorAll('.js-plotly-plot')).filter(p => p._fullLayout).map(p => ({
+  id: p.id, barmode: p._fullLayout.barmode,
+  axes: Object.fromEntries(Object.keys(p._fullLayout).filter(k => /^[xy]axis[0-9]*$/.test(k))
+        .map(k => [k, {type: p._fullLayout[k].type, range: p._fullLayout[k].range}])),
+  traces: p._fullData.filter(t => t.visible === true).map(t => ({
+    type: t.type, orientation: t.orientation || 'v', xaxis: t.xaxis, yaxis: t.yaxis,
+    x: Array.from(t.x || []), y: Array.from(t.y || [])}))}));
+"""
+# An axis may pad its data, but spanning more than this many times the data's extent (or, for data of no extent,
+# this many decades or tenths of its value) draws the data as a flat line: plotly's annotation at 10^bound did so.
+MAX_SPAN_RATIO = 3.0
+
+
+def axis_misfits(plot: dict[str, Any]) -> list[str]:
+    """Every axis of a drawn plot whose range leaves out some of its data or dwarfs it, one line each."""
+    values: dict[str, list[float]] = {}
+    stacked: dict[tuple[str, object], float] = {}
+    for trace in plot["traces"]:
+        for axis, other, data in (("xaxis", "y", trace["x"]), ("yaxis", "x", trace["y"])):
+            name = "xaxis" + trace["xaxis"][1:] if axis == "xaxis" else "yaxis" + trace["yaxis"][1:]
+            numbers = [float(v) for v in data if isinstance(v, (int, float))]
+            along = (trace["orientation"] == "h") == (axis == "xaxis")
+            if trace["type"] == "bar" and along:   # bars start at 0; stacked ones end at their category's sum
+                numbers.append(0.0)
+                if plot["barmode"] == "stack":
+                    for category, value in zip(trace[other], data):
+                        stacked[(name, category)] = stacked.get((name, category), 0.0) + float(value)
+            values.setdefault(name, []).extend(numbers)
+    for (name, _), total in stacked.items():
+        values[name].append(total)
+    misfits = []
+    for name, axis in plot["axes"].items():
+        data = values.get(name, [])
+        if axis["type"] not in ("linear", "log") or not data:
+            continue
+        if axis["type"] == "log":
+            data = [math.log10(v) for v in data if v > 0]
+        low, high = min(data), max(data)
+        start, end = sorted(float(v) for v in axis["range"])
+        floor = 1.0 if axis["type"] == "log" else 0.1 * max(abs(low), abs(high), 1e-9)
+        slack = 1e-6 * max(abs(start), abs(end), 1.0)
+        if low < start - slack or high > end + slack or end - start > MAX_SPAN_RATIO * max(high - low, floor):
+            misfits.append(f"{plot['id']} {name} ({axis['type']}): range {start:.4g} to {end:.4g}, "
+                           f"data {low:.4g} to {high:.4g}")
+    return misfits
 
 
 @dataclass(frozen=True)
@@ -95,9 +147,10 @@ def render(page: Path) -> Rendered:
         drawn = driver.execute_script("return document.querySelectorAll('.js-plotly-plot .trace path').length")
         fetched = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
         errors = tuple(entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE")
+        misfits = tuple(line for plot in driver.execute_script(_AXES_JS) for line in axis_misfits(plot))
     finally:
         driver.quit()
-    return Rendered(int(plots), int(drawn), errors, tuple(fetched))
+    return Rendered(int(plots), int(drawn), errors, tuple(fetched), misfits)
 
 
 def replay(job: Job) -> tuple[SimPipeline, Arrivals]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from rnb.analysis.jobs import ValidityRules, load_jobs, stat_column
 from rnb.analysis.report import (
+    MAX_LINEAR_SPREAD,
     STAGE_HEADER,
     TableRow,
     device_spread,
@@ -82,17 +83,35 @@ def paragraph(text: str, kind: str = "") -> str:
     return f"<p{marked}>{html.escape(text)}</p>"
 
 
+def step_names(job: TableRow) -> list[str]:
+    """Each step with its model's class name, "step 0 (SyntheticFrames)"; "step k" where the log names none."""
+    models = json.loads(job.get("step_models") or "[]")
+    return [f"step {k} ({models[k].rpartition('.')[2]})" if k < len(models) and isinstance(models[k], str)
+            else f"step {k}" for k in range(job["num_steps"])]
+
+
 def stage_figure(job: TableRow, div_id: str) -> str:
-    """Mean time of each part of each step, stacked: they add up to the mean end-to-end latency."""
+    """Mean time of each part of each step, stacked: they add up to the mean end-to-end latency.
+
+    Where the parts span more than MAX_LINEAR_SPREAD (a sub-millisecond copy
+    beside an 800 ms network), they stand side by side on a log axis
+    instead, so each one shows.
+    """
     import plotly.graph_objects as go
 
+    steps = step_names(job)
+    means = {part.name: [job.get(stat_column(part_key(part, k), "mean")) or 0.0 for k in range(job["num_steps"])]
+             for part in PARTS}
+    shown = [value for values in means.values() for value in values if value > 0]
+    spread = bool(shown) and max(shown) > MAX_LINEAR_SPREAD * min(shown)
     fig = go.Figure()
-    for part in PARTS:
-        steps = [f"step {k}" for k in range(job["num_steps"])]
-        means = [job.get(stat_column(part_key(part, k), "mean")) or 0.0 for k in range(job["num_steps"])]
-        fig.add_bar(name=part.name, x=means, y=steps, orientation="h")
-    fig.update_layout(barmode="stack", title="mean latency by step and stage (ms)", height=120 + 40 * job["num_steps"],
-                      xaxis_title="ms", margin={"l": 60, "r": 20, "t": 40, "b": 40},
+    for name, values in means.items():
+        fig.add_bar(name=name, x=values, y=steps, orientation="h")
+    title = ("mean latency by step and stage (ms, log scale, side by side)" if spread
+             else "mean latency by step and stage (ms)")
+    fig.update_layout(barmode="group" if spread else "stack", title=title,
+                      height=120 + (40 + 40 * spread) * job["num_steps"], xaxis_title="ms",
+                      xaxis_type="log" if spread else "linear", margin={"l": 160, "r": 20, "t": 40, "b": 40},
                       yaxis={"autorange": "reversed"})
     return figure(fig, div_id)
 
@@ -119,7 +138,7 @@ def job_section(job: TableRow, heading: str, anchor: str) -> list[str]:
         value = job.get(column)
         return "-" if value is None else format(value, digits)
 
-    summary = (f"{job['job_id']}: {job['termination_reason']}, {job['validity']}; "
+    summary = (f"{job['termination_reason']}, {job['validity']}; "
                f"{cell('measured_throughput_items_per_s')} items/s over {cell('measured_duration_s', '.3g')} s "
                f"({job['measured_items']} measured items); end to end p50 {cell(stat_column('e2e', 'p50'))} ms, "
                f"p99 {cell(stat_column('e2e', 'p99'))} ms")
@@ -127,7 +146,8 @@ def job_section(job: TableRow, heading: str, anchor: str) -> list[str]:
     if job.get("invalid_because"):
         parts.append(paragraph(f"INVALID: {job['invalid_because']}", "note"))
     parts.append(paragraph(format_percentiles(job), "note"))
-    parts.append(table(STAGE_HEADER, stage_rows(job)))
+    names = dict(zip((f"step {k}" for k in range(job["num_steps"])), step_names(job)))
+    parts.append(table(STAGE_HEADER, [[names.get(row[0], row[0]), *row[1:]] for row in stage_rows(job)]))
     spread = device_spread(job)
     if spread:
         parts.append(paragraph(f"items per device: {spread}", "note"))
@@ -141,5 +161,5 @@ def job_section(job: TableRow, heading: str, anchor: str) -> list[str]:
 def write_job_page(job_dir: str | Path, path: str | Path, rules: ValidityRules = DEFAULT_RULES) -> None:
     """analyze.py JOB --html FILE: one job's page."""
     job = load_jobs([job_dir], rules=rules).jobs.to_pylist()[0]
-    Path(path).write_text(page(f"RnB job {job['job_id']}", job_section(job, f"job {job['job_id']}", "job")),
-                          encoding="utf-8")
+    # The title names the job: the section's heading and summary need not again.
+    Path(path).write_text(page(f"RnB job {job['job_id']}", job_section(job, "summary", "job")), encoding="utf-8")

@@ -33,7 +33,7 @@ from rnb.core.joblog import (
     read_json_object,
     read_meta,
 )
-from rnb.core.records import JobLogError, JobMeta, Json, JsonObject
+from rnb.core.records import JobLogError, JobMeta, Json, JsonObject, json_at
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 from rnb.core.termination import COMPLETE_REASONS
 
@@ -45,7 +45,7 @@ ARG_KEYS: tuple[str, ...] = (
 )
 JOB_FILES: tuple[str, ...] = (META_FILE, CONFIG_FILE, TIMINGS_FILE, SPOOL_DIR)
 JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
-    "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows",
+    "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows", "step_models",
     "busy_fraction", "cpu_percent", "stacks")
 BOUNDED_PERCENTILE = 99.0   # VALID needs enough items to bound this percentile from above
 # One row of the jobs table by column, as summarize_job builds it and Table.to_pylist() gives it back: numbers,
@@ -296,6 +296,8 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
         "validity": "INVALID" if invalid else "VALID",
         "invalid_because": invalid,
         "num_steps": job.num_steps,
+        # Each step's model as the config names it (dotted class path), so a view can say what each step ran.
+        "step_models": json.dumps([json_at(job.config, "pipeline", k, "model") for k in range(job.num_steps)]),
         "measured_items": count,
         "measured_duration_s": duration,
         "measured_throughput_items_per_s": count / duration if duration > 0 else None,

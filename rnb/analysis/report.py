@@ -9,7 +9,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,6 +47,8 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 STAGE_STATS: tuple[str, ...] = ("mean", "p50", "p99", "max")
 MAX_TIME_ROWS = 6   # jobs drawn over time under the latency bars; more would make the figure unreadable
+# Stage means further apart than this cannot share a linear stacked bar: the smaller ones would not show.
+MAX_LINEAR_SPREAD = 100.0
 COMPARE_FIELDS: tuple[str, ...] = (
     "mean_interval_ms", "concurrency", "videos", "batch_size", "measured_items", "measured_duration_s",
     "throughput_items_per_s", "measured_throughput_items_per_s",
@@ -149,10 +151,22 @@ def utilisation_lines(job: TableRow) -> list[str]:
                for name, fraction in busy.items()]
     if runners:
         lines.append("runners (time inside the model / elapsed): " + "; ".join(runners))
-    if job.get("bottleneck_step") is not None:
-        lines.append(f"bottleneck: step {job['bottleneck_step']} "
-                     f"(its runners busy {job['bottleneck_busy_fraction']:.0%} of the elapsed time on average)")
+    if job.get("busiest_step") is not None:
+        lines.append("bottleneck: " + bottleneck_words(job))
     return lines
+
+
+def bottleneck_words(job: TableRow) -> str:
+    """The bottleneck step of a job row, or why none was (rnb.analysis.utilisation.SATURATED)."""
+    busiest = f"step {job['busiest_step']}"
+    busy = f"{job['busiest_busy_fraction']:.0%} of the elapsed time on average"
+    if job.get("bottleneck_step") is not None:
+        return f"{busiest} (its runners busy {busy})"
+    if job.get("concurrency") is None and job.get("mean_interval_ms") == 0:
+        # Every request was queued at the start: the load was all the pipeline could take, yet no model kept busy.
+        return (f"no step was saturated, though every request was sent at once: the time between the models "
+                f"(queues, copies, hand-overs) bounds it (the busiest, {busiest}, {busy})")
+    return f"no step was saturated: the pipeline served the offered load (the busiest, {busiest}, {busy})"
 
 
 def format_report(jobs: pa.Table) -> str:
@@ -175,32 +189,44 @@ def format_compare(job_a: TableRow, job_b: TableRow) -> str:
     for field in fields:
         a, b = job_a.get(field), job_b.get(field)
         ratio = f"{b / a:.3f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else "-"
-        rows.append([field, _cell(a), _cell(b), ratio])
+        # Byte counts read as MiB, as in the summary table; the name says so.
+        name = field.removesuffix("_bytes") + " MiB" if field.endswith("_bytes") else field
+        rows.append([name, _cell(a, field), _cell(b, field), ratio])
     return _grid(["metric", f"A {job_a['job_id']}", f"B {job_b['job_id']}", "B/A"], rows)
 
 
-def load_curves(jobs: pa.Table) -> dict[str, list[tuple[str, float, float]]]:
-    """For each config and load mode run at two or more loads: (load label, throughput, p99 ms), lightest first.
+class LoadPoint(NamedTuple):
+    """One job on a throughput-against-p99 curve."""
+
+    label: str          # its load: "mi 5", "c 8"
+    throughput: float   # measured items/s
+    p99_ms: float
+    valid: bool         # an INVALID job is drawn, and marked as such
+
+
+def load_curves(jobs: pa.Table) -> dict[str, list[LoadPoint]]:
+    """For each config and load mode run at two or more loads: its jobs' points, lightest load first.
 
     Open-loop loads are Poisson intervals, where bulk runs (-mi 0) are the
     heaviest load there is and come last; closed-loop loads are
     concurrencies, a curve of their own, since -mi means nothing there.
     """
-    curves: dict[str, list[tuple[float, str, float, float]]] = {}   # (order, label, items/s, p99)
+    curves: dict[str, list[tuple[float, LoadPoint]]] = {}   # (order, point)
     for job in jobs.to_pylist():
         throughput, p99 = job["measured_throughput_items_per_s"], job[stat_column(E2E, "p99")]
         if throughput is None or p99 is None:
             continue
         name = Path(str(job["config_path"])).name
+        valid = job.get("validity") != "INVALID"
         if job.get("concurrency"):
-            point = (float(job["concurrency"]), f"c {job['concurrency']}", throughput, p99)
-            curves.setdefault(f"{name} (closed loop)", []).append(point)
+            point = LoadPoint(f"c {job['concurrency']}", throughput, p99, valid)
+            curves.setdefault(f"{name} (closed loop)", []).append((float(job["concurrency"]), point))
         else:
             interval = job["mean_interval_ms"]
-            point = (-interval if interval else math.inf, f"mi {interval:g}", throughput, p99)
-            curves.setdefault(name, []).append(point)
-    return {config: [point[1:] for point in sorted(points, key=lambda point: point[0])]
-            for config, points in curves.items() if len({point[0] for point in points}) >= 2}
+            point = LoadPoint(f"mi {interval:g}", throughput, p99, valid)
+            curves.setdefault(name, []).append((-interval if interval else math.inf, point))
+    return {config: [point for _, point in sorted(points, key=lambda pair: pair[0])]
+            for config, points in curves.items() if len({order for order, _ in points}) >= 2}
 
 
 def stage_colours(num_steps: int) -> list[Colour]:
@@ -214,26 +240,41 @@ def stage_colours(num_steps: int) -> list[Colour]:
 
 
 def _stage_bars(axis: Axes, records: list[TableRow]) -> None:
+    """Each job's mean stage times, stacked; side by side on a log axis where they span more than MAX_LINEAR_SPREAD."""
     steps = max(r["num_steps"] for r in records)
-    positions = range(len(records))
+    series = [(f"step {k} {part.name}", [r.get(stat_column(part_key(part, k), "mean")) or 0.0 for r in records])
+              for k in range(steps) for part in PARTS]
+    shown = [height for _, heights in series for height in heights if height > 0]
+    side_by_side = bool(shown) and max(shown) > MAX_LINEAR_SPREAD * min(shown)
+    positions = list(range(len(records)))
+    width = 0.8 / len(series)
     bottoms = [0.0] * len(records)
-    colours = iter(stage_colours(steps))
-    for k in range(steps):
-        for part in PARTS:
-            heights = [r.get(stat_column(part_key(part, k), "mean")) or 0.0 for r in records]
-            axis.bar(positions, heights, bottom=bottoms, label=f"step {k} {part.name}", color=next(colours))
+    for index, ((label, heights), colour) in enumerate(zip(series, stage_colours(steps))):
+        if side_by_side:
+            axis.bar([p - 0.4 + (index + 0.5) * width for p in positions], heights, width=width, label=label, color=colour)
+        else:
+            axis.bar(positions, heights, bottom=bottoms, label=label, color=colour)
             bottoms = [b + h for b, h in zip(bottoms, heights)]
-    axis.set_ylabel("mean latency (ms)")
-    axis.set_title("end-to-end latency by stage")
+    if side_by_side:
+        axis.set_yscale("log")
+    axis.set_ylabel("mean latency (ms, log scale)" if side_by_side else "mean latency (ms)")
+    axis.set_title("latency by stage, side by side" if side_by_side else "end-to-end latency by stage")
     axis.set_xticks(positions, [r["job_id"] for r in records], rotation=30, ha="right", fontsize=7)
     axis.legend(fontsize=7)
 
 
-def _load_curves(axis: Axes, curves: dict[str, list[tuple[str, float, float]]]) -> None:
+def _load_curves(axis: Axes, curves: dict[str, list[LoadPoint]]) -> None:
+    invalid = False
     for config, points in curves.items():
-        axis.plot([p[1] for p in points], [p[2] for p in points], marker="o", label=config)
-        for label, throughput, p99 in points:
-            axis.annotate(label, (throughput, p99), fontsize=7)
+        axis.plot([p.throughput for p in points], [p.p99_ms for p in points], marker="o", label=config)
+        for point in points:
+            axis.annotate(point.label if point.valid else f"{point.label} INVALID", (point.throughput, point.p99_ms),
+                          fontsize=7)
+        wrong = [p for p in points if not p.valid]
+        if wrong:   # a hollow red ring around each: its p99 is a guess (analyze's table says why)
+            axis.scatter([p.throughput for p in wrong], [p.p99_ms for p in wrong], s=140, facecolors="none",
+                         edgecolors="red", zorder=3, label=None if invalid else "INVALID job")
+            invalid = True
     axis.set_xlabel("throughput (items/s)")
     axis.set_ylabel("p99 end-to-end latency (ms)")
     axis.set_title("throughput against p99 latency")
@@ -276,9 +317,10 @@ def _over_time(axes: Sequence[Axes], job: TableRow) -> None:
             axis.legend(fontsize=6)
 
 
-def plot_jobs(jobs: pa.Table, path: str | Path) -> None:
+def plot_jobs(jobs: pa.Table, path: str | Path) -> list[str]:
     """Stacked mean latency per stage for each job, beside it throughput against p99 per config and load
     mode; under them, for each of the first MAX_TIME_ROWS jobs, throughput, CPU, memory and GPU over time.
+    Returns the jobs whose rows over time were left out (the figure says which too).
 
     Mean stage times stack to the mean end-to-end latency exactly (the stages
     partition each item's time), which is why the bars use means.
@@ -291,6 +333,7 @@ def plot_jobs(jobs: pa.Table, path: str | Path) -> None:
     records = jobs.to_pylist()
     curves = load_curves(jobs)
     timed = records[:MAX_TIME_ROWS]
+    left_out = [job["job_id"] for job in records[MAX_TIME_ROWS:]]
     figure = plt.figure(figsize=(13 if curves else 8, 5 + 3 * len(timed)))
     grid = figure.add_gridspec(1 + len(timed), 6, height_ratios=[5] + [3] * len(timed))
     _stage_bars(figure.add_subplot(grid[0, :3] if curves else grid[0, :]), records)
@@ -298,6 +341,10 @@ def plot_jobs(jobs: pa.Table, path: str | Path) -> None:
         _load_curves(figure.add_subplot(grid[0, 3:]), curves)
     for row, job in enumerate(timed, start=1):
         _over_time([figure.add_subplot(grid[row, 2 * i: 2 * i + 2]) for i in range(3)], job)
+    if left_out:
+        figure.suptitle(f"over time: the first {MAX_TIME_ROWS} jobs; left out: {', '.join(left_out)}", fontsize=8,
+                        wrap=True)
     figure.tight_layout()
     figure.savefig(path, format="png")
     plt.close(figure)
+    return left_out

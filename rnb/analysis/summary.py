@@ -93,4 +93,6 @@ def _stage_latencies(file: pq.ParquetFile, measured: pa.ChunkedArray, num_steps:
 
 def utilisation_text(job_dir: Path) -> str:
     """Each runner's busy fraction and CPU use and the bottleneck step of a logged job; '' when none ran."""
-    return format_utilisation(utilisation_columns(read_job(job_dir, columns=busy_columns)))
+    job = read_job(job_dir, columns=busy_columns)
+    load = {key: job.meta.args.get(key) for key in ("mean_interval_ms", "concurrency")}   # what the bottleneck says
+    return format_utilisation({**utilisation_columns(job), **load})

@@ -1,10 +1,17 @@
 """How busy each runner was, and what the sampled CPU, memory and GPU series say.
 
-A runner's busy fraction is the time inside its model (the union of the
-inside intervals of the items it ran, so a batch counts once) over the job's
-elapsed time. The step whose replicas are busiest on average is the
-bottleneck: it is the one that would have to get faster, or get more
-replicas, for the pipeline to go faster.
+A runner's busy fraction is the time of its own work over the job's elapsed
+time: the union of the model calls that produced its outputs, so a batch
+counts once.  A step that holds inputs counts only that work: a batcher's
+output is its work from the call that took the batch's last item (or from
+the flush that handed a partial batch over, `flush{k}`), an aggregator's
+from the call that took an item's last segment; the time items wait there
+for company is latency, not work.  The step whose runners are busiest on
+average is the bottleneck when it is near saturation (SATURATED): it is the
+one that would have to get faster, or get more replicas, for the pipeline to
+go faster.  Below that no step bounds the throughput: the offered load does.
+The end-of-run summary, analyze.py and the tuner's "what bounds it" all read
+this one definition.
 """
 from __future__ import annotations
 
@@ -23,11 +30,22 @@ if TYPE_CHECKING:  # jobs.py builds its table from this module's columns
     from rnb.analysis.jobs import Job, JobRow
 
 
+# A step whose runners are busy at least this share of the elapsed time on average is near saturation: its
+# queue grows without bound at a little more load (an M/M/1 queue holds 4 items on average at 80%).
+SATURATED = 0.8
+
+
 @dataclass(frozen=True)
 class Bottleneck:
+    """The step whose runners were busiest on average, and whether that is near saturation."""
+
     step: int
     busy: float                # mean busy fraction of the step's runners
     runners: tuple[str, ...]
+
+    @property
+    def saturated(self) -> bool:
+        return self.busy >= SATURATED
 
 
 def union_seconds(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -42,29 +60,53 @@ def union_seconds(starts: np.ndarray, ends: np.ndarray) -> float:
 
 
 def busy_columns(num_steps: int) -> list[str]:
-    """The timings columns `utilisation_columns` reads besides those every job has: who ran each item."""
-    return [f"{name}{k}" for k in range(num_steps) for name in ("group", "instance", "device")]
+    """The timings columns `utilisation_columns` reads besides those every job has: who ran each item, flushes."""
+    return [f"{name}{k}" for k in range(num_steps) for name in ("group", "instance", "device", "flush")]
 
 
 def busy_fractions(job: Job) -> dict[str, float]:
-    """Each runner's time inside its model over the elapsed time, clipped to [start, end]; {} without both."""
+    """Each runner's own work over the elapsed time, clipped to [start, end]; {} without both."""
     start, end = job.meta.start_time, job.meta.end_time
     if start is None or end is None or end <= start:
         return {}
     busy: dict[str, float] = {}
     for k in range(job.num_steps):
         events = StepEvents(k)
-        began = np.clip(job.timings.column(events.started).to_numpy(zero_copy_only=False).astype(float), start, end)
-        ended = np.clip(job.timings.column(events.finished).to_numpy(zero_copy_only=False).astype(float), start, end)
+        began, ended = (_seconds(job, name) for name in (events.started, events.finished))
+        flushed = _seconds(job, events.flushed)
         names = np.array(replicas(job, k), dtype=object)
         for process in job.meta.processes:
             if process.role == "runner" and process.step == k:
                 mine = (names == process.name) & ~np.isnan(began) & ~np.isnan(ended)
-                busy[process.name] = union_seconds(began[mine], ended[mine]) / (end - start)
+                calls, finishes = own_work(began[mine], ended[mine], flushed[mine])
+                busy[process.name] = union_seconds(np.clip(calls, start, end), np.clip(finishes, start, end)) / (end - start)
     return busy
 
 
-def bottleneck(job: Job, busy: dict[str, float]) -> Bottleneck | None:
+def own_work(started: np.ndarray, finished: np.ndarray, flushed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One runner's outputs as (start, finish) of the call that produced each, from its items' rows.
+
+    The items of one output share its finish.  The call began when the last
+    of them was taken (a batch's last item; a merged item's last segment,
+    whose start its row holds), or when the flush that handed them over
+    began.
+    """
+    finishes, output = np.unique(finished, return_inverse=True)
+    calls = np.full(finishes.size, -np.inf)
+    np.maximum.at(calls, output, started)
+    flushes = np.full(finishes.size, np.nan)
+    np.fmax.at(flushes, output, flushed)
+    return np.where(np.isnan(flushes), calls, flushes), finishes
+
+
+def _seconds(job: Job, column: str) -> np.ndarray:
+    """A timings column as float seconds; NaN throughout when the log has no such column (no flush, an older log)."""
+    if column not in job.timings.column_names:
+        return np.full(job.timings.num_rows, np.nan)
+    return job.timings.column(column).to_numpy(zero_copy_only=False).astype(float)
+
+
+def busiest_step(job: Job, busy: dict[str, float]) -> Bottleneck | None:
     """The step whose runners were busiest on average (the earlier step on a tie); None when nothing was measured."""
     best = None
     for k in range(job.num_steps):
@@ -91,14 +133,19 @@ def cpu_percent(samples: pa.Table, start: float, end: float) -> dict[str, float]
 
 
 def utilisation_columns(job: Job) -> JobRow:
-    """The jobs-table columns of this module: busy fractions, the bottleneck, sampled CPU use."""
+    """The jobs-table columns of this module: busy fractions, the busiest step and the bottleneck, sampled CPU use.
+
+    `bottleneck_step` is the busiest step when it is near saturation, else
+    null: then the offered load, not a step, bounded the throughput.
+    """
     busy = busy_fractions(job)
-    neck = bottleneck(job, busy)
+    busiest = busiest_step(job, busy)
     start, end = job.meta.start_time, job.meta.end_time
     return {
         "busy_fraction": json.dumps(busy),
-        "bottleneck_step": None if neck is None else neck.step,
-        "bottleneck_busy_fraction": None if neck is None else neck.busy,
+        "busiest_step": None if busiest is None else busiest.step,
+        "busiest_busy_fraction": None if busiest is None else busiest.busy,
+        "bottleneck_step": busiest.step if busiest is not None and busiest.saturated else None,
         "cpu_percent": json.dumps(cpu_percent(job.samples, start, end)
                                   if job.samples is not None and start is not None and end is not None else {}),
     }

@@ -63,6 +63,15 @@ class StepEvents:
         return f"inference{self.step}_finish"
 
     @property
+    def flushed(self) -> str:
+        """A holding model (a batcher) handed the item over from `flush`, its input idle: when that call began.
+
+        Only items handed over so carry it; the others' output came from the
+        call that took the batch's last item, which `started` already tells.
+        """
+        return f"flush{self.step}"
+
+    @property
     def slot_acquired(self) -> str:
         """A free output slot was taken (steps that hand tensors on)."""
         return f"slot{self.step}_acquired"

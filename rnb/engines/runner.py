@@ -114,10 +114,20 @@ class Runner:
         self.emit(StepOutput(*self.model(item.tensors, item.non_tensors, item.time_card)), began, took_item=True)
 
     def flush(self) -> None:
-        """While the input is idle, let a holding model (a batcher) hand over what it holds."""
+        """While the input is idle, let a holding model (a batcher) hand over what it holds.
+
+        What it hands over is stamped with when this call began: the step's
+        own work on it starts there, not when its items arrived (its busy
+        fraction, rnb.analysis.utilisation, counts the wait for company out).
+        """
         if isinstance(self.model, Flushes):
-            self.progress.calling(now())
-            self.emit(StepOutput(*self.model.flush()), None, took_item=False)
+            called = now()
+            self.progress.calling(called)
+            output = StepOutput(*self.model.flush())
+            if output.time_card is not None:
+                for card in as_cards(output.time_card):
+                    card.record(self.events.flushed, called)
+            self.emit(output, None, took_item=False)
 
     def emit(self, output: StepOutput, began: DeviceMark | None, took_item: bool) -> None:
         """Pass a model's result on (or count it at the final step) once its device work is done.

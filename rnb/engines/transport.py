@@ -112,12 +112,13 @@ class Stamps:
     slot_acquired: str
     handed_over: str
     device_ms: str
+    flushed: str
 
     @staticmethod
     def of(step: int) -> Stamps:
         events = StepEvents(step)
         return Stamps(events.arrived, events.started, events.finished, events.slot_acquired, events.handed_over,
-                      events.device_ms)
+                      events.device_ms, events.flushed)
 
 
 @dataclass(frozen=True)

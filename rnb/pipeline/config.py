@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import difflib
 import importlib
-import inspect
 import json
 import math
 import os
@@ -24,6 +23,7 @@ from rnb.core.model import Keywords
 from rnb.core.model import merges_segments as model_merges_segments
 from rnb.core.records import Json, JsonObject
 from rnb.pipeline.dotted import load_object
+from rnb.pipeline.keywords import Misfit, declared_keywords, misfit
 from rnb.pipeline.original import translate
 
 
@@ -330,36 +330,47 @@ def _parse_node(check: _Checker, value: Json, where: str) -> str | None:
 
 def _check_keywords(check: _Checker, model: str, where: str, step_kwargs: Mapping[str, Json],
                     groups_raw: list[Json]) -> None:
-    """Every model keyword must be a parameter of the model's constructor, and every required one given.
+    """Every model keyword must be a parameter of the model's constructor, of the type and in the range its
+    annotation declares (rnb.pipeline.keywords), and every required one given.
 
-    A misspelt keyword would otherwise pass validation and fail in every runner at start-up.
+    A misspelt or ill-typed keyword would otherwise pass validation and fail in every runner at start-up.
     """
-    parameters = list(inspect.signature(load_object(model)).parameters.values())[1:]  # after `device`
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+    declared = declared_keywords(load_object(model))
+    if declared is None:
         return
-    names = [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    by_name = {keyword.name: keyword for keyword in declared}
+    listed = [keyword.name for keyword in declared if keyword.listed]
     places = [(where, step_kwargs)] + [
         (f"{where}.queue_groups[{g}]", {key: item for key, item in group.items() if key not in _GROUP_KEYS})
         for g, group in enumerate(groups_raw) if isinstance(group, dict)]  # each is: _parse_group checked them
-    defaults = {p.name: p.default for p in parameters}
     for place, kwargs in places:
-        for key in kwargs:
-            if key not in names and key not in _HARNESS_KEYWORDS:
-                close = difflib.get_close_matches(key, names, n=1)
+        for key, value in kwargs.items():
+            if key in _HARNESS_KEYWORDS:
+                continue
+            if key not in by_name:
+                close = difflib.get_close_matches(key, listed, n=1)
                 hint = f" (did you mean \"{close[0]}\"?)" if close else ""
-                check.fail(f"{place}.{key}", f"expected a keyword that {model} takes ({', '.join(names) or 'none'}), "
+                check.fail(f"{place}.{key}", f"expected a keyword that {model} takes ({', '.join(listed) or 'none'}), "
                                              f"found an unknown keyword{hint}")
-            default = defaults.get(key)
-            # JSON's true is an int to Python and 1e30 a float: either would reach shapes and loops as a count.
-            if isinstance(default, int) and not isinstance(default, bool) and isinstance(kwargs[key], (bool, float)):
-                check.fail(f"{place}.{key}", f"expected an integer (the default of {model.rpartition('.')[2]} is "
-                                             f"{default}), found {describe(kwargs[key])}")
+            wrong = misfit(value, by_name[key].hint)
+            if wrong is not None:
+                check.fail(f"{place}.{key}{wrong.where}",
+                           f"expected {wrong.expected}, found {describe(wrong.found)}{_choices_hint(wrong)}")
     for place, group_kwargs in places[1:]:
-        for p in parameters:
-            given = p.name in step_kwargs or p.name in group_kwargs or p.name in _SUPPLIED_KEYWORDS
-            if p.default is inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_POSITIONAL and not given:
-                check.fail(f"{place}.{p.name}", f"expected the keyword {p.name}, which {model} requires, "
-                                                "found no such key in the group or its step")
+        for keyword in declared:
+            given = keyword.name in step_kwargs or keyword.name in group_kwargs or keyword.name in _SUPPLIED_KEYWORDS
+            if keyword.required and not given:
+                check.fail(f"{place}.{keyword.name}", f"expected the keyword {keyword.name}, which {model} requires, "
+                                                      "found no such key in the group or its step")
+
+
+def _choices_hint(wrong: Misfit) -> str:
+    """Where a list was given for one number: a tuning config's list of choices, which only rnb-tune reads."""
+    if wrong.where or not isinstance(wrong.found, list) or not wrong.found:
+        return ""
+    if not all(isinstance(item, (int, float)) and not isinstance(item, bool) for item in wrong.found):
+        return ""
+    return "; a list of choices is for rnb-tune (docs/tuner.md), which tries each and picks one"
 
 
 def _in_queue(check: _Checker, raw: Mapping[str, Json], where: str, k: int) -> int | None:

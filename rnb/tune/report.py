@@ -180,12 +180,11 @@ def plot_points(space: TuneSpace, found: Search, verified: Sequence[Verified]) -
     return predicted, measured
 
 
-def pareto_figure(space: TuneSpace, found: Search, verified: Sequence[Verified], winner: Verified | None,
-                  bound_ms: float) -> go.Figure:
+def pareto_figure(predicted: Sequence[Point], measured: Mapping[str, Sequence[Point]], winner: Point | None,
+                  bound_ms: float, q: float) -> go.Figure:
+    """Throughput against the percentile (log scale): predicted peaks, their Pareto frontier, trials, the bound."""
     import plotly.graph_objects as go
 
-    q = found.estimator.percentile
-    predicted, measured = plot_points(space, found, verified)
     front = pareto(predicted)
     fig = go.Figure()
     fig.add_scatter(x=[p.throughput for p in predicted], y=[p.latency_ms for p in predicted], mode="markers",
@@ -196,10 +195,14 @@ def pareto_figure(space: TuneSpace, found: Search, verified: Sequence[Verified],
     for label, points in measured.items():
         fig.add_scatter(x=[p.throughput for p in points], y=[p.latency_ms for p in points], mode="lines+markers",
                         name=f"measured: {label}", text=[f"-mi {p.label}" for p in points])
-    if winner is not None and winner.best is not None:
-        fig.add_scatter(x=[winner.best.rate_per_s], y=[winner.best.latency_ms], mode="markers", name="winner (measured)",
+    if winner is not None:
+        fig.add_scatter(x=[winner.throughput], y=[winner.latency_ms], mode="markers", name="winner (measured)",
                         marker={"symbol": "star", "size": 16, "color": "gold", "line": {"width": 1, "color": "black"}})
-    fig.add_hline(y=bound_ms, line_dash="dash", annotation_text=f"bound {bound_ms:g} ms")
+    # A line's shape takes its y as data on a log axis, an annotation the log10 of it (plotly.js#1258): one
+    # annotation_text on add_hline would be placed at 10^bound ms and stretch the axis up to there.
+    fig.add_hline(y=bound_ms, line_dash="dash")
+    fig.add_annotation(x=1, xref="paper", y=math.log10(bound_ms), yref="y", text=f"bound {bound_ms:g} ms",
+                       showarrow=False, xanchor="right", yanchor="bottom")
     fig.update_layout(title=f"throughput against p{q:g} latency", xaxis_title="items/s (request rate)",
                       yaxis_title=f"p{q:g} end-to-end latency (ms, log scale)", yaxis_type="log", height=460)
     return fig
@@ -243,18 +246,23 @@ def write_plot_png(path: Path, space: TuneSpace, found: Search, verified: Sequen
 def bounding_sentence(space: TuneSpace, estimator: Estimator, verified: Verified, job: TableRow) -> str:
     """One sentence on what bounds a measured finalist, and what one more replica of it would add (predicted).
 
-    The bound is the work group whose runners were busiest in the finalist's
-    job at its peak rate.  A Batcher is left out: its "inside" time is the
-    time it holds items for their batch, not work.
+    The bound is the job's bottleneck as analysis defines it
+    (rnb.analysis.utilisation: the busiest step by its own work, a Batcher's
+    wait for company left out, when near saturation), and within that step
+    its busiest group.  Below saturation the latency bound, not a step's
+    capacity, kept the peak rate where it is.
     """
+    label = space.short_label(verified.candidate)
+    if job.get("busiest_step") is None:
+        return f"{label}: its job recorded no busy runners, so nothing names a bottleneck."
     busy = json.loads(job.get("busy_fraction") or "{}")
-    shares = {g: _mean_busy(g, busy) for g in space.groups if g.kind == "work"}
-    if not any(shares.values()):
-        return f"{space.short_label(verified.candidate)}: its job recorded no busy runners, so nothing names a bottleneck."
-    group = max(shares, key=lambda g: shares[g])
+    if job.get("bottleneck_step") is None:
+        return (f"{label}: no step was saturated at the peak rate (the busiest, step {job['busiest_step']}, busy "
+                f"{job['busiest_busy_fraction']:.0%}): the latency bound, not a step's capacity, holds it there.")
+    group = max((g for g in space.groups if g.step == job["bottleneck_step"]), key=lambda g: _mean_busy(g, busy))
     settings = verified.candidate.group(group.step, group.group)
     head = (f"{group.name}'s {settings.replicas} {'replica is' if settings.replicas == 1 else 'replicas are'} "
-            f"busy {shares[group]:.0%}")
+            f"busy {_mean_busy(group, busy):.0%}")
     if not group.tuned:
         return head + "; the tuner does not choose its replicas, so only a faster step would lift it."
     more = _with_one_more(space, verified.candidate, group)
@@ -352,7 +360,10 @@ def report_page(space: TuneSpace, outcome: Outcome, rows: Sequence[TableRow], ru
         body.append(paragraph(f"No finalist met p{q:g} < {request.bound_ms:g} ms as measured; no best.json was written.",
                               "bounds"))
     body.append("<h2>Throughput against latency</h2>")
-    body.append(figure(pareto_figure(space, found, outcome.verified, winner, request.bound_ms), "pareto"))
+    predicted, measured = plot_points(space, found, outcome.verified)
+    best = None if winner is None or winner.best is None else Point("winner", winner.best.rate_per_s,
+                                                                    winner.best.latency_ms)
+    body.append(figure(pareto_figure(predicted, measured, best, request.bound_ms, q), "pareto"))
     body.append("<h2>Candidates</h2>")
     shown = list(rows)[:MAX_TABLE_ROWS]
     best_index = next((i for i, r in enumerate(shown) if winner is not None and r["key"] == winner.candidate.key), None)
@@ -383,7 +394,8 @@ def _finalist(space: TuneSpace, estimator: Estimator, verified: Verified, index:
         return parts
     job = load_jobs([best.job_dir], rules=rules).jobs.to_pylist()[0]
     parts.append(paragraph(bounding_sentence(space, estimator, verified, job), "bounds"))
-    parts.extend(job_section(job, f"its job at the peak rate, {best.rate_per_s:.4g} req/s", f"finalist-{index + 1}"))
+    parts.extend(job_section(job, f"its job at the peak rate, {best.rate_per_s:.4g} req/s: {job['job_id']}",
+                             f"finalist-{index + 1}"))
     return parts
 
 
