@@ -13,14 +13,14 @@ of the work (`device_ms{k}`).
 on a worker thread, so that the same code path runs in tests without a GPU.
 
 Both wait the same way, by `wait_until_done`: asking the mark whether it is
-done, without pause for the first SPIN_S (as a synchronise would spin, so a
-short call's finish is stamped when it completes), then after sleeps of 1 %
-of the time waited so far, at most POLL_SLEEP_MAX_S (so a finish is stamped
-at most 1 % or 10 ms late).  A synchronise spins for as long as the device
-works, so a device that never finishes would look, from the process's CPU
-use, like a step computing; a runner waiting this way is asleep almost all
-the time, which is how the stall watch (rnb.engines.stall) tells a hung
-device from a busy one.
+done, between sleeps of 1 % of the time waited so far, at least
+POLL_SLEEP_MIN_S and at most POLL_SLEEP_MAX_S (so a finish is stamped at
+most 1 %, or 10 ms, plus a sleep's own overshoot late).  A synchronise spins
+for as long as the device works, so a device that never finishes would look,
+from the process's CPU use, like a step computing, and every waiting runner
+would take a core from the host's decoders and hops; a runner waiting this
+way is asleep almost all the time, which is how the stall watch
+(rnb.engines.stall) tells a hung device from a busy one.
 """
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ class DeviceQueue(Protocol):
         """A mark after everything queued so far."""
 
 
-SPIN_S = 0.05            # asked without pause this long: as long as the calls whose finish is stamped exactly
-POLL_SLEEP_MAX_S = 0.01  # the longest sleep between asks
+POLL_SLEEP_MIN_S = 50e-6  # the shortest sleep between asks: a few microseconds of CPU per ask, not a spin
+POLL_SLEEP_MAX_S = 0.01   # the longest sleep between asks
 
 
 def wait_until_done(done: Callable[[], bool]) -> None:
@@ -60,8 +60,7 @@ def wait_until_done(done: Callable[[], bool]) -> None:
     began = time.monotonic()
     while not done():
         waited = time.monotonic() - began
-        # sleep(0) lets the process's other threads (a SleepingDevice's worker, Ray's courier) take the GIL
-        time.sleep(0.0 if waited < SPIN_S else min(POLL_SLEEP_MAX_S, waited / 100))
+        time.sleep(min(POLL_SLEEP_MAX_S, max(POLL_SLEEP_MIN_S, waited / 100)))
 
 
 class CudaMark:
