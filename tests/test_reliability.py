@@ -137,7 +137,7 @@ def test_children_of_a_killed_main_exit_at_once_even_while_importing(tmp_path, c
 
 @pytest.mark.slow
 @pytest.mark.skipif(not isolation_works(), reason="needs a mount namespace of its own (unshare) to mount a small tmpfs")
-@pytest.mark.parametrize("room, file", [("256k", r"timings\.spool/part-\d+\.parquet"), ("full", r"config\.json")],
+@pytest.mark.parametrize("room, file", [("128k", r"timings\.spool/part-\d+\.parquet"), ("full", r"config\.json")],
                          ids=["fills_mid_run", "full_at_start"])
 def test_a_log_directory_that_fills_up_ends_the_job_with_exit_1_and_one_sentence_naming_the_file(tmp_path, capsys,
                                                                                                 room, file):
