@@ -224,7 +224,7 @@ def test_plot_says_which_jobs_time_rows_it_left_out(real_job: Path, log_copy: Pa
     done = run_analyze(str(log_copy), "--plot", str(tmp_path / "many.png"))
     assert done.returncode == 0, done.stderr
     assert done.stderr == (f"analyze: --plot draws the time rows of the first 6 jobs; left out: {clones[-1]} "
-                           "(name them alone to draw theirs).\n")
+                           "(analyze.py with them alone draws theirs).\n")
 
 
 def test_compare_shows_both_jobs_with_ratios(real_job: Path, log_copy: Path) -> None:

@@ -218,3 +218,19 @@ def test_a_real_bisection_brackets_the_bound_between_two_measured_loads(
     assert result.best.rate_per_s < result.above.rate_per_s
     assert result.best.latency_ms < bound <= result.above.latency_ms
     assert {result.best, result.above} <= set(result.trials)
+
+
+def test_a_sweep_plot_names_the_jobs_whose_time_rows_it_left_out(tmp_path: Path) -> None:
+    stub = tmp_path / "stub_benchmark.py"
+    stub.write_text(STUB_BENCHMARK)
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--benchmark", str(stub), "--log-dir", str(logs),
+         "--mi", "10,20,30,40,50,60,70", "--min-items", "20", "--min-duration", "0", "-v", "40",
+         "--plot", str(tmp_path / "sweep.png")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+    assert done.stderr == ("sweep: --plot draws the time rows of the first 6 jobs; left out: stub-mi70 "
+                           "(analyze.py with them alone draws theirs).\n")

@@ -29,7 +29,7 @@ from rnb.analysis.jobs import (
     load_jobs,
     read_job,
 )
-from rnb.analysis.report import MAX_TIME_ROWS, format_compare, format_report, plot_jobs
+from rnb.analysis.report import format_compare, format_report, left_out_sentence, plot_jobs
 from rnb.analysis.trace import write_trace
 from rnb.console import terminal_logging
 from rnb.core.joblog import META_FILE, SPOOL_DIR
@@ -90,10 +90,9 @@ def export(tables: JobTables, args: argparse.Namespace) -> None:
             row.update({column: json.loads(row[column]) for column in JSON_COLUMNS if row.get(column) is not None})
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     if args.plot:
-        left_out = plot_jobs(tables.jobs, args.plot)
-        if left_out:
-            print(f"analyze: --plot draws the time rows of the first {MAX_TIME_ROWS} jobs; left out: "
-                  f"{', '.join(left_out)} (name them alone to draw theirs).", file=sys.stderr)
+        said = left_out_sentence("analyze", plot_jobs(tables.jobs, args.plot))
+        if said:
+            print(said, file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -286,8 +286,11 @@ def _over_time(axes: Sequence[Axes], job: TableRow) -> None:
     throughput, cpu, memory = axes
     rates = json.loads(job.get("throughput_windows") or "[]")
     width = job.get("throughput_window_s") or 0.0
-    # The last window's rate holds until the job's end.
-    throughput.step([index * width for index in range(len(rates) + 1)], rates + rates[-1:], where="post")
+    if rates:   # the last window's rate holds until the job's end
+        throughput.step([index * width for index in range(len(rates) + 1)], rates + rates[-1:], where="post")
+    else:   # a job that counted no item in its measured window (one that stalled at once, or one too short)
+        throughput.text(0.5, 0.5, "no throughput windows", ha="center", va="center", transform=throughput.transAxes,
+                        fontsize=8)
     if job.get("steady_start_s") is not None:
         throughput.axvspan(job["steady_start_s"], job["steady_end_s"], alpha=0.2, label="steady state")
         throughput.legend(fontsize=7)
@@ -315,6 +318,14 @@ def _over_time(axes: Sequence[Axes], job: TableRow) -> None:
         axis.set_xlabel("s after start", fontsize=7)
         if by_process:
             axis.legend(fontsize=6)
+
+
+def left_out_sentence(command: str, left_out: list[str]) -> str | None:
+    """What a --plot that left jobs' time rows out says on stderr (the figure's title says it too, in small print)."""
+    if not left_out:
+        return None
+    return (f"{command}: --plot draws the time rows of the first {MAX_TIME_ROWS} jobs; left out: {', '.join(left_out)} "
+            "(analyze.py with them alone draws theirs).")
 
 
 def plot_jobs(jobs: pa.Table, path: str | Path) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import rnb.flags as flags
 from rnb.analysis.jobs import JobLogError, ValidityRules, load_jobs
-from rnb.analysis.report import format_summary, plot_jobs
+from rnb.analysis.report import format_summary, left_out_sentence, plot_jobs
 from rnb.analysis.sweep import (
     BENCHMARK,
     RunOutcome,
@@ -113,8 +113,9 @@ def _sweep(args: argparse.Namespace, extra: list[str]) -> int:
             job_dirs = [trial.job_dir for trial in result.trials if trial.job_dir is not None]  # every one measured has
             report = format_bisection(result, args.percentile)
         jobs = load_jobs(job_dirs, rules=rules).jobs
-        if args.plot:
-            plot_jobs(jobs, args.plot)
+        said = left_out_sentence("sweep", plot_jobs(jobs, args.plot)) if args.plot else None
+        if said:
+            print(said, file=sys.stderr)
     except (SweepError, JobLogError) as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return 2
