@@ -12,7 +12,8 @@ each runner's threads ran or asked to run (`demand_seconds`).
 
 Start-up has stalled when it stood still for `stall_s` seconds: no process
 became ready and none of those still starting used any CPU.  A running job
-has stalled when items are waiting (some runner holds one), no item has
+has stalled when items are waiting (some runner holds one, or one of the
+local engine's queues holds some), no item has
 left any step and no call has ended for `stall_s` seconds, and no runner
 is working.  A runner inside its model is working while its threads
 computed within the last `stall_s` seconds (demanded at least BUSY_SHARE
@@ -102,28 +103,32 @@ class JobWatch:
         return deadline is not None and now >= deadline
 
     def running(self, progress: Mapping[str, ProgressSnapshot], demand_s: Callable[[], Mapping[str, float]],
-                book: JobBook, now: float) -> Stall | None:
-        """After the start: stalled when some runner holds an item, no item has left any step for stall_s, and no
-        runner is working (`demand_s`: each runner process's demand_seconds so far, asked every SAMPLE_EVERY_S)."""
+                book: JobBook, now: float, queued: Mapping[int, int] | None = None) -> Stall | None:
+        """After the start: stalled when items wait (a runner holds one, or `queued`, by step, says how many wait in
+        each step's input queues), no item has left any step for stall_s, and no runner is working (`demand_s`:
+        each runner process's demand_seconds so far, asked every SAMPLE_EVERY_S).
+
+        Items queued count as waiting too: a step whose calls hang while the
+        step before it had room to hand on every item holds none itself.
+        """
         if self.stall_s is None:
             return None
         self._moved(sum(p.left + p.calls for p in progress.values()), now)   # an item leaving, or a call ending
         if now - self._sampled >= SAMPLE_EVERY_S:
             self._sample(demand_s(), now)
-        held = [(name, p) for name, p in progress.items() if p.held_item is not None and p.held_since is not None]
-        if not held:
+        queued = {step: count for step, count in (queued or {}).items() if count}
+        held = [p.held_since for p in progress.values() if p.held_item is not None and p.held_since is not None]
+        if not held and not queued:
             self._since = now   # nothing waits: a quiet pipeline has not stalled
             return None
-        _, oldest = min(held, key=lambda entry: entry[1].held_since or 0.0)
-        assert oldest.held_since is not None
-        if now - max(self._since, oldest.held_since) < self.stall_s:
+        if now - max(self._since, min(held, default=self._since)) < self.stall_s:
             return None
         verdicts = {name: self._verdict(name, p, progress, book, now, self.stall_s) for name, p in progress.items()
                     if p.calling_since is not None}
         idle = {name: why for name, why in verdicts.items() if why is not None}
         if len(idle) < len(verdicts):   # a runner is working: the others wait for it
             return None
-        return blame(progress, book, now, idle)
+        return blame(progress, book, now, idle, queued)
 
     def _sample(self, demand_s: Mapping[str, float], now: float) -> None:
         """Note which runners are computing: those that demanded BUSY_SHARE of the last BUSY_WINDOW_S (or more)."""
@@ -208,21 +213,31 @@ def demand_seconds(pid: int, leaving_out: Collection[int] = ()) -> float:
     return total_ns / 1e9
 
 
-def blame(progress: Mapping[str, ProgressSnapshot], book: JobBook, now: float, verdicts: Mapping[str, str]) -> Stall:
+def blame(progress: Mapping[str, ProgressSnapshot], book: JobBook, now: float, verdicts: Mapping[str, str],
+          queued: Mapping[int, int]) -> Stall:
     """The runner a stall is put on: the one inside its model the longest (those that only hold items the next
-    step does not take are waiting on it), else the one holding the oldest item; `verdicts` say why each runner
-    inside its model is not working."""
+    step does not take are waiting on it), else the one holding the oldest item, else the first of the first step
+    whose input queue holds items (`queued`, by step); `verdicts` say why each runner inside its model is not
+    working."""
     calling = [(name, p) for name, p in progress.items() if p.calling_since is not None]
     held = [(name, p) for name, p in progress.items() if p.held_since is not None]
+    if not calling and not held:
+        step = min(queued)
+        name = min(other for other in progress if book[other].step == step)
+        return Stall(name, f"{queued[step]} items have waited in step {step}'s input queue with no item finished and "
+                           f"no runner of step {step} taking one, {describe(book[name], book)} among them")
     name, stuck = min(calling or held, key=lambda entry: (entry[1].calling_since if calling else entry[1].held_since) or 0.0)
     who = describe(book[name], book)
     why = verdicts.get(name, SLOW_HINT)
+    its_step = book[name].step
+    waiting = queued.get(its_step) if its_step is not None else None
+    since = f"since and {waiting} items in its input queue" if waiting else "since"
     if stuck.held_item is not None and stuck.held_since is not None:
         return Stall(name, f"{who} has held item {stuck.held_item} for {now - stuck.held_since:.1f} s with no item "
-                           f"finished since{why}")
+                           f"finished {since}{why}")
     assert stuck.calling_since is not None
     return Stall(name, f"{who} has been inside its model for {now - stuck.calling_since:.1f} s with no item finished "
-                       f"since{why}")
+                       f"{since}{why}")
 
 
 def describe(record: ProcessRecord, book: JobBook) -> str:

@@ -236,7 +236,7 @@ def _run_between_barriers(supervisor: Supervisor, job: str, live: LiveProgress, 
             plumbing.flag.take_over(Termination.MAX_DURATION)
         else:
             _stop_if_stalled(supervisor, watch.running(supervisor.progress_now(), supervisor.demand_of_children,
-                                                       supervisor.book, now), stall)
+                                                       supervisor.book, now, plumbing.queued()), stall)
     return start
 
 

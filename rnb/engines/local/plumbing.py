@@ -294,6 +294,14 @@ class Plumbing:
             in_flight=ctx.Semaphore(concurrency) if concurrency else None,
         )
 
+    def queued(self) -> dict[int, int]:
+        """How many messages wait in each step's input queues (the request queue is step 0's), by step."""
+        waiting = {0: self.requests.waiting()}
+        for k, queues in enumerate(self.step_queues):
+            if queues:   # the final step has none
+                waiting[k + 1] = sum(ring.waiting() for ring in queues.values())
+        return waiting
+
     @property
     def finished_count(self) -> int:
         """The finished count, read without its lock: a child killed while counting holds that lock for good."""
