@@ -302,3 +302,12 @@ def test_a_job_killed_before_its_meta_json_is_listed_as_incomplete_beside_the_ot
     shutil.rmtree(log_copy / real_job.name)
     done = run_analyze(str(log_copy))
     assert (done.returncode, done.stdout, done.stderr) == (0, line, "")
+
+
+def test_html_of_several_jobs_names_one_to_pick(real_job: Path, log_copy: Path, tmp_path: Path) -> None:
+    clone = clone_job(log_copy, real_job.name, "z-clone")
+    done = run_analyze(str(log_copy), "--html", str(tmp_path / "page.html"))
+    assert done.returncode == 2
+    assert done.stderr == (f"analyze: --html writes one job's page; {log_copy} holds 2 jobs; name one job's directory, "
+                           f"such as {clone}.\n")
+    assert not (tmp_path / "page.html").exists()

@@ -73,7 +73,8 @@ def one_job(args: argparse.Namespace, flag: str, what: str) -> Path:
     """The one job the paths name, for a flag that writes one job's view (--trace, --html)."""
     found = find_job_dirs(args.paths)
     if len(found) != 1:
-        raise JobLogError(f"{flag} writes one job's {what}; {', '.join(args.paths)} holds {len(found)} jobs.")
+        pick = f"; name one job's directory, such as {found[-1]}" if found else ""
+        raise JobLogError(f"{flag} writes one job's {what}; {', '.join(args.paths)} holds {len(found)} jobs{pick}.")
     return found[0]
 
 

@@ -294,7 +294,7 @@ def _over_time(axes: Sequence[Axes], job: TableRow) -> None:
     if job.get("steady_start_s") is not None:
         throughput.axvspan(job["steady_start_s"], job["steady_end_s"], alpha=0.2, label="steady state")
         throughput.legend(fontsize=7)
-    throughput.set_title(f"{job['job_id']}: items/s over time", fontsize=8)
+    throughput.set_title(f"{job['job_id']}:\nitems/s over time", fontsize=8)   # a job id is as wide as the axes
     throughput.set_xlabel("s after start", fontsize=7)
     samples_path = Path(job["job_dir"]) / SAMPLES_FILE
     samples = pq.read_table(samples_path).to_pylist() if samples_path.is_file() else []
