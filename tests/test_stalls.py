@@ -69,7 +69,8 @@ def hung_at(output: str) -> float:
     return float(when)
 
 
-@pytest.mark.parametrize("k", [0, 3, 25])
+# k = 3 stays in the quick lane: one real stall, end to end; the others are fault jobs, marked slow.
+@pytest.mark.parametrize("k", [pytest.param(0, marks=pytest.mark.slow), 3, pytest.param(25, marks=pytest.mark.slow)])
 def test_a_final_step_that_hangs_after_k_items_leaves_exactly_k_rows(tmp_path, capfd, job_log, k):
     code, returned = run(tmp_path, toy(tmp_path, 1, at_item=k), "-v", "200", "-mi", "2", "--stall-s", str(STALL_S))
     said = capfd.readouterr()
@@ -94,6 +95,7 @@ def test_a_final_step_that_hangs_after_k_items_leaves_exactly_k_rows(tmp_path, c
     assert log.children_left == []
 
 
+@pytest.mark.slow
 def test_a_stall_names_the_middle_step_and_keeps_every_process_stacks(tmp_path, capfd, job_log):
     code, _ = run(tmp_path, toy(tmp_path, 1, final_out=True, at_item=6, how="sleep"), "-v", "100", "-mi", "2",
                   "--stall-s", str(STALL_S))
@@ -116,6 +118,7 @@ def test_a_stall_names_the_middle_step_and_keeps_every_process_stacks(tmp_path, 
     assert f"Python stacks of step1-g0-r0: {log.dir / 'stacks' / 'step1-g0-r0.txt'}, beside those of " in report
 
 
+@pytest.mark.slow
 def test_a_model_that_hangs_while_loading_ends_start_up_as_stalled(tmp_path, capfd, job_log):
     code, _ = run(tmp_path, toy(tmp_path, 0, at_init=True), "-v", "50", "-mi", "0", "--stall-s", str(STALL_S))
     said = capfd.readouterr()
@@ -130,6 +133,7 @@ def test_a_model_that_hangs_while_loading_ends_start_up_as_stalled(tmp_path, cap
     assert log.children_left == []
 
 
+@pytest.mark.slow
 def test_a_batching_step_that_hangs_in_flush_is_a_stall_too(tmp_path, capfd, job_log):
     # Gaps of 200 ms on average leave step 1's input idle (and its flush asked for) after its first items.
     code, _ = run(tmp_path, toy(tmp_path, 1, in_flush=True, how="spin"), "-v", "50", "-mi", "200", "--stall-s",
@@ -147,6 +151,7 @@ def test_a_batching_step_that_hangs_in_flush_is_a_stall_too(tmp_path, capfd, job
     assert len(log.rows) == log.meta["counted_items"]
 
 
+@pytest.mark.slow
 def test_a_step_that_hangs_in_flush_with_its_items_all_queued_before_it_is_a_stall(tmp_path, capfd, job_log):
     """Step 0 has a slot for every item, so it hands them all on and holds none: they wait in step 1's queue."""
     code, _ = run(tmp_path, toy(tmp_path, 1, step0_slots=40, in_flush=True, how="spin"), "-v", "30", "-mi", "20",
@@ -165,6 +170,7 @@ def test_a_step_that_hangs_in_flush_with_its_items_all_queued_before_it_is_a_sta
     assert log.children_left == []
 
 
+@pytest.mark.slow
 def test_a_step_whose_every_call_computes_for_3_times_stall_s_is_working_and_finishes(tmp_path, capfd, job_log):
     busy_s = 3 * SLOW_STALL_S
     code, _ = run(tmp_path, toy(tmp_path, 1, busy_s=busy_s), "-v", "3", "-mi", "0", "--stall-s", str(SLOW_STALL_S))
@@ -176,6 +182,7 @@ def test_a_step_whose_every_call_computes_for_3_times_stall_s_is_working_and_fin
     assert all(row["inference1_finish"] - row["inference1_start"] >= busy_s for row in log.rows)
 
 
+@pytest.mark.slow
 def test_a_step_that_computes_long_then_hangs_is_caught_at_the_hang(tmp_path, capfd, job_log):
     """Items 0 and 1 compute for 3 x S each; item 2 computes as long, then sleeps for ever."""
     code, _ = run(tmp_path, toy(tmp_path, 1, busy_s=3 * SLOW_STALL_S, at_item=2, how="sleep"), "-v", "5", "-mi", "0",
@@ -194,6 +201,7 @@ def test_a_step_that_computes_long_then_hangs_is_caught_at_the_hang(tmp_path, ca
     assert log.children_left == []
 
 
+@pytest.mark.slow
 def test_stall_s_0_turns_the_watch_off_and_max_duration_still_ends_the_job(tmp_path, capfd, job_log):
     code, _ = run(tmp_path, toy(tmp_path, 1, at_item=2), "-v", "100", "-mi", "2", "--stall-s", "0",
                   "--max-duration", "4")
@@ -202,6 +210,7 @@ def test_stall_s_0_turns_the_watch_off_and_max_duration_still_ends_the_job(tmp_p
     assert (log.meta["termination_reason"], log.meta["error"], len(log.rows)) == ("max duration", None, 2)
 
 
+@pytest.mark.slow
 def test_max_duration_ends_a_run_at_its_measured_seconds_keeping_all_it_measured(tmp_path, capsys, job_log):
     config = str(REPO / "config" / "toy.json")
     code, _ = run(tmp_path, config, "-v", "1000000", "-mi", "5", "--max-duration", "4")
@@ -427,6 +436,7 @@ def test_a_process_is_described_as_a_user_finds_it():
     assert describe(ProcessRecord("client", "client", pid=3), jobs) == "the client (pid 3)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ending, code, reason", [("sigterm", 143, "terminated"), ("sigint", 130, "interrupted"),
                                                   ("crash", 1, "process failed")])
 def test_whatever_ends_a_job_whose_final_step_hangs_the_items_it_finished_are_all_in_the_log(tmp_path, job_log, ending,
