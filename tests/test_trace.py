@@ -242,7 +242,8 @@ def test_trace_needs_exactly_one_job(handmade: Path, tmp_path: Path) -> None:
         (other / name).write_bytes((handmade / name).read_bytes())
     done = run_analyze(str(tmp_path / "logs"), "--trace", str(tmp_path / "t.json"))
     assert (done.returncode, done.stderr) == (2, f"analyze: --trace writes one job's timeline; "
-                                                 f"{tmp_path / 'logs'} holds 2 jobs.\n")
+                                                 f"{tmp_path / 'logs'} holds 2 jobs; name one job's directory, such "
+                                                 f"as {other}.\n")
     assert not (tmp_path / "t.json").exists()
 
 
