@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, TypeAlias
@@ -36,13 +36,11 @@ from rnb.core.joblog import (
 from rnb.core.records import JobLogError, JobMeta, Json, JsonObject, json_at
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 from rnb.core.termination import COMPLETE_REASONS
+from rnb.load import LOAD_KEYS, logged_mode
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 STAT_NAMES: tuple[str, ...] = ("min", "mean", *(f"p{q:g}".replace(".", "_") for q in PERCENTILES), "max")
-ARG_KEYS: tuple[str, ...] = (
-    "mean_interval_ms", "videos", "batch_size", "queue_size",
-    "concurrency", "warmup", "seed", "cpu", "log_dir",
-)
+ARG_KEYS: tuple[str, ...] = ("videos", "batch_size", "queue_size", "warmup", "seed", "cpu", "log_dir")
 JOB_FILES: tuple[str, ...] = (META_FILE, CONFIG_FILE, TIMINGS_FILE, SPOOL_DIR)
 JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
     "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows", "step_models",
@@ -283,8 +281,8 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
         "config_path": meta.config_path,
         "config": config_name(meta.config_path),
         "batch_sizes": batch_sizes(job),
+        **load_columns(args),
         **{key: args.get(key) for key in ARG_KEYS},
-        **({"mean_interval_ms": None} if args.get("concurrency") else {}),   # closed loop ignores -mi
         "start_time": meta.start_time,
         "end_time": meta.end_time,
         "elapsed_s": meta.elapsed_s,
@@ -353,6 +351,13 @@ def throughput_columns(job: Job) -> JobRow:
         row.update(steady_start_s=steady.start_s, steady_end_s=steady.end_s,
                    steady_throughput_items_per_s=steady.throughput)
     return row
+
+
+def load_columns(args: Mapping[str, Json]) -> JobRow:
+    """The job's load mode and its keys; null where the mode ignores a key (-mi in a closed loop)."""
+    mode = logged_mode(args)
+    used = {key.name for key in mode.keys}
+    return {"load_mode": mode.name, **{key: args.get(key) if key in used else None for key in LOAD_KEYS}}
 
 
 def batch_sizes(job: Job) -> str:

@@ -18,6 +18,7 @@ from rnb.analysis.jobs import STAT_NAMES, bound_column, stat_column
 from rnb.core.joblog import SAMPLES_FILE
 from rnb.core.records import Json
 from rnb.core.stages import END_TO_END, PARTS, part_key
+from rnb.load import logged_mode
 
 if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn: only plotting pays for the slow import
     from matplotlib.axes import Axes
@@ -162,7 +163,7 @@ def bottleneck_words(job: TableRow) -> str:
     busy = f"{job['busiest_busy_fraction']:.0%} of the elapsed time on average"
     if job.get("bottleneck_step") is not None:
         return f"{busiest} (its runners busy {busy})"
-    if job.get("concurrency") is None and job.get("mean_interval_ms") == 0:
+    if logged_mode(job).saturating:
         # Every request was queued at the start: the load was all the pipeline could take, yet no model kept busy.
         return (f"no step was saturated, though every request was sent at once: the time between the models "
                 f"(queues, copies, hand-overs) bounds it (the busiest, {busiest}, {busy})")
@@ -216,15 +217,9 @@ def load_curves(jobs: pa.Table) -> dict[str, list[LoadPoint]]:
         throughput, p99 = job["measured_throughput_items_per_s"], job[stat_column(E2E, "p99")]
         if throughput is None or p99 is None:
             continue
-        name = Path(str(job["config_path"])).name
-        valid = job.get("validity") != "INVALID"
-        if job.get("concurrency"):
-            point = LoadPoint(f"c {job['concurrency']}", throughput, p99, valid)
-            curves.setdefault(f"{name} (closed loop)", []).append((float(job["concurrency"]), point))
-        else:
-            interval = job["mean_interval_ms"]
-            point = LoadPoint(f"mi {interval:g}", throughput, p99, valid)
-            curves.setdefault(name, []).append((-interval if interval else math.inf, point))
+        point = logged_mode(job).curve_point(job)
+        load = LoadPoint(point.label, throughput, p99, job.get("validity") != "INVALID")
+        curves.setdefault(Path(str(job["config_path"])).name + point.curve, []).append((point.order, load))
     return {config: [point for _, point in sorted(points, key=lambda pair: pair[0])]
             for config, points in curves.items() if len({order for order, _ in points}) >= 2}
 

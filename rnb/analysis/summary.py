@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import read_job, window_seconds
+from rnb.analysis.jobs import load_columns, read_job, window_seconds
 from rnb.analysis.report import format_utilisation
 from rnb.analysis.utilisation import busy_columns, utilisation_columns
 from rnb.core.joblog import TIMINGS_FILE, read_meta
@@ -94,5 +94,5 @@ def _stage_latencies(file: pq.ParquetFile, measured: pa.ChunkedArray, num_steps:
 def utilisation_text(job_dir: Path) -> str:
     """Each runner's busy fraction and CPU use and the bottleneck step of a logged job; '' when none ran."""
     job = read_job(job_dir, columns=busy_columns)
-    load = {key: job.meta.args.get(key) for key in ("mean_interval_ms", "concurrency")}   # what the bottleneck says
+    load = load_columns(job.meta.args)   # what the bottleneck says
     return format_utilisation({**utilisation_columns(job), **load})

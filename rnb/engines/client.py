@@ -1,14 +1,14 @@
 """The load generator: puts requests on the request queue, stamped with their enqueue time.
 
-Three modes.  Poisson (-mi > 0): open loop with exponential gaps, it never
-waits for completions, and a full request queue aborts the job.  Bulk
-(-mi 0): all requests at once.  Closed loop (--concurrency N): N requests in
-flight, the next one sent as the final step finishes one; -mi is ignored.
+When each request is due is its load mode's (rnb.load: Poisson, bulk,
+closed loop, ...); the client sleeps to each due time, takes the next
+payload from the config's source and sends it.  In an open loop a full
+request queue aborts the job; in the closed loop the engine's
+`wait_for_room` holds the next request until the final step finishes one.
 It talks to the engine through a `ClientTransport` (rnb.engines.transport).
 """
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +19,7 @@ from rnb.core.stages import ENQUEUE
 from rnb.core.termination import POLL_S
 from rnb.core.timecard import TimeCard
 from rnb.engines.transport import ClientTransport
+from rnb.load import LoadSettings, mode_of
 from rnb.pipeline.sources import open_source
 
 
@@ -27,8 +28,7 @@ class ClientSpec:
     source: Mapping[str, Json]
     config_path: str
     videos: int
-    mean_interval_ms: float
-    concurrency: int | None
+    load: LoadSettings
     seed: int
 
 
@@ -38,14 +38,10 @@ def generate(spec: ClientSpec, transport: ClientTransport) -> None:
     transport.report(Ready("client"))
     if not transport.wait_for_start():
         return
-    rng = random.Random(spec.seed)
-    poisson = spec.concurrency is None and spec.mean_interval_ms > 0
-    due = time.time()
-    for item_id in range(spec.videos):
-        if poisson:
-            due += rng.expovariate(1000.0 / spec.mean_interval_ms)
-            if not _sleep_until(due, transport):
-                return
+    start = time.time()
+    for item_id, arrival in zip(range(spec.videos), mode_of(spec.load).arrivals(spec.load, spec.seed)):
+        if arrival.due_s is not None and not _sleep_until(start + arrival.due_s, transport):
+            return
         if not transport.wait_for_room():
             return
         try:
