@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import heapq
 import math
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -26,6 +27,10 @@ import rnb.flags as flags
 # The largest count a POSIX semaphore holds (SEM_VALUE_MAX on Linux): the bound of every queue and of the
 # closed loop's requests in flight.
 MAX_SEMAPHORE_VALUE = 2**31 - 1
+
+# The time-card fields of a stream's frame (timings.parquet's columns): its stream, its index in the stream, when
+# it must finish (epoch seconds on the job's clock) and whether it finished later (set at the final step).
+STREAM_FIELD, FRAME_FIELD, DEADLINE_FIELD, LATE_FIELD = "stream", "frame", "deadline", "late"
 
 Setting = int | float | str | None   # one load setting's value, as a flag, a config and meta.json give it
 
@@ -48,6 +53,7 @@ class RunKey:
     maximum: int | None = None
     above: bool = False                 # the value must exceed `minimum`, not merely reach it
     choices: tuple[str, ...] = ()       # a choice key: one of these strings
+    needs: str | None = None            # a key that must be set for this one to mean anything
 
     @property
     def expected(self) -> str:
@@ -95,13 +101,27 @@ class LoadSettings:
 
     mean_interval_ms: float = 3.0
     concurrency: int | None = None
+    streams: int | None = None
+    fps: float = 30.0
+    stream_phase: str = "spread"
+    jitter_ms: float = 0.0
+    deadline_ms: float | None = None    # None: one frame period, 1000 / fps
+    stream_policy: str = "queue"
+
+    @property
+    def deadline_s(self) -> float:
+        """How long after its due time a stream's frame may finish and not be late."""
+        return (1000.0 / self.fps if self.deadline_ms is None else self.deadline_ms) / 1000.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Arrival:
-    """When one request is due, in seconds after the client's start; None: as soon as there is room."""
+    """When one request is due, in seconds after the client's start (None: as soon as there is room), and for a
+    camera stream's frame, which stream and which frame of it."""
 
     due_s: float | None
+    stream: int | None = None
+    frame: int | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +154,10 @@ class LoadMode:
     def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
         """Where a logged job of this mode goes on a load curve, from its meta.json `args`."""
         raise NotImplementedError
+
+    def refusal(self, settings: LoadSettings) -> tuple[str, str] | None:
+        """A mix of values this mode cannot run: (the key to blame, what was expected); None when it can."""
+        return None
 
     @property
     def saturating(self) -> bool:
@@ -216,16 +240,103 @@ class Poisson(LoadMode):
         return CurvePoint("", -interval, f"mi {interval:g}")
 
 
+STREAMS = RunKey("streams", ("--streams",), "N", "camera streams: N periodic sources of one request each per "
+                 "frame period (default: off)", integral=True, minimum=1)
+FPS = RunKey("fps", ("--fps",), "F", "frames per second of each stream (default 30)", minimum=0, above=True,
+             needs="streams")
+STREAM_PHASE = RunKey("stream_phase", ("--stream-phase",), "PHASE",
+                      "when in the frame period each stream issues: spread (stream s at s/(N F)), aligned (all at "
+                      "once) or random (default spread)", choices=("spread", "aligned", "random"), needs="streams")
+JITTER = RunKey("jitter_ms", ("--jitter-ms",), "MS", "each frame issued up to MS ms after its time, "
+                "uniformly at random; below the frame period (default 0)", needs="streams")
+DEADLINE = RunKey("deadline_ms", ("--deadline-ms",), "MS", "a frame finishing later than MS ms "
+                  "after its time is late (default: the frame period, 1000/F)", minimum=0, above=True, needs="streams")
+STREAM_POLICY = RunKey("stream_policy", ("--stream-policy",), "POLICY",
+                       "queue: every frame is processed; drop: a newer frame replaces the one a stream has waiting "
+                       "(default queue)", choices=("queue", "drop"), needs="streams")
+
+
+class Streams(LoadMode):
+    """N cameras at F frames per second: stream s issues frame k at k/F plus its phase (and jitter)."""
+
+    name = "streams"
+    keys = (STREAMS, FPS, STREAM_PHASE, JITTER, DEADLINE, STREAM_POLICY)
+
+    def chosen(self, settings: LoadSettings) -> bool:
+        return settings.streams is not None
+
+    def job_label(self, settings: LoadSettings) -> str:
+        policy = "-drop" if settings.stream_policy == "drop" else ""
+        return f"s{settings.streams}-fps{settings.fps:g}{policy}"
+
+    def refusal(self, settings: LoadSettings) -> tuple[str, str] | None:
+        if settings.concurrency is not None:
+            return "streams", "expected either camera streams or a closed loop (concurrency), found both"
+        period_ms = 1000.0 / settings.fps
+        if settings.jitter_ms >= period_ms:
+            return "jitter_ms", (f"expected a jitter below the frame period ({period_ms:g} ms at {settings.fps:g} "
+                                 f"fps), found {settings.jitter_ms:g}")
+        return None
+
+    def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
+        """Every stream's frames in the order they are due; a stream's own frames stay in order, since its jitter
+        is below its period."""
+        count = settings.streams or 0
+        rng = random.Random(seed)
+        phases = [self.phase(settings, stream, rng) for stream in range(count)]
+        return heapq.merge(*(self._frames(settings, stream, phases[stream], random.Random(f"{seed}:{stream}"))
+                             for stream in range(count)))
+
+    @staticmethod
+    def phase(settings: LoadSettings, stream: int, rng: random.Random) -> float:
+        """When in the frame period stream `stream` issues, in seconds."""
+        period = 1.0 / settings.fps
+        if settings.stream_phase == "aligned":
+            return 0.0
+        if settings.stream_phase == "random":
+            return rng.uniform(0.0, period)
+        return stream * period / (settings.streams or 1)
+
+    @staticmethod
+    def _frames(settings: LoadSettings, stream: int, phase: float, rng: random.Random) -> Iterator[Arrival]:
+        jitter = settings.jitter_ms / 1000.0
+        frame = 0
+        while True:
+            offset = rng.uniform(0.0, jitter) if jitter else 0.0
+            yield Arrival(phase + frame / settings.fps + offset, stream, frame)
+            frame += 1
+
+    def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
+        streams = _number(args, "streams")
+        return CurvePoint(f" (streams at {_number(args, 'fps'):g} fps)", streams, f"s {streams:g}")
+
+
 # Asked in this order: the first mode whose `chosen` says yes is the job's.
-MODES: tuple[LoadMode, ...] = (ClosedLoop(), Bulk(), Poisson())
-# Every load key once, in the order the modes declare them: flags, run keys and LoadSettings fields.
-LOAD_KEYS: dict[str, RunKey] = {key.name: key for mode in MODES for key in mode.keys}
+MODES: tuple[LoadMode, ...] = (Streams(), ClosedLoop(), Bulk(), Poisson())
+# Every load key once, in LoadSettings' order: flags, run keys and LoadSettings fields.
+_DECLARED = {key.name: key for mode in MODES for key in mode.keys}
+LOAD_KEYS: dict[str, RunKey] = {field.name: _DECLARED[field.name] for field in dataclasses.fields(LoadSettings)}
 DEFAULTS: dict[str, Setting] = dataclasses.asdict(LoadSettings())
 
 
 def mode_of(settings: LoadSettings) -> LoadMode:
     """The job's load mode."""
     return next(mode for mode in MODES if mode.chosen(settings))
+
+
+def refusal(settings: LoadSettings, given: Iterable[str]) -> tuple[str, str] | None:
+    """What is wrong with a job's load settings, if anything: (the key to blame, what was expected).
+
+    `given` are the keys the command line or the config set; a key that
+    means something only beside another (--fps beside --streams) is refused
+    alone, rather than silently ignored.
+    """
+    for name in given:
+        needed = LOAD_KEYS[name].needs
+        if needed is not None and getattr(settings, needed) is None:
+            return name, (f"expected {flags.flag_name(LOAD_KEYS[needed].spellings)} (or run.{needed}) beside it, "
+                          "found none")
+    return mode_of(settings).refusal(settings)
 
 
 def logged_mode(args: Mapping[str, object]) -> LoadMode:

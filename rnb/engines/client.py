@@ -17,7 +17,8 @@ from rnb.core.messages import Ready, Request
 from rnb.core.records import Json
 from rnb.core.stages import ENQUEUE
 from rnb.core.termination import POLL_S
-from rnb.core.timecard import TimeCard
+from rnb.core.timecard import TimeCard, now
+from rnb.engines.streams import Dealer, LeakyStreams, mark_frame
 from rnb.engines.transport import ClientTransport
 from rnb.load import LoadSettings, mode_of
 from rnb.pipeline.sources import open_source
@@ -38,21 +39,32 @@ def generate(spec: ClientSpec, transport: ClientTransport) -> None:
     transport.report(Ready("client"))
     if not transport.wait_for_start():
         return
+    streams = spec.load.streams or 0
+    dealer = Dealer(payloads, streams) if streams else None
+    leaky = LeakyStreams(transport, streams) if streams and spec.load.stream_policy == "drop" else None
     start = time.time()
+    job_clock_start = start - (time.time() - now())   # the card's clock runs behind time.time() on other Ray nodes
     for item_id, arrival in zip(range(spec.videos), mode_of(spec.load).arrivals(spec.load, spec.seed)):
-        if arrival.due_s is not None and not _sleep_until(start + arrival.due_s, transport):
-            return
+        if arrival.due_s is not None:
+            waited = leaky.sleep_until(start + arrival.due_s) if leaky else _sleep_until(start + arrival.due_s, transport)
+            if not waited:
+                return
         if not transport.wait_for_room():
             return
         try:
-            payload = next(payloads)
+            payload = next(payloads) if dealer is None or arrival.stream is None else dealer.next_for(arrival.stream)
         except StopIteration:
             raise ValueError(f"{spec.config_path}: source: ran out after {item_id} requests, "
                              f"but -v asks for {spec.videos}") from None
         card = TimeCard(item_id, repr(payload))
         card.record(ENQUEUE)
-        if not transport.submit(Request(payload, card)):
+        if arrival.stream is not None:
+            mark_frame(card, arrival, job_clock_start + (arrival.due_s or 0.0), spec.load.deadline_s)
+        request = Request(payload, card)
+        if not (leaky.offer(arrival.stream or 0, request) if leaky else transport.submit(request)):
             return
+    if leaky:
+        leaky.drain()
 
 
 def _sleep_until(due: float, transport: ClientTransport) -> bool:

@@ -23,6 +23,7 @@ from rnb.core.records import GpuRecord, JobMeta, JsonObject, ProcessRecord
 from rnb.core.termination import Termination
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.engines.spool import TimingsSpool
+from rnb.engines.streams import streams_record
 from rnb.load import MAX_SEMAPHORE_VALUE, LoadSettings, mode_of
 from rnb.pipeline.config import PipelineConfig
 
@@ -181,13 +182,22 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
         counted_items=ending.counted,
         processes=ending.book.records, main_peak_rss_bytes=joblog.main_peak_rss_bytes(), versions=joblog.versions(),
         host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine,
-        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"))
+        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"), streams=_streams(job_dir, config, args, ending))
     logged = writes.attempt(job_dir / joblog.META_FILE, lambda: joblog.write_meta(job_dir, meta))
     if not logged and writes.first and writes.first not in (error or ""):
         error = "; and ".join(filter(None, (error, writes.first)))
     if error:
         log.error("%s", error)
     return JobResult(1 if writes.first else EXIT_CODES.get(ending.reason, 1), job_dir, logged)
+
+
+def _streams(job_dir: Path, config: PipelineConfig, args: RunArgs, ending: JobEnding) -> JsonObject | None:
+    """meta.json's `streams` for a camera-stream job whose timings were written; None otherwise."""
+    timings = job_dir / joblog.TIMINGS_FILE
+    if args.load.streams is None or not timings.exists():
+        return None
+    elapsed = None if ending.start is None else ending.end - ending.start
+    return streams_record(timings, args.load, args.seed, args.videos, len(config.steps), elapsed)
 
 
 def logged_args(args: RunArgs) -> JsonObject:
