@@ -33,7 +33,7 @@ from rnb.engines.local.driver import run_job
 from rnb.engines.ray import cluster as ray_cluster
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.load import DEFAULTS as LOAD_DEFAULTS
-from rnb.load import LOAD_KEYS, LoadSettings
+from rnb.load import LOAD_KEYS, LoadSettings, with_scenario
 from rnb.load import refusal as load_refusal
 from rnb.pipeline.config import RUN_CHOICES, RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
@@ -116,7 +116,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
     """Command line over config "run" over DEFAULTS (parse_args checked each flag's range); a bad mix raises ConfigError."""
     values = _combined(ns, config, DEFAULTS)
-    load = _checked_load(ns, config)
+    load = _checked_load(ns, config, values["videos"])
     _check_warmup(ns, config, values["warmup"], values["videos"])
     engine = ns.engine or str(config.run.get("engine", RUN_CHOICES["engine"][0]))  # _parse_run checked it is a choice
     if ns.ray_address is not None and engine != "ray":
@@ -126,10 +126,11 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
                    ray_address=ns.ray_address, quiet=ns.quiet)
 
 
-def _checked_load(ns: argparse.Namespace, config: PipelineConfig) -> LoadSettings:
+def _checked_load(ns: argparse.Namespace, config: PipelineConfig, videos: int) -> LoadSettings:
     """The job's load settings; ConfigError naming the flag, or the config's run key, that makes a bad mix."""
-    load = LoadSettings(**_combined(ns, config, LOAD_DEFAULTS))
-    problem = load_refusal(load, [key for key in LOAD_KEYS if getattr(ns, key) is not None or key in config.run])
+    given = [key for key in LOAD_KEYS if getattr(ns, key) is not None or key in config.run]
+    load = with_scenario(LoadSettings(**_combined(ns, config, LOAD_DEFAULTS)), given)
+    problem = load_refusal(load, given, videos)
     if problem is None:
         return load
     key, expected = problem

@@ -15,12 +15,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import heapq
 import math
 import random
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 
 import rnb.flags as flags
 
@@ -31,6 +38,9 @@ MAX_SEMAPHORE_VALUE = 2**31 - 1
 # The time-card fields of a stream's frame (timings.parquet's columns): its stream, its index in the stream, when
 # it must finish (epoch seconds on the job's clock) and whether it finished later (set at the final step).
 STREAM_FIELD, FRAME_FIELD, DEADLINE_FIELD, LATE_FIELD = "stream", "frame", "deadline", "late"
+# The time-card field of a request's due time (epoch seconds on the job's clock), for the modes whose exact times
+# matter (LoadMode.records_due): a request's enqueue minus it is the client's timing error.
+DUE_FIELD = "due"
 
 Setting = int | float | str | None   # one load setting's value, as a flag, a config and meta.json give it
 
@@ -53,6 +63,7 @@ class RunKey:
     maximum: int | None = None
     above: bool = False                 # the value must exceed `minimum`, not merely reach it
     choices: tuple[str, ...] = ()       # a choice key: one of these strings
+    text: str = ""                      # a text key: what its string names ("a trace file ..."); its mode checks it
     needs: str | None = None            # a key that must be set for this one to mean anything
 
     @property
@@ -60,6 +71,8 @@ class RunKey:
         """What the key accepts, as an error sentence says it after `expected`."""
         if self.choices:
             return "one of " + ", ".join(f'"{choice}"' for choice in self.choices)
+        if self.text:
+            return self.text
         if self.integral:
             return (f"an integer >= {self.minimum:g}" if self.maximum is None
                     else f"an integer from {self.minimum:g} to {self.maximum}")
@@ -69,6 +82,8 @@ class RunKey:
         """Whether a value from JSON or a parsed flag is in this key's range."""
         if self.choices:
             return isinstance(value, str) and value in self.choices
+        if self.text:
+            return isinstance(value, str) and bool(value.strip())
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (self.integral and not isinstance(value, int)):
             return False
         return (math.isfinite(value) and value >= self.minimum and not (self.above and value == self.minimum)
@@ -76,7 +91,7 @@ class RunKey:
 
     def parse(self, text: str) -> Setting:
         """The argparse type of this key's flag: its value, or ArgumentTypeError in the project's words."""
-        if self.choices:
+        if self.choices or self.text:
             value: Setting = text
         elif self.integral:
             value = int(text) if text.strip().lstrip("+-").isdigit() else None
@@ -107,6 +122,9 @@ class LoadSettings:
     jitter_ms: float = 0.0
     deadline_ms: float | None = None    # None: one frame period, 1000 / fps
     stream_policy: str = "queue"
+    arrivals: str | None = None         # a trace: a CSV or Parquet file of offsets, or a job's log directory
+    rate_schedule: str | None = None    # "100@10s,300@5s" or ramps "100-300@10s": requests/s for each span
+    scenario: str | None = None         # a LoadGen scenario's name, which sets the keys of SCENARIOS
 
     @property
     def deadline_s(self) -> float:
@@ -138,6 +156,7 @@ class LoadMode:
 
     name: ClassVar[str]
     keys: ClassVar[tuple[RunKey, ...]]   # the run keys this mode reads (a key may be shared by modes)
+    records_due: ClassVar[bool] = False  # each card records its request's due time (DUE_FIELD)
 
     def chosen(self, settings: LoadSettings) -> bool:
         """Whether these settings ask for this mode (MODES is asked in order, the first yes wins)."""
@@ -155,8 +174,9 @@ class LoadMode:
         """Where a logged job of this mode goes on a load curve, from its meta.json `args`."""
         raise NotImplementedError
 
-    def refusal(self, settings: LoadSettings) -> tuple[str, str] | None:
-        """A mix of values this mode cannot run: (the key to blame, what was expected); None when it can."""
+    def refusal(self, settings: LoadSettings, videos: int) -> tuple[str, str] | None:
+        """A mix of values this mode cannot run for -v `videos`: (the key to blame, what was expected); None when
+        it can."""
         return None
 
     @property
@@ -260,6 +280,7 @@ class Streams(LoadMode):
     """N cameras at F frames per second: stream s issues frame k at k/F plus its phase (and jitter)."""
 
     name = "streams"
+    records_due = True
     keys = (STREAMS, FPS, STREAM_PHASE, JITTER, DEADLINE, STREAM_POLICY)
 
     def chosen(self, settings: LoadSettings) -> bool:
@@ -269,9 +290,7 @@ class Streams(LoadMode):
         policy = "-drop" if settings.stream_policy == "drop" else ""
         return f"s{settings.streams}-fps{settings.fps:g}{policy}"
 
-    def refusal(self, settings: LoadSettings) -> tuple[str, str] | None:
-        if settings.concurrency is not None:
-            return "streams", "expected either camera streams or a closed loop (concurrency), found both"
+    def refusal(self, settings: LoadSettings, videos: int) -> tuple[str, str] | None:
         period_ms = 1000.0 / settings.fps
         if settings.jitter_ms >= period_ms:
             return "jitter_ms", (f"expected a jitter below the frame period ({period_ms:g} ms at {settings.fps:g} "
@@ -311,10 +330,100 @@ class Streams(LoadMode):
         return CurvePoint(f" (streams at {_number(args, 'fps'):g} fps)", streams, f"s {streams:g}")
 
 
+ARRIVALS = RunKey("arrivals", ("--arrivals",), "FILE", "replay a trace: a CSV or Parquet file with a column offset_s "
+                  "(seconds from the start, sorted) and optionally stream, or a job's log directory, whose "
+                  "enqueue times are replayed (default: off)",
+                  text="a CSV or Parquet file of arrival offsets, or a job's log directory")
+RATE_SCHEDULE = RunKey("rate_schedule", ("--rate-schedule",), "SPANS",
+                       "Poisson at each rate for each span, e.g. 100@10s,300@5s,100@10s (requests/s@seconds), a "
+                       "span RATE-RATE@S a linear ramp; repeated until -v requests are sent (default: off)",
+                       text="a rate schedule such as \"100@10s,300@5s\"")
+
+
+class Trace(LoadMode):
+    """A recorded load replayed exactly: each request at its offset from the start (and on its stream, if given)."""
+
+    name = "trace"
+    records_due = True
+    keys = (ARRIVALS,)
+
+    def chosen(self, settings: LoadSettings) -> bool:
+        return settings.arrivals is not None
+
+    def job_label(self, settings: LoadSettings) -> str:
+        return "trace"
+
+    def refusal(self, settings: LoadSettings, videos: int) -> tuple[str, str] | None:
+        try:
+            offsets, _ = read_trace(settings.arrivals or "")
+        except TraceError as error:
+            return "arrivals", str(error)
+        if len(offsets) < videos:
+            return "arrivals", (f"expected at least the {videos} requests to finish (-v), found {len(offsets)} arrival "
+                                f"times in {settings.arrivals}")
+        return None
+
+    def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
+        offsets, streams = read_trace(settings.arrivals or "")
+        if streams is None:
+            yield from (Arrival(offset) for offset in offsets)
+            return
+        frames: dict[int, int] = {}
+        for offset, stream in zip(offsets, streams):
+            frames[stream] = frames.get(stream, -1) + 1
+            yield Arrival(offset, stream, frames[stream])
+
+    def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
+        return CurvePoint(f" (trace {args.get('arrivals')})", 0.0, "trace")
+
+
+class Schedule(LoadMode):
+    """Poisson at a rate that follows a schedule of spans (bursts, ramps), repeated until -v requests are sent."""
+
+    name = "schedule"
+    keys = (RATE_SCHEDULE,)
+
+    def chosen(self, settings: LoadSettings) -> bool:
+        return settings.rate_schedule is not None
+
+    def job_label(self, settings: LoadSettings) -> str:
+        spans = parse_schedule(settings.rate_schedule or "")
+        return "sched" + "_".join(f"{s.start:g}" + (f"-{s.end:g}" if s.end != s.start else "") + f"x{s.seconds:g}"
+                                  for s in spans)[:60]
+
+    def refusal(self, settings: LoadSettings, videos: int) -> tuple[str, str] | None:
+        try:
+            parse_schedule(settings.rate_schedule or "")
+        except ValueError as error:
+            return "rate_schedule", str(error)
+        return None
+
+    def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
+        spans = parse_schedule(settings.rate_schedule or "")
+        rng = random.Random(seed)
+        begin = 0.0
+        while True:
+            for span in spans:
+                yield from (Arrival(due) for due in span.arrivals(begin, rng))
+                begin += span.seconds
+
+    def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
+        return CurvePoint(f" (schedule {args.get('rate_schedule')})", 0.0, "schedule")
+
+
 # Asked in this order: the first mode whose `chosen` says yes is the job's.
-MODES: tuple[LoadMode, ...] = (Streams(), ClosedLoop(), Bulk(), Poisson())
+MODES: tuple[LoadMode, ...] = (Streams(), Trace(), Schedule(), ClosedLoop(), Bulk(), Poisson())
+# The keys that each choose a mode of their own: at most one may be set.
+EXCLUSIVE = ("streams", "arrivals", "rate_schedule", "concurrency")
 # Every load key once, in LoadSettings' order: flags, run keys and LoadSettings fields.
-_DECLARED = {key.name: key for mode in MODES for key in mode.keys}
+SCENARIO = RunKey("scenario", ("--scenario",), "NAME",
+                  "a LoadGen scenario by its name: offline (-mi 0), server (Poisson at -mi), single-stream "
+                  "(--concurrency 1), multi-stream (--concurrency 8) (default: none)",
+                  choices=("offline", "server", "single-stream", "multi-stream"))
+# What each LoadGen scenario sets (docs/running.md puts LoadGen's definitions beside these).
+SCENARIOS: dict[str, dict[str, Setting]] = {"offline": {"mean_interval_ms": 0}, "server": {},
+                                            "single-stream": {"concurrency": 1}, "multi-stream": {"concurrency": 8}}
+_DECLARED = {SCENARIO.name: SCENARIO, **{key.name: key for mode in MODES for key in mode.keys}}
 LOAD_KEYS: dict[str, RunKey] = {field.name: _DECLARED[field.name] for field in dataclasses.fields(LoadSettings)}
 DEFAULTS: dict[str, Setting] = dataclasses.asdict(LoadSettings())
 
@@ -324,19 +433,37 @@ def mode_of(settings: LoadSettings) -> LoadMode:
     return next(mode for mode in MODES if mode.chosen(settings))
 
 
-def refusal(settings: LoadSettings, given: Iterable[str]) -> tuple[str, str] | None:
+def with_scenario(settings: LoadSettings, given: Iterable[str]) -> LoadSettings:
+    """The settings with their scenario's keys set where the command line and the config left them to defaults."""
+    chosen = SCENARIOS.get(settings.scenario or "", {})
+    return _settings({**dataclasses.asdict(settings), **{key: value for key, value in chosen.items() if key not in set(given)}})
+
+
+def refusal(settings: LoadSettings, given: Iterable[str], videos: int) -> tuple[str, str] | None:
     """What is wrong with a job's load settings, if anything: (the key to blame, what was expected).
 
     `given` are the keys the command line or the config set; a key that
     means something only beside another (--fps beside --streams) is refused
     alone, rather than silently ignored.
     """
+    given = list(given)
+    for key, value in SCENARIOS.get(settings.scenario or "", {}).items():
+        if getattr(settings, key) != value:
+            return "scenario", (f"expected {_flag(key)} {value} or none beside it (the {settings.scenario} scenario), "
+                                f"found {_flag(key)} {getattr(settings, key)}")
     for name in given:
         needed = LOAD_KEYS[name].needs
         if needed is not None and getattr(settings, needed) is None:
             return name, (f"expected {flags.flag_name(LOAD_KEYS[needed].spellings)} (or run.{needed}) beside it, "
                           "found none")
-    return mode_of(settings).refusal(settings)
+    chosen = [name for name in EXCLUSIVE if getattr(settings, name) is not None]
+    if len(chosen) > 1:
+        return chosen[0], f"expected one load mode, found {' and '.join(_flag(name) for name in chosen)} together"
+    return mode_of(settings).refusal(settings, videos)
+
+
+def _flag(name: str) -> str:
+    return flags.flag_name(LOAD_KEYS[name].spellings)
 
 
 def logged_mode(args: Mapping[str, object]) -> LoadMode:
@@ -345,10 +472,115 @@ def logged_mode(args: Mapping[str, object]) -> LoadMode:
     The keys decide, as they did for the job; `load_mode`, which meta.json
     also holds, is for a reader, and a log from before it was written has none.
     """
-    known = {key: args[key] for key in DEFAULTS if args.get(key) is not None}
-    return mode_of(LoadSettings(**known))  # type: ignore[arg-type]
+    return mode_of(_settings({key: args[key] for key in DEFAULTS if args.get(key) is not None}))
+
+
+def _settings(values: Mapping[str, object]) -> LoadSettings:
+    """LoadSettings from values by key, each already checked against its RunKey (or read from a log written so)."""
+    return LoadSettings(**values)  # type: ignore[arg-type]
 
 
 def _number(args: Mapping[str, object], key: str) -> float:
     value = args.get(key)
     return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+class TraceError(ValueError):
+    """A trace that cannot be replayed; `str()` is what a refusal says after the flag or run key."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """One span of a rate schedule: Poisson arrivals at a rate going linearly from `start` to `end` requests/s."""
+
+    start: float
+    end: float
+    seconds: float
+
+    def arrivals(self, begin: float, rng: random.Random) -> Iterator[float]:
+        """The span's arrival times from `begin` on, by thinning a Poisson process at the span's highest rate."""
+        peak = max(self.start, self.end)
+        due = 0.0
+        while peak > 0:
+            due += rng.expovariate(peak)
+            if due >= self.seconds:
+                return
+            rate = self.start + (self.end - self.start) * due / self.seconds
+            if rng.random() * peak < rate:
+                yield begin + due
+
+
+_SPAN = re.compile(r"\s*(?P<start>[0-9.eE+]+)(?:\s*-\s*(?P<end>[0-9.eE+]+))?\s*@\s*(?P<seconds>[0-9.eE+]+)\s*s?\s*")
+
+
+def parse_schedule(text: str) -> tuple[Span, ...]:
+    """The spans of a schedule such as `100@10s,300@5s,100-400@10s`; ValueError in the refusal's words."""
+    spans = []
+    for part in text.split(","):
+        match = _SPAN.fullmatch(part)
+        start, seconds = (_finite(match.group("start")), _finite(match.group("seconds"))) if match else (None, None)
+        end = _finite(match.group("end")) if match and match.group("end") else start
+        if start is None or end is None or seconds is None:
+            raise ValueError(f"expected spans RATE@SECONDS or RATE-RATE@SECONDS separated by commas, such as "
+                             f"\"100@10s,300@5s\", found {part.strip()!r}")
+        if seconds <= 0:
+            raise ValueError(f"expected each span to last more than 0 s, found {part.strip()!r}")
+        spans.append(Span(start, end, seconds))
+    if not any(span.start or span.end for span in spans):
+        raise ValueError(f"expected a schedule with a rate above 0 somewhere, found {text!r}")
+    return tuple(spans)
+
+
+def _finite(text: str | None) -> float | None:
+    try:
+        value = float(text) if text is not None else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+@functools.cache
+def read_trace(path: str) -> tuple[tuple[float, ...], tuple[int, ...] | None]:
+    """A trace's arrival offsets in seconds, sorted, and their streams if it names them; TraceError if unusable.
+
+    A job's log directory gives its requests' enqueue times, from its first.
+    """
+    where = Path(path)
+    if where.is_dir():
+        where = where / "timings.parquet"
+        if not where.is_file():
+            raise TraceError(f"expected a job's log directory holding timings.parquet, found none in {path}")
+        enqueue = pq.read_table(where, columns=["enqueue"]).column("enqueue").to_pylist()
+        times = sorted(time for time in enqueue if time is not None)
+        return tuple(time - times[0] for time in times), None
+    table = _trace_table(where)
+    if "offset_s" not in table.column_names:
+        raise TraceError(f"expected a column offset_s in {path}, found the columns {', '.join(table.column_names)}")
+    offsets = table.column("offset_s").to_pylist()
+    for row, offset in enumerate(offsets):
+        if not isinstance(offset, (int, float)) or not math.isfinite(offset) or offset < 0:
+            raise TraceError(f"expected an offset in seconds >= 0 in every row of {path}, found {offset!r} in row {row + 1}")
+        if row and offset < offsets[row - 1]:
+            raise TraceError(f"expected offsets sorted from the earliest in {path}, found {offset:g} after "
+                             f"{offsets[row - 1]:g} in row {row + 1}")
+    if not offsets:
+        raise TraceError(f"expected at least one arrival time in {path}, found none")
+    if "stream" not in table.column_names:
+        return tuple(float(offset) for offset in offsets), None
+    streams = table.column("stream").to_pylist()
+    if not all(isinstance(stream, int) and stream >= 0 for stream in streams):
+        raise TraceError(f"expected a stream number >= 0 in every row of {path}'s stream column")
+    return tuple(float(offset) for offset in offsets), tuple(streams)
+
+
+def _trace_table(path: Path) -> pa.Table:
+    if not path.is_file():
+        raise TraceError(f"expected a CSV or Parquet file of arrival offsets, or a job's log directory, found nothing "
+                         f"at {path}")
+    try:
+        if path.suffix == ".parquet":
+            return pq.read_table(path)
+        return pa_csv.read_csv(path)
+    except (pa.ArrowException, OSError) as error:
+        raise TraceError(f"expected a CSV or Parquet file of arrival offsets, found {path} unreadable "
+                         f"({str(error).splitlines()[0]})") from None

@@ -98,7 +98,7 @@ def test_one_stream_at_30_fps_into_a_40_ms_step_drops_what_the_step_cannot_take(
     (["--streams", "2", "--stream-policy", "leaky"],
      'command line: --stream-policy: expected one of "queue", "drop", found \'leaky\''),
     (["--streams", "2", "--concurrency", "4"],
-     "command line: --streams: expected either camera streams or a closed loop (concurrency), found both"),
+     "command line: --streams: expected one load mode, found --streams and --concurrency together"),
     (["--streams", "2", "--jitter-ms", "40"],
      "command line: --jitter-ms: expected a jitter below the frame period (33.3333 ms at 30 fps), found 40"),
 ])

@@ -20,7 +20,7 @@ from rnb.core.termination import POLL_S
 from rnb.core.timecard import TimeCard, now
 from rnb.engines.streams import Dealer, LeakyStreams, mark_frame
 from rnb.engines.transport import ClientTransport
-from rnb.load import LoadSettings, mode_of
+from rnb.load import DUE_FIELD, LoadSettings, mode_of
 from rnb.pipeline.sources import open_source
 
 
@@ -42,9 +42,10 @@ def generate(spec: ClientSpec, transport: ClientTransport) -> None:
     streams = spec.load.streams or 0
     dealer = Dealer(payloads, streams) if streams else None
     leaky = LeakyStreams(transport, streams) if streams and spec.load.stream_policy == "drop" else None
+    mode = mode_of(spec.load)
     start = time.time()
     job_clock_start = start - (time.time() - now())   # the card's clock runs behind time.time() on other Ray nodes
-    for item_id, arrival in zip(range(spec.videos), mode_of(spec.load).arrivals(spec.load, spec.seed)):
+    for item_id, arrival in zip(range(spec.videos), mode.arrivals(spec.load, spec.seed)):
         if arrival.due_s is not None:
             waited = leaky.sleep_until(start + arrival.due_s) if leaky else _sleep_until(start + arrival.due_s, transport)
             if not waited:
@@ -58,8 +59,11 @@ def generate(spec: ClientSpec, transport: ClientTransport) -> None:
                              f"but -v asks for {spec.videos}") from None
         card = TimeCard(item_id, repr(payload))
         card.record(ENQUEUE)
-        if arrival.stream is not None:
-            mark_frame(card, arrival, job_clock_start + (arrival.due_s or 0.0), spec.load.deadline_s)
+        due = job_clock_start + (arrival.due_s or 0.0)
+        if mode.records_due:
+            card.set_field(DUE_FIELD, due)
+        if arrival.stream is not None and arrival.frame is not None:
+            mark_frame(card, arrival.stream, arrival.frame, due + spec.load.deadline_s if streams else None)
         request = Request(payload, card)
         if not (leaky.offer(arrival.stream or 0, request) if leaky else transport.submit(request)):
             return

@@ -25,7 +25,7 @@ from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.termination import POLL_S
 from rnb.core.timecard import TimeCard
 from rnb.engines.transport import ClientTransport
-from rnb.load import DEADLINE_FIELD, FRAME_FIELD, LATE_FIELD, STREAM_FIELD, Arrival, LoadSettings, mode_of
+from rnb.load import DEADLINE_FIELD, FRAME_FIELD, LATE_FIELD, STREAM_FIELD, LoadSettings, mode_of
 
 # How often a client holding frames looks whether the pipeline took a stream's previous one: a frame period
 # is tens of ms, so a look every ms costs at most a few percent of a step-0 runner's time.
@@ -52,12 +52,13 @@ class Dealer:
         return self._dealt[stream].popleft()
 
 
-def mark_frame(card: TimeCard, arrival: Arrival, due_at: float, deadline_s: float) -> None:
-    """Stamp a frame's card with its stream, frame index and deadline (epoch seconds on the job's clock)."""
-    assert arrival.stream is not None and arrival.frame is not None
-    card.set_field(STREAM_FIELD, arrival.stream)
-    card.set_field(FRAME_FIELD, arrival.frame)
-    card.set_field(DEADLINE_FIELD, due_at + deadline_s)
+def mark_frame(card: TimeCard, stream: int, frame: int, deadline: float | None) -> None:
+    """Stamp a frame's card with its stream, frame index and deadline (epoch seconds on the job's clock), if it has
+    one (a replayed trace's streams have none)."""
+    card.set_field(STREAM_FIELD, stream)
+    card.set_field(FRAME_FIELD, frame)
+    if deadline is not None:
+        card.set_field(DEADLINE_FIELD, deadline)
 
 
 class LeakyStreams:
