@@ -5,9 +5,13 @@ import itertools
 import json
 from pathlib import Path
 
+import matplotlib.image
+import pyarrow as pa
 import pytest
 
 from rnb import cli
+from rnb.analysis.jobs import ValidityRules, load_jobs
+from rnb.analysis.report import format_report, plot_jobs
 from rnb.engines.streams import Dealer
 from rnb.load import LoadSettings, mode_of
 
@@ -76,6 +80,17 @@ def test_one_stream_at_30_fps_into_a_40_ms_step_is_late_on_every_frame_under_que
     for row in rows:   # the deadline is the frame's due time plus one period; the client sends at or after it
         assert row["enqueue"] >= row["deadline"] - 1 / 30 - 1e-6
     assert meta["args"]["load_mode"] == "streams" and "-s1-fps30-v60" in meta["job_id"]
+    # analyze.py reads the same figures back: its columns, its report, and a lateness panel in its plot.
+    (row,) = load_jobs(tmp_path / "logs", rules=ValidityRules(min_duration_s=0, min_items=1)).jobs.to_pylist()
+    assert (row["load_mode"], row["streams"], row["fps"], row["mean_interval_ms"]) == ("streams", 1, 30.0, None)
+    assert (row["frames_offered"], row["frames_late"], row["frames_dropped"], row["frames_missed_fraction"]) == (
+        FRAMES, FRAMES, 0, 1.0)
+    report = format_report(load_jobs(tmp_path / "logs").jobs)
+    assert "streams: 1 at 30 fps, policy queue, deadline 33.3 ms: 60 frames offered, 60 processed, 60 late" in report
+    plain, streamed = tmp_path / "plain.png", tmp_path / "streamed.png"
+    plot_jobs(pa.Table.from_pylist([{**row, "streams_record": None}]), str(plain))
+    plot_jobs(pa.Table.from_pylist([row]), str(streamed))
+    assert matplotlib.image.imread(streamed).shape[0] == matplotlib.image.imread(plain).shape[0] + 300
 
 
 def test_one_stream_at_30_fps_into_a_40_ms_step_drops_what_the_step_cannot_take(slow_step, tmp_path, job_log) -> None:

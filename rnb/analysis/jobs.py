@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
+from rnb.analysis.streams import stream_columns
 from rnb.analysis.utilisation import utilisation_columns
 from rnb.core.joblog import (
     CONFIG_FILE,
@@ -44,7 +45,7 @@ ARG_KEYS: tuple[str, ...] = ("videos", "batch_size", "queue_size", "warmup", "se
 JOB_FILES: tuple[str, ...] = (META_FILE, CONFIG_FILE, TIMINGS_FILE, SPOOL_DIR)
 JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
     "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows", "step_models",
-    "busy_fraction", "cpu_percent", "stacks")
+    "busy_fraction", "cpu_percent", "stacks", "streams_record")
 BOUNDED_PERCENTILE = 99.0   # VALID needs enough items to bound this percentile from above
 # One row of the jobs table by column, as summarize_job builds it and Table.to_pylist() gives it back: numbers,
 # strings, null, the job's settings as meta.json holds them, and the JSON_COLUMNS as JSON text.
@@ -316,6 +317,7 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
     # A stalled job's Python stacks, by process: files under the job directory, wherever the log has moved since.
     stacks = {p.name: str(job.path / p.stacks) for p in meta.processes if p.stacks}
     row["stacks"] = json.dumps(stacks) if stacks else None
+    row.update(stream_columns(meta.streams))
     row.update(percentile_columns(latencies[END_TO_END.key], rules.confidence))
     row.update(throughput_columns(job))
     row.update(utilisation_columns(job))

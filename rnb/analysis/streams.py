@@ -6,6 +6,7 @@ under the drop policy dropped frames too, over the frames offered.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from rnb.core.records import Json
@@ -49,3 +50,28 @@ def _number(record: Mapping[str, Json], key: str) -> float:
 def _cell(record: Mapping[str, Json], key: str) -> str:
     value = record.get(key)
     return f"{value:.1f}" if isinstance(value, (int, float)) else "-"
+
+
+def stream_columns(streams: Mapping[str, Json] | None) -> dict[str, Json]:
+    """The jobs table's stream columns: the totals, the fraction missed, and the whole record as JSON text."""
+    if streams is None:
+        return {key: None for key in STREAM_COLUMNS}
+    return {"stream_count": _count(streams, "count"), "frames_offered": _count(streams, "offered"),
+            "frames_processed": _count(streams, "processed"), "frames_late": _count(streams, "late"),
+            "frames_dropped": _count(streams, "dropped"), "frames_missed_fraction": missed_fraction(streams),
+            "streams_record": json.dumps(streams)}
+
+
+STREAM_COLUMNS: tuple[str, ...] = ("stream_count", "frames_offered", "frames_processed", "frames_late", "frames_dropped",
+                                   "frames_missed_fraction", "streams_record")
+
+
+def per_stream_missed(streams: Mapping[str, Json]) -> list[tuple[float, float]]:
+    """Each stream's late and dropped frames as fractions of the frames it offered, in stream order."""
+    fractions = []
+    per_stream = streams.get("per_stream")
+    for entry in per_stream if isinstance(per_stream, list) else []:
+        if isinstance(entry, dict):
+            offered = _count(entry, "offered") or 1
+            fractions.append((_count(entry, "late") / offered, _count(entry, "dropped") / offered))
+    return fractions
