@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from rnb import cli
+from rnb.analysis.html import write_job_page
 from rnb.analysis.jobs import ValidityRules, load_jobs
 from rnb.analysis.report import format_report, plot_jobs
 from rnb.engines.streams import Dealer
@@ -87,6 +88,10 @@ def test_one_stream_at_30_fps_into_a_40_ms_step_is_late_on_every_frame_under_que
         FRAMES, FRAMES, 0, 1.0)
     report = format_report(load_jobs(tmp_path / "logs").jobs)
     assert "streams: 1 at 30 fps, policy queue, deadline 33.3 ms: 60 frames offered, 60 processed, 60 late" in report
+    write_job_page(tmp_path / "logs" / meta["job_id"], tmp_path / "job.html")
+    page = (tmp_path / "job.html").read_text()
+    assert "60 frames offered, 60 processed, 60 late, 0 dropped (100.0% missed)" in page
+    assert "<th>late</th><th>dropped</th>" in page and "<td>0</td><td>60</td><td>60</td><td>60</td><td>0</td>" in page
     plain, streamed = tmp_path / "plain.png", tmp_path / "streamed.png"
     plot_jobs(pa.Table.from_pylist([{**row, "streams_record": None}]), str(plain))
     plot_jobs(pa.Table.from_pylist([row]), str(streamed))

@@ -19,22 +19,32 @@ def missed_fraction(streams: Mapping[str, Json]) -> float | None:
     return missed / offered if offered else None
 
 
+STREAM_HEADER: tuple[str, ...] = ("stream", "offered", "processed", "late", "dropped", "p50 ms", "p99 ms", "fps")
+_WIDTHS = (6, 9, 11, 7, 9, 9, 9, 8)
+
+
 def format_streams(streams: Mapping[str, Json]) -> str:
     """The summary's stream section: the totals in one line, then a row per stream."""
+    lines = [stream_totals(streams), "  " + "".join(f"{name:>{width}}" for name, width in zip(STREAM_HEADER, _WIDTHS))]
+    lines.extend("  " + "".join(f"{cell:>{width}}" for cell, width in zip(row, _WIDTHS)) for row in stream_rows(streams))
+    return "\n".join(lines)
+
+
+def stream_totals(streams: Mapping[str, Json]) -> str:
+    """One line: how many streams at what rate and policy, and their frames offered, processed, late, dropped."""
     missed = missed_fraction(streams)
-    head = (f"streams: {streams.get('count')} at {_number(streams, 'fps'):g} fps, policy {streams.get('policy')}, "
+    return (f"streams: {streams.get('count')} at {_number(streams, 'fps'):g} fps, policy {streams.get('policy')}, "
             f"deadline {_number(streams, 'deadline_ms'):.1f} ms: {_count(streams, 'offered')} frames offered, "
             f"{_count(streams, 'processed')} processed, {_count(streams, 'late')} late, {_count(streams, 'dropped')} "
             f"dropped" + ("" if missed is None else f" ({missed:.1%} missed)"))
-    lines = [head, f"  {'stream':>6}{'offered':>9}{'processed':>11}{'late':>7}{'dropped':>9}{'p50 ms':>9}{'p99 ms':>9}"
-                   f"{'fps':>8}"]
+
+
+def stream_rows(streams: Mapping[str, Json]) -> list[list[str]]:
+    """A row of cells per stream, in STREAM_HEADER's order."""
     per_stream = streams.get("per_stream")
-    for entry in per_stream if isinstance(per_stream, list) else []:
-        if isinstance(entry, dict):
-            lines.append(f"  {_count(entry, 'stream'):>6}{_count(entry, 'offered'):>9}{_count(entry, 'processed'):>11}"
-                         f"{_count(entry, 'late'):>7}{_count(entry, 'dropped'):>9}{_cell(entry, 'p50_ms'):>9}"
-                         f"{_cell(entry, 'p99_ms'):>9}{_cell(entry, 'fps'):>8}")
-    return "\n".join(lines)
+    return [[str(_count(entry, key)) for key in ("stream", "offered", "processed", "late", "dropped")]
+            + [_cell(entry, key) for key in ("p50_ms", "p99_ms", "fps")]
+            for entry in (per_stream if isinstance(per_stream, list) else []) if isinstance(entry, dict)]
 
 
 def _count(record: Mapping[str, Json], key: str) -> int:

@@ -135,6 +135,7 @@ def _sweep(args: argparse.Namespace, extra: list[str]) -> int:
 
     if args.streams_bound is not None:
         return _stream_search(args, extra, rules)
+
     def search() -> tuple[list[Path], str]:
         if args.mi is not None:
             return [run(mi).job_dir for mi in args.mi], ""
