@@ -86,6 +86,9 @@ def test_one_stream_at_30_fps_into_a_40_ms_step_is_late_on_every_frame_under_que
     assert (row["load_mode"], row["streams"], row["fps"], row["mean_interval_ms"]) == ("streams", 1, 30.0, None)
     assert (row["frames_offered"], row["frames_late"], row["frames_dropped"], row["frames_missed_fraction"]) == (
         FRAMES, FRAMES, 0, 1.0)
+    strict = ValidityRules(min_duration_s=0, min_items=1, min_frames_per_stream=FRAMES + 1)
+    (judged,) = load_jobs(tmp_path / "logs", rules=strict).jobs.to_pylist()
+    assert judged["invalid_because"].endswith("1 of 1 streams offered fewer than 61 frames each (the fewest 60).")
     report = format_report(load_jobs(tmp_path / "logs").jobs)
     assert "streams: 1 at 30 fps, policy queue, deadline 33.3 ms: 60 frames offered, 60 processed, 60 late" in report
     write_job_page(tmp_path / "logs" / meta["job_id"], tmp_path / "job.html")

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
-from rnb.analysis.streams import stream_columns
+from rnb.analysis.streams import few_frames, stream_columns
 from rnb.analysis.utilisation import utilisation_columns
 from rnb.core.joblog import (
     CONFIG_FILE,
@@ -58,6 +58,7 @@ class ValidityRules:
 
     min_duration_s: float = 1.0
     min_items: int = 100
+    min_frames_per_stream: int = 30   # a camera-stream job: frames each stream must offer (one second at 30 fps)
     confidence: float = CONFIDENCE   # of each percentile's interval; the p99's must have an upper end
 
 
@@ -250,7 +251,9 @@ def measured_window(job: Job, measured: pa.Table, rules: ValidityRules) -> Measu
     """The window the measured items (measured_rows) span, and whether the job is VALID over it."""
     count = measured.num_rows
     duration = window_seconds(measured, job.num_steps) if count else 0.0
-    return MeasuredWindow(count, duration, check_validity(job.meta.termination_reason, count, duration, rules))
+    failed = [check_validity(job.meta.termination_reason, count, duration, rules),
+              few_frames(job.meta.streams, rules.min_frames_per_stream) if job.meta.streams else None]
+    return MeasuredWindow(count, duration, " ".join(filter(None, failed)) or None)
 
 
 def window_seconds(measured: pa.Table, num_steps: int) -> float:

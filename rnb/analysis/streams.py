@@ -62,6 +62,18 @@ def _cell(record: Mapping[str, Json], key: str) -> str:
     return f"{value:.1f}" if isinstance(value, (int, float)) else "-"
 
 
+def few_frames(streams: Mapping[str, Json], minimum: int) -> str | None:
+    """The validity rule of a camera-stream job: every stream offered at least `minimum` frames; None when it did."""
+    per_stream = streams.get("per_stream")
+    short = [entry for entry in (per_stream if isinstance(per_stream, list) else [])
+             if isinstance(entry, dict) and _count(entry, "offered") < minimum]
+    if not short:
+        return None
+    fewest = min(_count(entry, "offered") for entry in short)
+    return (f"{len(short)} of {_count(streams, 'count')} streams offered fewer than {minimum} frames each "
+            f"(the fewest {fewest}).")
+
+
 def stream_columns(streams: Mapping[str, Json] | None) -> dict[str, Json]:
     """The jobs table's stream columns: the totals, the fraction missed, and the whole record as JSON text."""
     if streams is None:
