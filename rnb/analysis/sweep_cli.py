@@ -98,7 +98,8 @@ def add_stream_search(parser: flags.CommandParser) -> None:
                         help="search for the most camera streams at --fps whose missed frames (late, and dropped "
                              "under --stream-policy drop) stay at or under FRACTION of those offered (default: none)")
     parser.add_argument("--fps", type=flags.number(0, above=True), metavar="F",
-                        help="frames per second of each stream in the stream search (required with --streams-bound)")
+                        help="frames per second of each stream in the stream search (default: none; required with "
+                             "--streams-bound)")
     parser.add_argument("--max-streams", type=flags.integer(1), default=256, metavar="N",
                         help="the most streams the stream search tries (default 256)")
     parser.add_argument("--json", metavar="FILE", help="with --streams-bound: write {\"streams\", \"fps\", \"jobs\"} "
