@@ -111,6 +111,13 @@ def _floor(name: str) -> Callable[[Effort, Workspace], list[Row]]:
     return run
 
 
+def _streams(name: str) -> Callable[[Effort, Workspace], list[Row]]:
+    def run(effort: Effort, space: Workspace) -> list[Row]:
+        from bench import stream_bench
+        return getattr(stream_bench, name)(effort)
+    return run
+
+
 BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P1s": _harness("p1_sleeping_steps"),
     "P1s8": _harness("p1_deep_sleeping_steps"),
@@ -140,6 +147,8 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "T2": _tune("t2"),
     "T3": _tune("t3"),
     "T4": _tune("t4"),
+    "S1": _streams("s1"),
+    "S2": _streams("s2"),
 }
 
 

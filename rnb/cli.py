@@ -32,6 +32,9 @@ from rnb.engines.job import DEFAULT_STALL_S, JobResult, RunArgs, request_queue_n
 from rnb.engines.local.driver import run_job
 from rnb.engines.ray import cluster as ray_cluster
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
+from rnb.load import DEFAULTS as LOAD_DEFAULTS
+from rnb.load import LOAD_KEYS, LoadSettings, with_scenario
+from rnb.load import refusal as load_refusal
 from rnb.pipeline.config import RUN_CHOICES, RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
 from rnb.pipeline.gpus import (
@@ -45,17 +48,18 @@ from rnb.pipeline.gpus import (
 from rnb.pipeline.plan import Placement, check_against_dataset, check_slot_memory, limit_replicas, plan_runners
 from rnb.pipeline.sources import check_source
 
-# What applies when neither the command line nor the config's "run" object sets a value.
-DEFAULTS: dict[str, Any] = {"mean_interval_ms": 3, "videos": 2000, "batch_size": 1, "queue_size": 50000,
-                            "concurrency": None, "warmup": 10, "seed": 0, "stall_s": DEFAULT_STALL_S,
-                            "max_duration_s": 0.0}
+# What applies when neither the command line nor the config's "run" object sets a value; the load modes'
+# keys have theirs in rnb.load.
+DEFAULTS: dict[str, Any] = {"videos": 2000, "batch_size": 1, "queue_size": 50000, "warmup": 10, "seed": 0,
+                            "stall_s": DEFAULT_STALL_S, "max_duration_s": 0.0}
 
 
-# The flags that a config's "run" object may also set, each checked against its range in RUN_KEYS.
+# The flags that a config's "run" object may also set, each checked against its range in RUN_KEYS (the load
+# modes' flags are rnb.load.LOAD_KEYS).
 RUN_FLAGS: dict[str, tuple[str, ...]] = {
-    "mean_interval_ms": flags.MEAN_INTERVAL, "videos": flags.VIDEOS, "batch_size": flags.BATCH,
-    "queue_size": flags.QUEUE_SIZE, "concurrency": ("--concurrency",), "warmup": ("--warmup",), "seed": ("--seed",),
-    "stall_s": ("--stall-s",), "max_duration_s": ("--max-duration",)}
+    "videos": flags.VIDEOS, "batch_size": flags.BATCH, "queue_size": flags.QUEUE_SIZE, "warmup": ("--warmup",),
+    "seed": ("--seed",), "stall_s": ("--stall-s",), "max_duration_s": ("--max-duration",),
+    **{name: key.spellings for name, key in LOAD_KEYS.items()}}
 
 
 def run_value(key: str) -> Callable[[str], float]:
@@ -68,8 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = flags.CommandParser("benchmark.py", "Benchmark a multi-step, multi-process video inference pipeline.")
     parser.add_argument(*flags.CONFIG, dest="config_file_path",
                         help="pipeline config JSON (default: the embedded default config, config/default.json)")
-    parser.add_argument(*flags.MEAN_INTERVAL, dest="mean_interval_ms", metavar="MS", type=run_value("mean_interval_ms"),
-                        help="Poisson mean inter-arrival in ms; 0 = bulk (default 3)")
+    for key in LOAD_KEYS.values():
+        parser.add_argument(*key.spellings, dest=key.name, metavar=key.metavar, type=key.parse, help=key.help)
     parser.add_argument(*flags.VIDEOS, dest="videos", metavar="N", type=run_value("videos"),
                         help="number of requests to finish (default 2000)")
     parser.add_argument(*flags.BATCH, dest="batch_size", metavar="N", type=run_value("batch_size"),
@@ -80,8 +84,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="no live progress on stderr (default: a bar on a terminal, else a progress: line every 5 s)")
     parser.add_argument("--check", action="store_true", help="verify imports, environment and config, then exit")
     parser.add_argument("--cpu", action="store_true", help="run every runner on the CPU whatever the config's gpus say")
-    parser.add_argument("--concurrency", type=run_value("concurrency"), metavar="N",
-                        help="closed loop: keep N requests in flight, -mi is then ignored (default: off, open loop)")
     parser.add_argument("--warmup", type=run_value("warmup"), metavar="N",
                         help="first N items excluded from latency statistics (default 10)")
     parser.add_argument("--log-dir", dest="log_dir", default="logs", help="where job logs go (default logs/)")
@@ -113,15 +115,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
     """Command line over config "run" over DEFAULTS (parse_args checked each flag's range); a bad mix raises ConfigError."""
-    values = {key: getattr(ns, key) if getattr(ns, key) is not None else config.run.get(key, default)
-              for key, default in DEFAULTS.items()}
+    values = _combined(ns, config, DEFAULTS)
+    load = _checked_load(ns, config, values["videos"])
     _check_warmup(ns, config, values["warmup"], values["videos"])
     engine = ns.engine or str(config.run.get("engine", RUN_CHOICES["engine"][0]))  # _parse_run checked it is a choice
     if ns.ray_address is not None and engine != "ray":
         raise ConfigError(flags.WHERE, "--ray-address", f"expected the Ray engine (--engine ray or the config's "
                                                         f"\"run\": {{\"engine\": \"ray\"}}), found the {engine} engine")
-    return RunArgs(**values, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms, engine=engine,
+    return RunArgs(**values, load=load, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms, engine=engine,
                    ray_address=ns.ray_address, quiet=ns.quiet)
+
+
+def _checked_load(ns: argparse.Namespace, config: PipelineConfig, videos: int) -> LoadSettings:
+    """The job's load settings; ConfigError naming the flag, or the config's run key, that makes a bad mix."""
+    given = [key for key in LOAD_KEYS if getattr(ns, key) is not None or key in config.run]
+    load = with_scenario(LoadSettings(**_combined(ns, config, LOAD_DEFAULTS)), given)
+    problem = load_refusal(load, given, videos)
+    if problem is None:
+        return load
+    key, expected = problem
+    if getattr(ns, key) is not None:
+        raise ConfigError(flags.WHERE, flags.flag_name(LOAD_KEYS[key].spellings), expected)
+    raise ConfigError(config.path, f"run.{key}", expected)
+
+
+def _combined(ns: argparse.Namespace, config: PipelineConfig, defaults: dict[str, Any]) -> dict[str, Any]:
+    return {key: getattr(ns, key) if getattr(ns, key) is not None else config.run.get(key, default)
+            for key, default in defaults.items()}
 
 
 def _check_warmup(ns: argparse.Namespace, config: PipelineConfig, warmup: int, videos: int) -> None:

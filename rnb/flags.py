@@ -30,7 +30,8 @@ def flag_name(spellings: tuple[str, ...]) -> str:
     return "/".join(spellings[:2])
 
 
-def _found(text: str) -> str:
+def shown(text: str) -> str:
+    """A flag's text as a refusal quotes it: a number as written, anything else in quotes."""
     try:
         float(text)
     except ValueError:
@@ -48,7 +49,7 @@ def integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
         except ValueError:
             value = None
         if value is None or value < minimum or (maximum is not None and value > maximum):
-            raise argparse.ArgumentTypeError(f"expected an integer {bounds}, found {_found(text)}")
+            raise argparse.ArgumentTypeError(f"expected an integer {bounds}, found {shown(text)}")
         return value
     return convert
 
@@ -64,7 +65,7 @@ def number(minimum: float, above: bool = False, below: float | None = None) -> C
             value = math.nan
         if (not math.isfinite(value) or value < minimum or (above and value == minimum)
                 or (below is not None and value >= below)):
-            raise argparse.ArgumentTypeError(f"expected a number {bounds}, found {_found(text)}")
+            raise argparse.ArgumentTypeError(f"expected a number {bounds}, found {shown(text)}")
         return value
     return convert
 

@@ -425,8 +425,8 @@ def _toy_config(run: dict) -> object:
 def test_command_line_overrides_config_run_which_overrides_defaults():
     config = _toy_config({"videos": 40, "mean_interval_ms": 0})
     args = cli.resolve_args(cli.parse_args(["-v", "7", "--warmup", "0"]), config)
-    assert (args.videos, args.mean_interval_ms, args.warmup, args.queue_size, args.batch_size) == (7, 0, 0, 50000, 1)
-    assert (args.concurrency, args.seed, args.cpu, args.log_dir) == (None, 0, False, "logs")
+    assert (args.videos, args.load.mean_interval_ms, args.warmup, args.queue_size, args.batch_size) == (7, 0, 0, 50000, 1)
+    assert (args.load.concurrency, args.seed, args.cpu, args.log_dir) == (None, 0, False, "logs")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -455,10 +455,10 @@ def test_check_prints_a_ready_line_and_spawns_nothing(capsys, tmp_path):
 
 def test_job_id_carries_the_config_name_and_load_and_directories_never_collide(tmp_path):
     start = time.mktime((2026, 12, 1, 19, 33, 37, 0, 0, -1))
-    assert joblog.job_id(start, "toy", 2, 200, None) == "261201_193337-toy-mi2-v200"
-    assert joblog.job_id(start, "toy", 2, 200, None, batch_size=1, queue_size=50000) == "261201_193337-toy-mi2-v200"
-    # Closed loop ignores -mi, so its id names the concurrency instead; -b and -qs appear where not their defaults.
-    assert joblog.job_id(start, "r2p1d-whole", 0.5, 10, 8, 4, 9) == "261201_193337-r2p1d-whole-c8-v10-b4-qs9"
+    assert joblog.job_id(start, "toy", "mi2", 200) == "261201_193337-toy-mi2-v200"
+    assert joblog.job_id(start, "toy", "mi2", 200, batch_size=1, queue_size=50000) == "261201_193337-toy-mi2-v200"
+    # The load is its mode's label (tests/test_load.py); -b and -qs appear where not their defaults.
+    assert joblog.job_id(start, "r2p1d-whole", "c8", 10, 4, 9) == "261201_193337-r2p1d-whole-c8-v10-b4-qs9"
     names = {"config/toy.json": "toy", "<default>": "default", "/tmp/my conf (2).json": "my_conf_2",
              "../x/.hidden.json": "hidden", "config/ünïcode.json": "n_code", "$$$.json": "config", "a" * 60 + ".json": "a" * 40}
     assert {path: joblog.config_name(path) for path in names} == names

@@ -29,6 +29,7 @@ from rnb.engines.job import RunArgs
 from rnb.engines.ray import driver as ray_driver
 from rnb.engines.ray.cluster import JobRay
 from rnb.engines.ray.placement import seat_runners
+from rnb.load import LoadSettings
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.plan import plan_runners
 from tests.ray_testing import device_order_seen
@@ -135,8 +136,8 @@ def test_the_gpu_check_task_numbers_the_gpus_as_nvml_does(ray_cluster, tmp_path,
     cluster = JobRay(ray_cluster.address)   # not entered: the test process is connected already
     nodes = cluster.nodes()
     seats, bundles = seat_runners(config, plan_runners(config, 1), nodes)
-    args = RunArgs(mean_interval_ms=0, videos=4, batch_size=1, queue_size=4, concurrency=None, warmup=0, seed=0,
-                   cpu=False, log_dir=str(tmp_path / "logs"))
+    args = RunArgs(videos=4, batch_size=1, queue_size=4, warmup=0, seed=0, cpu=False, log_dir=str(tmp_path / "logs"),
+                   load=LoadSettings(mean_interval_ms=0))
     job = ray_driver.RayJob(config, args, seats, nodes, cluster)
     try:
         with pytest.raises(ConfigError) as caught:

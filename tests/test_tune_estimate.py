@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from rnb.load import LoadSettings
 from rnb.tune.estimate import POLL_S, Arrivals, Service, SimGroup, SimPipeline, Simulation, peak_rate, simulate
 
 
@@ -128,3 +129,25 @@ def test_the_peak_rate_under_a_bound_sits_between_a_passing_and_a_failing_simula
     assert simulate(pipeline, Arrivals.poisson(peak.rate_per_s * 1.1), items=4000, seed=0, percentiles=(99.0,)
                     ).latency_ms[99.0] >= 40.0
     assert peak_rate(pipeline, bound_ms=5.0, percentile=99.0, items=500).rate_per_s is None
+
+
+def test_one_camera_stream_at_30_fps_into_a_40_ms_step_is_predicted_late_on_every_frame() -> None:
+    # Worked by hand as in tests/test_streams.py: a frame every 33.3 ms into a step of 40 ms. The step runs
+    # back to back at 25 frames/s, and frame k waits 6.7 ms longer than frame k-1: none meets 33.3 ms.
+    arrivals = Arrivals.of_load(LoadSettings(streams=1, fps=30), seed=0, items=300)
+    assert arrivals.kind == "trace" and arrivals.times[:3] == pytest.approx((0.0, 1 / 30, 2 / 30))
+    prediction = simulate(chain(ms(40)), arrivals, items=300, warmup=0)
+    assert prediction.throughput_items_per_s == pytest.approx(25.0, rel=1e-6)
+    assert prediction.latency_ms[50.0] > 1000 / 30 and prediction.mean_latency_ms > 40.0
+    # Two streams at 30 fps into a step of 12 ms (the streams example): 60 frames/s of 83 served on time.
+    served = simulate(chain(ms(12)), Arrivals.of_load(LoadSettings(streams=2, fps=30), 0, 600), items=600, warmup=0)
+    assert served.latency_ms[99.0] == pytest.approx(12.0, abs=1e-6)
+
+
+def test_every_benchmark_load_mode_has_its_simulated_arrivals() -> None:
+    assert Arrivals.of_load(LoadSettings(mean_interval_ms=4), 0, 10) == Arrivals.poisson(250.0)
+    assert Arrivals.of_load(LoadSettings(mean_interval_ms=0), 0, 10) == Arrivals("bulk")
+    assert Arrivals.of_load(LoadSettings(concurrency=3), 0, 10) == Arrivals("closed", concurrency=3)
+    scheduled = Arrivals.of_load(LoadSettings(rate_schedule="100@10s"), 0, 50)
+    assert scheduled.kind == "trace" and len(scheduled.times) == 50 and list(scheduled.times) == sorted(scheduled.times)
+

@@ -25,6 +25,7 @@ from rnb.analysis.report import (
     stage_rows,
     utilisation_lines,
 )
+from rnb.analysis.streams import STREAM_HEADER, stream_rows, stream_totals
 from rnb.core.stages import PARTS, part_key
 
 if TYPE_CHECKING:
@@ -151,6 +152,9 @@ def job_section(job: TableRow, heading: str, anchor: str) -> list[str]:
     spread = device_spread(job)
     if spread:
         parts.append(paragraph(f"items per device: {spread}", "note"))
+    if job.get("streams_record"):
+        streams = json.loads(job["streams_record"])
+        parts.extend([paragraph(stream_totals(streams)), table(STREAM_HEADER, stream_rows(streams))])
     parts.extend(paragraph(line) for line in utilisation_lines(job))
     parts.append(stage_figure(job, f"{anchor}-stages"))
     if job.get("throughput_windows"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, TypeAlias
@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
+from rnb.analysis.streams import few_frames, stream_columns
 from rnb.analysis.utilisation import utilisation_columns
 from rnb.core.joblog import (
     CONFIG_FILE,
@@ -36,17 +37,15 @@ from rnb.core.joblog import (
 from rnb.core.records import JobLogError, JobMeta, Json, JsonObject, json_at
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 from rnb.core.termination import COMPLETE_REASONS
+from rnb.load import LOAD_KEYS, logged_mode
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 STAT_NAMES: tuple[str, ...] = ("min", "mean", *(f"p{q:g}".replace(".", "_") for q in PERCENTILES), "max")
-ARG_KEYS: tuple[str, ...] = (
-    "mean_interval_ms", "videos", "batch_size", "queue_size",
-    "concurrency", "warmup", "seed", "cpu", "log_dir",
-)
+ARG_KEYS: tuple[str, ...] = ("videos", "batch_size", "queue_size", "warmup", "seed", "cpu", "log_dir")
 JOB_FILES: tuple[str, ...] = (META_FILE, CONFIG_FILE, TIMINGS_FILE, SPOOL_DIR)
 JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
     "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows", "step_models",
-    "busy_fraction", "cpu_percent", "stacks")
+    "busy_fraction", "cpu_percent", "stacks", "streams_record")
 BOUNDED_PERCENTILE = 99.0   # VALID needs enough items to bound this percentile from above
 # One row of the jobs table by column, as summarize_job builds it and Table.to_pylist() gives it back: numbers,
 # strings, null, the job's settings as meta.json holds them, and the JSON_COLUMNS as JSON text.
@@ -59,6 +58,7 @@ class ValidityRules:
 
     min_duration_s: float = 1.0
     min_items: int = 100
+    min_frames_per_stream: int = 30   # a camera-stream job: frames each stream must offer (one second at 30 fps)
     confidence: float = CONFIDENCE   # of each percentile's interval; the p99's must have an upper end
 
 
@@ -251,7 +251,9 @@ def measured_window(job: Job, measured: pa.Table, rules: ValidityRules) -> Measu
     """The window the measured items (measured_rows) span, and whether the job is VALID over it."""
     count = measured.num_rows
     duration = window_seconds(measured, job.num_steps) if count else 0.0
-    return MeasuredWindow(count, duration, check_validity(job.meta.termination_reason, count, duration, rules))
+    failed = [check_validity(job.meta.termination_reason, count, duration, rules),
+              few_frames(job.meta.streams, rules.min_frames_per_stream) if job.meta.streams else None]
+    return MeasuredWindow(count, duration, " ".join(filter(None, failed)) or None)
 
 
 def window_seconds(measured: pa.Table, num_steps: int) -> float:
@@ -283,8 +285,8 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
         "config_path": meta.config_path,
         "config": config_name(meta.config_path),
         "batch_sizes": batch_sizes(job),
+        **load_columns(args),
         **{key: args.get(key) for key in ARG_KEYS},
-        **({"mean_interval_ms": None} if args.get("concurrency") else {}),   # closed loop ignores -mi
         "start_time": meta.start_time,
         "end_time": meta.end_time,
         "elapsed_s": meta.elapsed_s,
@@ -318,6 +320,7 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
     # A stalled job's Python stacks, by process: files under the job directory, wherever the log has moved since.
     stacks = {p.name: str(job.path / p.stacks) for p in meta.processes if p.stacks}
     row["stacks"] = json.dumps(stacks) if stacks else None
+    row.update(stream_columns(meta.streams))
     row.update(percentile_columns(latencies[END_TO_END.key], rules.confidence))
     row.update(throughput_columns(job))
     row.update(utilisation_columns(job))
@@ -353,6 +356,13 @@ def throughput_columns(job: Job) -> JobRow:
         row.update(steady_start_s=steady.start_s, steady_end_s=steady.end_s,
                    steady_throughput_items_per_s=steady.throughput)
     return row
+
+
+def load_columns(args: Mapping[str, Json]) -> JobRow:
+    """The job's load mode and its keys; null where the mode ignores a key (-mi in a closed loop)."""
+    mode = logged_mode(args)
+    used = {key.name for key in mode.keys}
+    return {"load_mode": mode.name, **{key: args.get(key) if key in used else None for key in LOAD_KEYS}}
 
 
 def batch_sizes(job: Job) -> str:

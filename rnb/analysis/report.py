@@ -15,9 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rnb.analysis.jobs import STAT_NAMES, bound_column, stat_column
+from rnb.analysis.streams import format_streams, per_stream_missed
 from rnb.core.joblog import SAMPLES_FILE
 from rnb.core.records import Json
 from rnb.core.stages import END_TO_END, PARTS, part_key
+from rnb.load import logged_mode
 
 if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn: only plotting pays for the slow import
     from matplotlib.axes import Axes
@@ -162,7 +164,7 @@ def bottleneck_words(job: TableRow) -> str:
     busy = f"{job['busiest_busy_fraction']:.0%} of the elapsed time on average"
     if job.get("bottleneck_step") is not None:
         return f"{busiest} (its runners busy {busy})"
-    if job.get("concurrency") is None and job.get("mean_interval_ms") == 0:
+    if logged_mode(job).saturating:
         # Every request was queued at the start: the load was all the pipeline could take, yet no model kept busy.
         return (f"no step was saturated, though every request was sent at once: the time between the models "
                 f"(queues, copies, hand-overs) bounds it (the busiest, {busiest}, {busy})")
@@ -171,9 +173,16 @@ def bottleneck_words(job: TableRow) -> str:
 
 def format_report(jobs: pa.Table) -> str:
     """The whole terminal report: the summary table, then each job's stages, percentiles and utilisation."""
-    sections = ["\n".join(filter(None, (format_stages(job), format_percentiles(job), format_utilisation(job))))
+    sections = ["\n".join(filter(None, (format_stages(job), format_percentiles(job), _streams_text(job),
+                                        format_utilisation(job))))
                 for job in jobs.to_pylist()]
     return "\n\n".join([format_summary(jobs), *sections])
+
+
+def _streams_text(job: TableRow) -> str:
+    """A camera-stream job's frames, as its summary shows them; '' for any other job."""
+    record = job.get("streams_record")
+    return format_streams(json.loads(record)) if record else ""
 
 
 def format_compare(job_a: TableRow, job_b: TableRow) -> str:
@@ -216,17 +225,27 @@ def load_curves(jobs: pa.Table) -> dict[str, list[LoadPoint]]:
         throughput, p99 = job["measured_throughput_items_per_s"], job[stat_column(E2E, "p99")]
         if throughput is None or p99 is None:
             continue
-        name = Path(str(job["config_path"])).name
-        valid = job.get("validity") != "INVALID"
-        if job.get("concurrency"):
-            point = LoadPoint(f"c {job['concurrency']}", throughput, p99, valid)
-            curves.setdefault(f"{name} (closed loop)", []).append((float(job["concurrency"]), point))
-        else:
-            interval = job["mean_interval_ms"]
-            point = LoadPoint(f"mi {interval:g}", throughput, p99, valid)
-            curves.setdefault(name, []).append((-interval if interval else math.inf, point))
+        point = logged_mode(job).curve_point(job)
+        load = LoadPoint(point.label, throughput, p99, job.get("validity") != "INVALID")
+        curves.setdefault(Path(str(job["config_path"])).name + point.curve, []).append((point.order, load))
     return {config: [point for _, point in sorted(points, key=lambda pair: pair[0])]
             for config, points in curves.items() if len({order for order, _ in points}) >= 2}
+
+
+def _stream_lateness(axes: Axes, jobs: list[TableRow]) -> None:
+    """Per stream of each camera-stream job: the fraction of its frames late, and above it the fraction dropped."""
+    width = 0.8 / len(jobs)
+    for index, job in enumerate(jobs):
+        fractions = per_stream_missed(json.loads(job["streams_record"]))
+        xs = [stream + index * width for stream in range(len(fractions))]
+        late = [100 * late for late, _ in fractions]
+        axes.bar(xs, late, width, label=f"{job['job_id']} late")
+        axes.bar(xs, [100 * dropped for _, dropped in fractions], width, bottom=late, hatch="//", alpha=0.5,
+                 label=f"{job['job_id']} dropped")
+    axes.set_xlabel("stream")
+    axes.set_ylabel("% of frames offered")
+    axes.set_title("late and dropped frames per stream", fontsize=9)
+    axes.legend(fontsize=7)
 
 
 def stage_colours(num_steps: int) -> list[Colour]:
@@ -345,13 +364,17 @@ def plot_jobs(jobs: pa.Table, path: str | Path) -> list[str]:
     curves = load_curves(jobs)
     timed = records[:MAX_TIME_ROWS]
     left_out = [job["job_id"] for job in records[MAX_TIME_ROWS:]]
-    figure = plt.figure(figsize=(13 if curves else 8, 5 + 3 * len(timed)))
-    grid = figure.add_gridspec(1 + len(timed), 6, height_ratios=[5] + [3] * len(timed))
+    streamed = [job for job in records if job.get("streams_record")][:MAX_TIME_ROWS]
+    extra = [3] if streamed else []
+    figure = plt.figure(figsize=(13 if curves else 8, 5 + 3 * len(timed) + sum(extra)))
+    grid = figure.add_gridspec(1 + len(timed) + len(extra), 6, height_ratios=[5] + [3] * len(timed) + extra)
     _stage_bars(figure.add_subplot(grid[0, :3] if curves else grid[0, :]), records)
     if curves:
         _load_curves(figure.add_subplot(grid[0, 3:]), curves)
     for row, job in enumerate(timed, start=1):
         _over_time([figure.add_subplot(grid[row, 2 * i: 2 * i + 2]) for i in range(3)], job)
+    if streamed:
+        _stream_lateness(figure.add_subplot(grid[-1, :]), streamed)
     if left_out:
         figure.suptitle(f"over time: the first {MAX_TIME_ROWS} jobs; left out: {', '.join(left_out)}", fontsize=8,
                         wrap=True)

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import read_job, window_seconds
+from rnb.analysis.jobs import load_columns, read_job, window_seconds
 from rnb.analysis.report import format_utilisation
+from rnb.analysis.streams import format_streams
 from rnb.analysis.utilisation import busy_columns, utilisation_columns
 from rnb.core.joblog import TIMINGS_FILE, read_meta
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, event_seconds, part_key, step_columns, step_latencies
@@ -28,7 +29,8 @@ def job_summary(job_dir: Path) -> str:
     meta = read_meta(job_dir)
     text = summary_text(job_dir / TIMINGS_FILE, meta.num_steps, meta.setting("warmup", 0), meta.finished_items,
                         meta.elapsed_s, meta.termination_reason)
-    return "\n".join(filter(None, (text, utilisation_text(job_dir))))
+    streams = format_streams(meta.streams) if meta.streams is not None else None
+    return "\n".join(filter(None, (text, streams, utilisation_text(job_dir))))
 
 
 def summary_text(timings: Path, num_steps: int, warmup: int, finished: int, elapsed: float | None,
@@ -94,5 +96,5 @@ def _stage_latencies(file: pq.ParquetFile, measured: pa.ChunkedArray, num_steps:
 def utilisation_text(job_dir: Path) -> str:
     """Each runner's busy fraction and CPU use and the bottleneck step of a logged job; '' when none ran."""
     job = read_job(job_dir, columns=busy_columns)
-    load = {key: job.meta.args.get(key) for key in ("mean_interval_ms", "concurrency")}   # what the bottleneck says
+    load = load_columns(job.meta.args)   # what the bottleneck says
     return format_utilisation({**utilisation_columns(job), **load})

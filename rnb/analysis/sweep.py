@@ -19,6 +19,7 @@ from typing import IO
 
 from rnb.analysis.jobs import (
     BOUNDED_PERCENTILE,
+    Job,
     ValidityRules,
     e2e_percentile_ms,
     measured_rows,
@@ -78,19 +79,23 @@ def run_benchmark(
     benchmark: Path = BENCHMARK,
     timeout_s: float | None = None,
     output: IO[str] | None = None,
+    load: Sequence[str] | None = None,
 ) -> RunOutcome:
     """Run one benchmark job in a child interpreter and return the job directory it created.
 
-    The job is found as the one new directory under `log_dir`, so two sweeps
-    must not share a log directory at the same time. A failed job (exit 1)
-    still has a log and is returned; anything else non-zero stops the sweep.
-    The child's stdout and stderr go to `output` when given (a tool with
-    progress bars keeps them off the terminal), else its stdout to stderr.
+    The load is `-mi mean_interval_ms`, or the flags `load` gives instead
+    (`--streams 4 --fps 30`).  The job is found as the one new directory
+    under `log_dir`, so two sweeps must not share a log directory at the
+    same time. A failed job (exit 1) still has a log and is returned;
+    anything else non-zero stops the sweep.  The child's stdout and stderr
+    go to `output` when given (a tool with progress bars keeps them off the
+    terminal), else its stdout to stderr.
     """
+    load_args = list(load) if load is not None else ["-mi", format_interval(mean_interval_ms)]
+    at = " ".join(load_args)
     log_dir.mkdir(parents=True, exist_ok=True)
     before = {path.name for path in log_dir.iterdir()}
-    command = [sys.executable, str(benchmark), "-c", config, "-mi", format_interval(mean_interval_ms),
-               "--log-dir", str(log_dir), *extra_args]
+    command = [sys.executable, str(benchmark), "-c", config, *load_args, "--log-dir", str(log_dir), *extra_args]
     # The run's own summary goes to stderr so that the sweep's stdout is only its comparison.
     child = subprocess.Popen(command, stdout=sys.stderr.fileno() if output is None else output,
                              stderr=None if output is None else subprocess.STDOUT)
@@ -98,17 +103,15 @@ def run_benchmark(
         returncode = child.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _interrupt(child)
-        raise SweepError(f"{benchmark} -mi {format_interval(mean_interval_ms)} ran past {timeout_s:g} s "
-                         "and was stopped.") from None
+        raise SweepError(f"{benchmark} {at} ran past {timeout_s:g} s and was stopped.") from None
     except KeyboardInterrupt:
         _interrupt(child)   # a Ctrl-C that reached this process alone must still stop the job, which keeps its log
         raise
     if returncode not in (0, 1):
-        raise SweepError(f"{benchmark} -c {config} -mi {format_interval(mean_interval_ms)} exited with {returncode}.")
+        raise SweepError(f"{benchmark} -c {config} {at} exited with {returncode}.")
     new = sorted(path for path in log_dir.iterdir() if path.name not in before and path.is_dir())
     if len(new) != 1:
-        raise SweepError(f"{log_dir}: expected one new job directory after the run at -mi "
-                         f"{format_interval(mean_interval_ms)}, found {len(new)}.")
+        raise SweepError(f"{log_dir}: expected one new job directory after the run at {at}, found {len(new)}.")
     return RunOutcome(new[0], returncode)
 
 
@@ -137,30 +140,38 @@ def longer_run(videos: int, warmup: int, duration_s: float, rules: ValidityRules
 
 def measure_valid(run: Callable[[float, int | None], RunOutcome], rate_per_s: float, percentile: float,
                   rules: ValidityRules, max_reruns: int) -> Trial:
-    """A trial from a VALID job only: a job too short to be VALID is not a measurement, so it runs again longer.
+    """A trial from a VALID job only (run_valid); a job that missed its target has an infinite latency."""
+    mean_interval_ms = 1000.0 / rate_per_s
+    job, complete = run_valid(lambda videos: run(mean_interval_ms, videos), f"-mi {format_interval(mean_interval_ms)}",
+                              rules, max_reruns)
+    return Trial(rate_per_s, e2e_percentile_ms(job, percentile) if complete else math.inf, job.path)
 
-    A job that missed its target (a queue full, a process failed, a stall) is a
-    measurement: the rate was more than the pipeline could take, so its
-    latency counts as infinite. A job still too short after `max_reruns`
-    longer runs stops the sweep, rather than let an unmeasured rate decide it.
+
+def run_valid(run: Callable[[int | None], RunOutcome], load: str, rules: ValidityRules, max_reruns: int) -> tuple[Job, bool]:
+    """One load's job, VALID: a job too short to be VALID is not a measurement, so it runs again longer.
+
+    Returns the job and whether it completed.  A job that missed its target
+    (a queue full, a process failed, a stall) is a measurement: the load
+    was more than the pipeline could take.  A job still too short after
+    `max_reruns` longer runs stops the sweep, rather than let an unmeasured
+    load decide it.  `run` takes the -v of a longer run (None: the first).
     """
     videos: int | None = None
     invalid = ""   # why the last run was INVALID
     for _ in range(max_reruns + 1):
-        outcome = run(1000.0 / rate_per_s, videos)
+        outcome = run(videos)
         job = read_job(outcome.job_dir)
         if job.meta.termination_reason not in COMPLETE_REASONS:
-            return Trial(rate_per_s, math.inf, outcome.job_dir)
+            return job, False
         window = measured_window(job, measured_rows(job), rules)
         if window.invalid_because is None:
-            return Trial(rate_per_s, e2e_percentile_ms(job, percentile), outcome.job_dir)
+            return job, True
         invalid = window.invalid_because
         videos = longer_run(job.meta.setting("videos", job.meta.finished_items), job.meta.setting("warmup", 0),
                             window.duration_s, rules)
-        log.info("%s is INVALID (%s); running -mi %s again with -v %d", job.job_id, invalid,
-                 format_interval(1000.0 / rate_per_s), videos)
-    raise SweepError(f"{outcome.job_dir}: still INVALID after {max_reruns} longer runs at -mi "
-                     f"{format_interval(1000.0 / rate_per_s)} ({invalid.rstrip('.')}); give a larger -v.")
+        log.info("%s is INVALID (%s); running %s again with -v %d", job.job_id, invalid, load, videos)
+    raise SweepError(f"{outcome.job_dir}: still INVALID after {max_reruns} longer runs at {load} "
+                     f"({invalid.rstrip('.')}); give a larger -v.")
 
 
 def bisect_rate(

@@ -2,6 +2,7 @@
 
     python scripts/sweep.py -c config/toy.json -mi 0,1,2,5,10 -v 200
     python scripts/sweep.py -c config/toy.json --latency-bound-ms 50 --percentile 99 --low-mi 20 --high-mi 1
+    python scripts/sweep.py -c config/streams-example.json --fps 30 --streams-bound 0.01 --json streams.json
 
 The search uses VALID jobs only (as analyze.py judges them): a job too short to
 be VALID runs again with a larger -v, at most --max-reruns times.
@@ -12,12 +13,15 @@ Exit codes: 0 success, 2 bad arguments or a run the sweep cannot use, 130 interr
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import rnb.flags as flags
 from rnb.analysis.jobs import JobLogError, ValidityRules, load_jobs
 from rnb.analysis.report import format_summary, left_out_sentence, plot_jobs
+from rnb.analysis.stream_search import StreamTrial, format_stream_search, measure_streams, search_streams
 from rnb.analysis.sweep import (
     BENCHMARK,
     RunOutcome,
@@ -71,8 +75,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--benchmark", type=Path, default=BENCHMARK, help="the benchmark script to run (default: this repo's)")
     add_job_rules(parser)
     parser.add_argument("--plot", metavar="FILE.png", help="plot the runs as analyze.py --plot does (default: no plot)")
+    add_stream_search(parser)
     args, extra = parser.parse_known_args(argv)
-    if (args.mi is None) == (args.latency_bound_ms is None):
+    if args.streams_bound is not None:
+        check_stream_search(parser, args)
+    elif (args.mi is None) == (args.latency_bound_ms is None):
         parser.refuse(flags.MEAN_INTERVAL, "expected either the loads to run (-mi 0,1,2,5) or a search for the peak "
                       "rate (--latency-bound-ms MS), found " + ("neither" if args.mi is None else "both"))
     if args.latency_bound_ms is not None:
@@ -84,6 +91,30 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     if args.videos is not None:
         extra = ["-v", str(args.videos), *extra]
     return args, extra
+
+
+def add_stream_search(parser: flags.CommandParser) -> None:
+    parser.add_argument("--streams-bound", type=flags.number(0), metavar="FRACTION",
+                        help="search for the most camera streams at --fps whose missed frames (late, and dropped "
+                             "under --stream-policy drop) stay at or under FRACTION of those offered (default: none)")
+    parser.add_argument("--fps", type=flags.number(0, above=True), metavar="F",
+                        help="frames per second of each stream in the stream search (default: none; required with "
+                             "--streams-bound)")
+    parser.add_argument("--max-streams", type=flags.integer(1), default=256, metavar="N",
+                        help="the most streams the stream search tries (default 256)")
+    parser.add_argument("--json", metavar="FILE", help="with --streams-bound: write {\"streams\", \"fps\", \"jobs\"} "
+                                                       "to FILE (default: none)")
+
+
+def check_stream_search(parser: flags.CommandParser, args: argparse.Namespace) -> None:
+    if args.streams_bound > 1:
+        parser.refuse("--streams-bound", f"expected a fraction from 0 to 1, found {args.streams_bound:g}")
+    if args.fps is None:
+        parser.refuse("--streams-bound", "expected --fps F beside it (the frame rate of each stream), found none")
+    if args.mi is not None:
+        parser.refuse("--streams-bound", "expected no -mi beside it (the stream search sets the load), found -mi")
+    if args.percentile > 100:
+        parser.refuse("--percentile", f"expected a number > 0 and <= 100, found {args.percentile:g}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,20 +134,28 @@ def _sweep(args: argparse.Namespace, extra: list[str]) -> int:
     def measure(rate_per_s: float) -> Trial:
         return measure_valid(run, rate_per_s, args.percentile, rules, args.max_reruns)
 
-    try:
+    if args.streams_bound is not None:
+        return _stream_search(args, extra, rules)
+
+    def search() -> tuple[list[Path], str]:
         if args.mi is not None:
-            job_dirs = [run(mi).job_dir for mi in args.mi]
-            report = ""
-        else:
-            result = bisect_rate(measure, 1000.0 / args.low_mi, 1000.0 / args.high_mi,
-                                 args.latency_bound_ms, args.max_steps)
-            job_dirs = [trial.job_dir for trial in result.trials if trial.job_dir is not None]  # every one measured has
-            report = format_bisection(result, args.percentile)
+            return [run(mi).job_dir for mi in args.mi], ""
+        result = bisect_rate(measure, 1000.0 / args.low_mi, 1000.0 / args.high_mi, args.latency_bound_ms, args.max_steps)
+        job_dirs = [trial.job_dir for trial in result.trials if trial.job_dir is not None]  # every one measured has
+        return job_dirs, format_bisection(result, args.percentile)
+
+    return _reported(args, rules, search)
+
+
+def _reported(args: argparse.Namespace, rules: ValidityRules, search: Callable[[], tuple[list[Path], str]]) -> int:
+    """Run a search (its jobs and its report), plot its jobs if asked, print them and the report; the exit code."""
+    try:
+        job_dirs, report = search()
         jobs = load_jobs(job_dirs, rules=rules).jobs
         said = left_out_sentence("sweep", plot_jobs(jobs, args.plot)) if args.plot else None
         if said:
             print(said, file=sys.stderr)
-    except (SweepError, JobLogError) as exc:
+    except (SweepError, JobLogError, OSError) as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -127,6 +166,29 @@ def _sweep(args: argparse.Namespace, extra: list[str]) -> int:
         print("\n" + report)
     return 0
 
+
+def _stream_search(args: argparse.Namespace, extra: list[str], rules: ValidityRules) -> int:
+    """sweep.py --streams-bound: the most streams at --fps, printed, and with --json written."""
+    def run(streams: int, videos: int | None) -> RunOutcome:
+        longer = ["-v", str(videos)] if videos is not None else []   # the last -v wins
+        return run_benchmark(args.config_file_path, 0.0, args.log_dir, [*extra, *longer], args.benchmark, args.timeout,
+                             load=["--streams", str(streams), "--fps", f"{args.fps:g}"])
+
+    def passes(trial: StreamTrial) -> bool:
+        return trial.missed_fraction <= args.streams_bound and (
+            args.latency_bound_ms is None or trial.latency_ms < args.latency_bound_ms)
+
+    def search() -> tuple[list[Path], str]:
+        result = search_streams(lambda n: measure_streams(run, n, args.percentile, rules, args.max_reruns), passes,
+                                args.max_streams)
+        job_dirs = [trial.job_dir for trial in result.trials]
+        if args.json:
+            Path(args.json).write_text(json.dumps({"streams": result.best, "fps": args.fps,
+                                                   "jobs": [str(job_dir) for job_dir in job_dirs]}, indent=1))
+        text = format_stream_search(result, args.fps, args.streams_bound, args.latency_bound_ms, args.percentile)
+        return job_dirs, f"{text}\n{result.best}"
+
+    return _reported(args, rules, search)
 
 if __name__ == "__main__":
     sys.exit(main())

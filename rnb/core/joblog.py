@@ -82,16 +82,16 @@ def config_name(config_path: str) -> str:
     return _UNSAFE.sub("_", stem).strip("._-")[:MAX_NAME_CHARS] or "config"
 
 
-def job_id(start: float, config: str, mean_interval_ms: float, videos: int, concurrency: int | None,
-           batch_size: int = ID_DEFAULTS["batch_size"], queue_size: int = ID_DEFAULTS["queue_size"]) -> str:
+def job_id(start: float, config: str, load: str, videos: int, batch_size: int = ID_DEFAULTS["batch_size"],
+           queue_size: int = ID_DEFAULTS["queue_size"]) -> str:
     """Start time, config name and load, so a directory listing reads as a table of runs: `261201_193337-toy-mi2-v200`.
 
-    A closed-loop job names its concurrency in place of -mi, which it
-    ignores; -b and -qs appear only where they differ from their defaults
-    (the batch sizes a pipeline ran with are analyze.py's `batch` column).
+    `load` is the load mode's own label (rnb.load: `mi2`, `c8` for a closed
+    loop, which ignores -mi); -b and -qs appear only where they differ from
+    their defaults (the batch sizes a pipeline ran with are analyze.py's
+    `batch` column).
     """
     stamp = time.strftime("%y%m%d_%H%M%S", time.localtime(start))
-    load = f"c{concurrency}" if concurrency else f"mi{mean_interval_ms:g}"
     extra = "".join(f"-{flag}{value}" for flag, key, value in (("b", "batch_size", batch_size), ("qs", "queue_size", queue_size))
                     if value != ID_DEFAULTS[key])
     return f"{stamp}-{config}-{load}-v{videos}{extra}"

@@ -192,6 +192,7 @@ class JobMeta:
     notes: tuple[str, ...] = ()
     engine: JsonObject = field(default_factory=lambda: {"name": "local"})
     cuda_device_order: str | None = None     # CUDA_DEVICE_ORDER the job ran with (PCI_BUS_ID: NVML's numbering)
+    streams: JsonObject | None = None        # a camera-stream job's frames (rnb.engines.streams.streams_record)
 
     @property
     def elapsed_s(self) -> float | None:
@@ -219,6 +220,7 @@ class JobMeta:
             "versions": dict(self.versions), "host": self.host, "gpus": [gpu.to_json() for gpu in self.gpus],
             "num_steps": self.num_steps, "notes": list(self.notes), "engine": self.engine,
             "cuda_device_order": self.cuda_device_order,
+            **({} if self.streams is None else {"streams": self.streams}),
         }
 
     @staticmethod
@@ -250,6 +252,7 @@ class JobMeta:
             notes=tuple(str(n) for n in _list(document, "notes", where)),
             engine=_object(document, "engine", where) or {"name": "local"},
             cuda_device_order=_optional(document, "cuda_device_order", str, where),
+            streams=_object(document, "streams", where) or None,
         )
 
 

@@ -23,7 +23,9 @@ from rnb.core.records import GpuRecord, JobMeta, JsonObject, ProcessRecord
 from rnb.core.termination import Termination
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.engines.spool import TimingsSpool
-from rnb.pipeline.config import MAX_SEMAPHORE_VALUE, PipelineConfig
+from rnb.engines.streams import streams_record
+from rnb.load import MAX_SEMAPHORE_VALUE, LoadSettings, mode_of
+from rnb.pipeline.config import PipelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +41,14 @@ STOP_SIGNALS: dict[int, Termination] = {signal.SIGINT: Termination.INTERRUPTED, 
 class RunArgs:
     """The job's settings after command line, config "run" object and defaults are combined."""
 
-    mean_interval_ms: float
     videos: int
     batch_size: int
     queue_size: int
-    concurrency: int | None
     warmup: int
     seed: int
     cpu: bool
     log_dir: str
+    load: LoadSettings = LoadSettings()   # how requests arrive (rnb.load)
     sample_interval_ms: float = DEFAULT_INTERVAL_MS
     engine: str = "local"             # "local" (spawned processes) or "ray" (rnb.engines.ray)
     ray_address: str | None = None    # --ray-address as given
@@ -59,7 +60,7 @@ class RunArgs:
     def __post_init__(self) -> None:
         # Bulk mode sends every request at once, so the request queue must hold all -v of them whatever -qs
         # says, as RnB sized it; -qs still bounds the inter-step queues.
-        bulk = self.mean_interval_ms == 0 and self.concurrency is None
+        bulk = mode_of(self.load).saturating
         size = min(max(self.queue_size, self.videos), MAX_SEMAPHORE_VALUE) if bulk else self.queue_size
         object.__setattr__(self, "request_queue_size", size)
 
@@ -150,8 +151,8 @@ class JobResult:
 
 def open_job_dir(config: PipelineConfig, args: RunArgs) -> Path:
     """The job's new log directory, holding a copy of its config; LogWriteError (one sentence) if it cannot be made."""
-    job = joblog.job_id(time.time(), joblog.config_name(config.path), args.mean_interval_ms, args.videos,
-                        args.concurrency, args.batch_size, args.queue_size)
+    job = joblog.job_id(time.time(), joblog.config_name(config.path), mode_of(args.load).job_label(args.load),
+                        args.videos, args.batch_size, args.queue_size)
     where = Path(args.log_dir) / job
     try:
         job_dir = joblog.create_job_dir(args.log_dir, job)
@@ -174,20 +175,35 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
     failure = ending.book.failure
     error = "; and ".join(filter(None, (ending.error, writes.first))) or None
     meta = JobMeta(
-        job_id=job_dir.name, config_path=config.path, args=dataclasses.asdict(args), start_time=ending.start,
+        job_id=job_dir.name, config_path=config.path, args=logged_args(args), start_time=ending.start,
         end_time=ending.end, termination_reason=ending.reason.reason,
         finished_items=ending.spool.rows if ending.spool.logged_rows is None else ending.spool.logged_rows,
         num_steps=len(config.steps), failed_process=failure.process if failure else None, error=error,
         counted_items=ending.counted,
         processes=ending.book.records, main_peak_rss_bytes=joblog.main_peak_rss_bytes(), versions=joblog.versions(),
         host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine,
-        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"))
+        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"), streams=_streams(job_dir, config, args, ending))
     logged = writes.attempt(job_dir / joblog.META_FILE, lambda: joblog.write_meta(job_dir, meta))
     if not logged and writes.first and writes.first not in (error or ""):
         error = "; and ".join(filter(None, (error, writes.first)))
     if error:
         log.error("%s", error)
     return JobResult(1 if writes.first else EXIT_CODES.get(ending.reason, 1), job_dir, logged)
+
+
+def _streams(job_dir: Path, config: PipelineConfig, args: RunArgs, ending: JobEnding) -> JsonObject | None:
+    """meta.json's `streams` for a camera-stream job whose timings were written; None otherwise."""
+    timings = job_dir / joblog.TIMINGS_FILE
+    if args.load.streams is None or not timings.exists():
+        return None
+    elapsed = None if ending.start is None else ending.end - ending.start
+    return streams_record(timings, args.load, args.seed, args.videos, len(config.steps), elapsed)
+
+
+def logged_args(args: RunArgs) -> JsonObject:
+    """meta.json's `args`: the settings flat, as analysis reads them, the load's among them with its mode's name."""
+    settings = {key: value for key, value in dataclasses.asdict(args).items() if key != "load"}
+    return {**settings, **dataclasses.asdict(args.load), "load_mode": mode_of(args.load).name}
 
 
 def error_sentence(reason: Termination, failure: Failure | None, args: RunArgs, stalled: str | None = None) -> str | None:

@@ -36,6 +36,7 @@ from rnb.core.model import (
 from rnb.core.termination import POLL_S, Termination
 from rnb.core.timecard import TimeCard, as_cards, now
 from rnb.engines.transport import Input, Stamps, Transport
+from rnb.load import DEADLINE_FIELD, LATE_FIELD
 from rnb.pipeline.dotted import load_object
 from rnb.pipeline.gpus import check_device_uuid
 from rnb.pipeline.plan import Placement
@@ -194,6 +195,9 @@ class Runner:
         counted = now()
         for card in cards:
             card.record(self.events.handed_over, counted)
+            deadline = card.fields.get(DEADLINE_FIELD)
+            if isinstance(deadline, float):   # a stream's frame (rnb.load.Streams)
+                card.set_field(LATE_FIELD, counted > deadline)
         if self.transport.finish(cards):
             self.transport.stop(Termination.TARGET_REACHED)
 

@@ -189,3 +189,10 @@ class ClientTransport(Participant, Protocol):
 
     def submit(self, request: Request) -> bool:
         """Send a request to step 0; False if it could not go (the request queue was full and the job ended)."""
+
+    def waiting(self) -> int:
+        """How many submitted requests no step-0 runner has taken yet."""
+
+    def drop(self, count: int) -> bool:
+        """Count `count` dropped frames towards the target, as the final step counts finished items (streams under
+        the drop policy, where -v counts the frames offered); True once the target is reached (the job ends)."""

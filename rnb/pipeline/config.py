@@ -22,6 +22,7 @@ from typing import NoReturn
 from rnb.core.model import Keywords
 from rnb.core.model import merges_segments as model_merges_segments
 from rnb.core.records import Json, JsonObject
+from rnb.load import LOAD_KEYS, MAX_SEMAPHORE_VALUE
 from rnb.pipeline.dotted import load_object
 from rnb.pipeline.keywords import Misfit, declared_keywords, misfit
 from rnb.pipeline.original import translate
@@ -87,9 +88,6 @@ _GROUP_KEYS = frozenset({"gpus", "in_queue", "out_queues", "queue_selector", "qu
 # model keywords the harness consumes itself (rnb.pipeline.plan), or supplies when the config does not (-b)
 _HARNESS_KEYWORDS = frozenset({"threads"})
 _SUPPLIED_KEYWORDS = frozenset({"batch"})
-# multiprocessing queues count items with a semaphore, and closed loop counts requests in flight with
-# one: a POSIX semaphore stops at this value (SEM_VALUE_MAX on Linux)
-MAX_SEMAPHORE_VALUE = 2**31 - 1
 # A config is a few KB of JSON: anything far larger is a wrong file, not a config.
 MAX_CONFIG_BYTES = 1 << 20
 # Configs nest a handful of levels; a limit keeps deep JSON from exhausting the recursion of parser and checks.
@@ -100,13 +98,11 @@ MAX_INTEGER_DIGITS = 19
 # characters Ray allows in label keys and values.
 _NODE_LABEL = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._/-]*=)?[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 # run key -> (integers only?, minimum, maximum); benchmark.py checks the CLI values against it too
-# and holds their defaults.
+# and holds their defaults.  The load modes' keys are rnb.load.LOAD_KEYS, each checked by its own range.
 RUN_KEYS: dict[str, tuple[bool, int, int | None]] = {
     "videos": (True, 1, None),
-    "mean_interval_ms": (False, 0, None),
     "batch_size": (True, 1, None),
     "queue_size": (True, 1, MAX_SEMAPHORE_VALUE),
-    "concurrency": (True, 1, MAX_SEMAPHORE_VALUE),
     "warmup": (True, 0, None),
     "seed": (True, 0, None),
     "stall_s": (False, 0, None),          # 0: no stall watch
@@ -229,8 +225,12 @@ def _parse_run(check: _Checker, value: Json) -> JsonObject:
                 choices = " or ".join(f'"{choice}"' for choice in RUN_CHOICES[key])
                 check.fail(f"run.{key}", f"expected {choices}, found {describe(item)}")
             continue
+        if key in LOAD_KEYS:
+            if not LOAD_KEYS[key].accepts(item):
+                check.fail(f"run.{key}", f"expected {LOAD_KEYS[key].expected}, found {describe(item)}")
+            continue
         if key not in RUN_KEYS:
-            names = ", ".join([*RUN_KEYS, *RUN_CHOICES])
+            names = ", ".join([*LOAD_KEYS, *RUN_KEYS, *RUN_CHOICES])
             check.fail(f"run.{key}", f"expected one of the run keys ({names}), found an unknown key")
         integral, minimum, maximum = RUN_KEYS[key]
         if integral:

@@ -35,6 +35,7 @@ import numpy as np
 
 from rnb.analysis.sweep import Trial, bisect_rate
 from rnb.core.termination import POLL_S  # the runner's receive timeout: an idle Batcher may flush after it
+from rnb.load import LoadSettings, mode_of
 from rnb.pipeline.config import merges_segments
 from rnb.tune.profile import Bench, Form, Profile, ProfileKey, forms_of, profile_key, unit_plan
 from rnb.tune.space import Candidate, TuneSpace
@@ -60,6 +61,20 @@ class Arrivals:
     @staticmethod
     def poisson(rate_per_s: float) -> Arrivals:
         return Arrivals("poisson", rate_per_s=rate_per_s)
+
+    @staticmethod
+    def of_load(settings: LoadSettings, seed: int, items: int) -> Arrivals:
+        """A benchmark load (rnb.load) as the simulation offers it: camera streams, traces and schedules as the
+        due times of their first `items` requests (under the queue policy: the simulation drops nothing)."""
+        mode = mode_of(settings)
+        if mode.name == "closed_loop":
+            return Arrivals("closed", concurrency=settings.concurrency or 1)
+        if mode.saturating:
+            return Arrivals("bulk")
+        if mode.name == "poisson":
+            return Arrivals.poisson(1000.0 / settings.mean_interval_ms)
+        due = (arrival.due_s for arrival in itertools.islice(mode.arrivals(settings, seed), items))
+        return Arrivals("trace", times=tuple(0.0 if when is None else when for when in due))
 
 
 @dataclass(frozen=True)

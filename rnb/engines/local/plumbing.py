@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rnb.core.termination import Termination
+from rnb.core.termination import POLL_S, Termination
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.ring import REQUEST_BYTES, RING_BYTES, RingQueue
 
@@ -301,6 +301,21 @@ class Plumbing:
             if queues:   # the final step has none
                 waiting[k + 1] = sum(ring.waiting() for ring in queues.values())
         return waiting
+
+    def count_finished(self, count: int, target: int) -> tuple[int, bool] | None:
+        """Add up to `count` to the finished count, never past `target`: (how many it added, whether the target
+        is reached); None if the job ended while this waited for the lock."""
+        lock = self.finished.get_lock()
+        while not lock.acquire(timeout=POLL_S):  # a replica killed holding it must not wedge this one
+            if self.flag.is_set:
+                return None
+        try:
+            total = self.finished.get_obj()  # under the lock already: the Value's own accessors would take it again
+            added = min(count, max(0, target - total.value))
+            total.value += added
+            return added, total.value >= target
+        finally:
+            lock.release()
 
     @property
     def finished_count(self) -> int:

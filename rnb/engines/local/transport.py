@@ -160,18 +160,11 @@ class LocalTransport(_LocalParticipant):
         return None
 
     def finish(self, cards: tuple[TimeCard, ...]) -> bool:
-        finished = self.plumbing.finished
-        lock = finished.get_lock()
-        while not lock.acquire(timeout=POLL_S):  # a replica killed holding it must not wedge this one
-            if self.stopped:
-                return False
-        try:
-            count = finished.get_obj()  # under the lock already: the Value's own accessors would take it again
-            accepted = cards[: max(0, self.target - count.value)]
-            count.value += len(accepted)
-            reached = count.value >= self.target
-        finally:
-            lock.release()
+        counted = self.plumbing.count_finished(len(cards), self.target)
+        if counted is None:
+            return False
+        added, reached = counted
+        accepted = cards[:added]
         self.finished.add(accepted)
         if reached or len(self.finished) >= RESULTS_BATCH:
             self.finished.send()
@@ -189,6 +182,11 @@ class LocalTransport(_LocalParticipant):
 class LocalClientTransport(_LocalParticipant):
     """The client's transport (rnb.engines.transport.ClientTransport): the request queue and the in-flight bound."""
 
+    def __init__(self, plumbing: Plumbing, target: int) -> None:
+        super().__init__(plumbing)
+        self.target = target
+        self.submitted = 0   # requests this client put on the request queue, its only producer
+
     def wait_for_room(self) -> bool:
         in_flight = self.plumbing.in_flight
         if in_flight is not None:
@@ -203,7 +201,17 @@ class LocalClientTransport(_LocalParticipant):
         except queue.Full:
             self.stop(Termination.REQUEST_QUEUE_FULL)
             return False
+        self.submitted += 1
         return True
+
+    def waiting(self) -> int:
+        return self.submitted - self.plumbing.requests.taken
+
+    def drop(self, count: int) -> bool:
+        counted = self.plumbing.count_finished(count, self.target)
+        if counted is not None and counted[1]:
+            self.stop(Termination.TARGET_REACHED)
+        return self.stopped
 
 
 @dataclass(frozen=True)
@@ -268,5 +276,5 @@ def release_slots(wiring: LocalWiring, pinned: PinnedHostSlots, device: torch.de
 
 def client_main(spec: client.ClientSpec, plumbing: Plumbing) -> None:
     """Entry point of the spawned client process."""
-    transport = LocalClientTransport(plumbing)
+    transport = LocalClientTransport(plumbing, spec.videos)
     child_main("client", plumbing, transport, lambda: client.generate(spec, transport))

@@ -125,6 +125,12 @@ class JobControl:
         if self.finished >= self.target:
             self.stop(Termination.TARGET_REACHED, self.last_counted)
 
+    def drop(self, count: int) -> None:
+        """The client dropped `count` frames (streams under the drop policy): they count towards the target."""
+        self.finished = min(self.target, self.finished + count)
+        if self.finished >= self.target:
+            self.stop(Termination.TARGET_REACHED)
+
     def report(self, status: Status) -> None:
         self.statuses.append(status)
 
@@ -436,3 +442,10 @@ class RayClientTransport(_RayParticipant):
         chosen = self.outbox.least_loaded(range(len(self.outbox.counts)))
         self.outbox.put(chosen, Parcel.of(request))
         return True
+
+    def waiting(self) -> int:
+        return self.outbox.total
+
+    def drop(self, count: int) -> bool:
+        self.courier.post(lambda: self.member.control.drop.remote(count))
+        return self.stopped

@@ -221,19 +221,18 @@ class RayJob:
         ).remote(self.args.videos, StepEvents(len(self.config.steps) - 1).handed_over)
         self._add("client", "client", None, ray.remote(ClientActor).options(
             name=f"{job}/client", num_cpus=0, scheduling_strategy=here, runtime_env={"env_vars": ACTOR_ENV}
-        ).remote(self.control, self.args.concurrency))
+        ).remote(self.control, self.args.load.concurrency))
         for seat in self.seats:
             step = seat.placement.step
             inbox = self.args.request_queue_size if step == 0 else self.args.queue_size  # as the local engine's queues
             self._add(seat.placement.name, "runner", seat.placement, ray.remote(RunnerActor).options(
                 name=f"{job}/{seat.placement.name}", **self._seat_options(seat)).remote(self.control, step, inbox))
         self._locate()
-        client = self.members[0].actor if self.args.concurrency else None
+        client = self.members[0].actor if self.args.load.concurrency else None
         self.control.attach.remote([m.actor for m in self.members], client)
         by_name = {m.name: m.actor for m in self.members}
         step0 = tuple(by_name[s.placement.name] for s in self.seats if s.placement.step == 0)
-        spec = ClientSpec(self.config.source, self.config.path, self.args.videos, self.args.mean_interval_ms,
-                          self.args.concurrency, self.args.seed)
+        spec = ClientSpec(self.config.source, self.config.path, self.args.videos, self.args.load, self.args.seed)
         self.members[0].run = self.members[0].actor.run.remote(spec, step0, self.args.request_queue_size)
         for member, seat in zip(self.members[1:], self.seats):
             self._start_runner(member, seat, by_name)
@@ -289,7 +288,7 @@ class RayJob:
                                    device_uuid=self.gpu_uuids[seat.bundle] if seat.bundle is not None else "")
         consumers = tuple(tuple(by_name[s.placement.name] for s in self.seats
                                 if s.placement.step == p.step + 1 and s.placement.in_queue == q) for q in p.out_queues)
-        wiring = RayWiring(self.control, consumers, max(1, p.num_slots), count_at_once=bool(self.args.concurrency))
+        wiring = RayWiring(self.control, consumers, max(1, p.num_slots), count_at_once=bool(self.args.load.concurrency))
         member.run = member.actor.run.remote(spec, wiring)
 
     def _threads(self, member: Member, seat: Seat) -> int | None:

@@ -1,0 +1,586 @@
+"""Load modes: how requests arrive, each mode declared once.
+
+A load mode is one class here.  It declares the run keys that choose and
+tune it (each a flag of benchmark.py and a key of a config's "run" object,
+with its range), names itself in the job id, generates its arrival times,
+and tells the analysis where its jobs go on a load curve.  The command line
+(rnb.cli), the config's checks (rnb.pipeline.config), the job's settings
+(rnb.engines.job.RunArgs), the client (rnb.engines.client) and the analysis
+(rnb.analysis) read these declarations instead of keeping lists of their
+own; docs/development.md says how to add a mode.
+
+This module imports only rnb.flags, so that every layer may import it.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import heapq
+import math
+import random
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+import rnb.flags as flags
+
+# The largest count a POSIX semaphore holds (SEM_VALUE_MAX on Linux): the bound of every queue and of the
+# closed loop's requests in flight.
+MAX_SEMAPHORE_VALUE = 2**31 - 1
+
+# The time-card fields of a stream's frame (timings.parquet's columns): its stream, its index in the stream, when
+# it must finish (epoch seconds on the job's clock) and whether it finished later (set at the final step).
+STREAM_FIELD, FRAME_FIELD, DEADLINE_FIELD, LATE_FIELD = "stream", "frame", "deadline", "late"
+# The time-card field of a request's due time (epoch seconds on the job's clock), for the modes whose exact times
+# matter (LoadMode.records_due): a request's enqueue minus it is the client's timing error.
+DUE_FIELD = "due"
+
+Setting = int | float | str | None   # one load setting's value, as a flag, a config and meta.json give it
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """One setting of a load mode: a config's `run` key, a flag of benchmark.py, and a LoadSettings field.
+
+    Its range is written once, as the phrase both refusals use: the command
+    line's (`command line: --fps: expected a number > 0, found 0`) and the
+    config's (`config.json: run.fps: expected a number > 0, found 0`).
+    """
+
+    name: str
+    spellings: tuple[str, ...]
+    metavar: str
+    help: str
+    integral: bool = False
+    minimum: float = 0
+    maximum: int | None = None
+    above: bool = False                 # the value must exceed `minimum`, not merely reach it
+    choices: tuple[str, ...] = ()       # a choice key: one of these strings
+    text: str = ""                      # a text key: what its string names ("a trace file ..."); its mode checks it
+    needs: str | None = None            # a key that must be set for this one to mean anything
+
+    @property
+    def expected(self) -> str:
+        """What the key accepts, as an error sentence says it after `expected`."""
+        if self.choices:
+            return "one of " + ", ".join(f'"{choice}"' for choice in self.choices)
+        if self.text:
+            return self.text
+        if self.integral:
+            return (f"an integer >= {self.minimum:g}" if self.maximum is None
+                    else f"an integer from {self.minimum:g} to {self.maximum}")
+        return f"a number {'>' if self.above else '>='} {self.minimum:g}"
+
+    def accepts(self, value: object) -> bool:
+        """Whether a value from JSON or a parsed flag is in this key's range."""
+        if self.choices:
+            return isinstance(value, str) and value in self.choices
+        if self.text:
+            return isinstance(value, str) and bool(value.strip())
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (self.integral and not isinstance(value, int)):
+            return False
+        return (math.isfinite(value) and value >= self.minimum and not (self.above and value == self.minimum)
+                and (self.maximum is None or value <= self.maximum))
+
+    def parse(self, text: str) -> Setting:
+        """The argparse type of this key's flag: its value, or ArgumentTypeError in the project's words."""
+        if self.choices or self.text:
+            value: Setting = text
+        elif self.integral:
+            value = int(text) if text.strip().lstrip("+-").isdigit() else None
+        else:
+            try:
+                value = float(text)
+            except ValueError:
+                value = None
+        if not self.accepts(value):
+            raise argparse.ArgumentTypeError(f"expected {self.expected}, found {flags.shown(text)}")
+        return value
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """Every load key's value for one job, after command line, config and defaults are combined.
+
+    The fields are the run keys of the modes below (a test holds the two to
+    each other); meta.json's `args` holds them flat, beside the job's other
+    settings.
+    """
+
+    mean_interval_ms: float = 3.0
+    concurrency: int | None = None
+    streams: int | None = None
+    fps: float = 30.0
+    stream_phase: str = "spread"
+    jitter_ms: float = 0.0
+    deadline_ms: float | None = None    # None: one frame period, 1000 / fps
+    stream_policy: str = "queue"
+    arrivals: str | None = None         # a trace: a CSV or Parquet file of offsets, or a job's log directory
+    rate_schedule: str | None = None    # "100@10s,300@5s" or ramps "100-300@10s": requests/s for each span
+    scenario: str | None = None         # a LoadGen scenario's name, which sets the keys of SCENARIOS
+
+    @property
+    def deadline_s(self) -> float:
+        """How long after its due time a stream's frame may finish and not be late."""
+        return (1000.0 / self.fps if self.deadline_ms is None else self.deadline_ms) / 1000.0
+
+
+@dataclass(frozen=True, order=True)
+class Arrival:
+    """When one request is due, in seconds after the client's start (None: as soon as there is room), and for a
+    camera stream's frame, which stream and which frame of it."""
+
+    due_s: float | None
+    stream: int | None = None
+    frame: int | None = None
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """Where a job goes on analyze.py's throughput-against-p99 curves."""
+
+    curve: str       # appended to the config's name: "" for the open loop's curve
+    order: float     # lightest load first
+    label: str       # the load as the plot names the point
+
+
+class LoadMode:
+    """One way requests arrive; a subclass per mode, one instance of each in MODES."""
+
+    name: ClassVar[str]
+    keys: ClassVar[tuple[RunKey, ...]]   # the run keys this mode reads (a key may be shared by modes)
+    records_due: ClassVar[bool] = False  # each card records its request's due time (DUE_FIELD)
+
+    def chosen(self, settings: LoadSettings) -> bool:
+        """Whether these settings ask for this mode (MODES is asked in order, the first yes wins)."""
+        raise NotImplementedError
+
+    def job_label(self, settings: LoadSettings) -> str:
+        """The load as the job id names it: `mi2` in `261201_193337-toy-mi2-v200`."""
+        raise NotImplementedError
+
+    def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
+        """The requests' due times, without end: the client takes as many as it sends."""
+        raise NotImplementedError
+
+    def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
+        """Where a logged job of this mode goes on a load curve, from its meta.json `args`."""
+        raise NotImplementedError
+
+    def refusal(self, settings: LoadSettings, videos: int) -> tuple[str, str] | None:
+        """A mix of values this mode cannot run for -v `videos`: (the key to blame, what was expected); None when
+        it can."""
+        return None
+
+    @property
+    def saturating(self) -> bool:
+        """Whether every request is offered at once, so the load is all the pipeline can take."""
+        return False
+
+
+MEAN_INTERVAL = RunKey("mean_interval_ms", flags.MEAN_INTERVAL, "MS", "Poisson mean inter-arrival in ms; 0 = bulk (default 3)")
+CONCURRENCY = RunKey("concurrency", ("--concurrency",), "N",
+                     "closed loop: keep N requests in flight, -mi is then ignored (default: off, open loop)",
+                     integral=True, minimum=1, maximum=MAX_SEMAPHORE_VALUE)
+
+
+class ClosedLoop(LoadMode):
+    """N requests in flight; the next one goes as the final step finishes one (the engine's semaphore)."""
+
+    name = "closed_loop"
+    keys = (CONCURRENCY,)
+
+    def chosen(self, settings: LoadSettings) -> bool:
+        return settings.concurrency is not None
+
+    def job_label(self, settings: LoadSettings) -> str:
+        return f"c{settings.concurrency}"
+
+    def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
+        while True:
+            yield Arrival(None)
+
+    def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
+        concurrency = _number(args, "concurrency")
+        return CurvePoint(" (closed loop)", concurrency, f"c {concurrency:g}")
+
+
+class Bulk(LoadMode):
+    """Every request at once (-mi 0), as RnB's bulk mode: the request queue is made to hold them all."""
+
+    name = "bulk"
+    keys = (MEAN_INTERVAL,)
+
+    def chosen(self, settings: LoadSettings) -> bool:
+        return settings.mean_interval_ms == 0
+
+    def job_label(self, settings: LoadSettings) -> str:
+        return "mi0"
+
+    def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
+        while True:
+            yield Arrival(None)
+
+    def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
+        return CurvePoint("", math.inf, "mi 0")   # the heaviest open-loop load there is
+
+    @property
+    def saturating(self) -> bool:
+        return True
+
+
+class Poisson(LoadMode):
+    """Open loop with exponential gaps of mean -mi ms: it never waits for completions."""
+
+    name = "poisson"
+    keys = (MEAN_INTERVAL,)
+
+    def chosen(self, settings: LoadSettings) -> bool:
+        return settings.mean_interval_ms > 0
+
+    def job_label(self, settings: LoadSettings) -> str:
+        return f"mi{settings.mean_interval_ms:g}"
+
+    def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
+        rng = random.Random(seed)
+        due = 0.0
+        while True:
+            due += rng.expovariate(1000.0 / settings.mean_interval_ms)
+            yield Arrival(due)
+
+    def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
+        interval = _number(args, "mean_interval_ms")
+        return CurvePoint("", -interval, f"mi {interval:g}")
+
+
+STREAMS = RunKey("streams", ("--streams",), "N", "camera streams: N periodic sources of one request each per "
+                 "frame period (default: off)", integral=True, minimum=1)
+FPS = RunKey("fps", ("--fps",), "F", "frames per second of each stream (default 30)", minimum=0, above=True,
+             needs="streams")
+STREAM_PHASE = RunKey("stream_phase", ("--stream-phase",), "PHASE",
+                      "when in the frame period each stream issues: spread (stream s at s/(N F)), aligned (all at "
+                      "once) or random (default spread)", choices=("spread", "aligned", "random"), needs="streams")
+JITTER = RunKey("jitter_ms", ("--jitter-ms",), "MS", "each frame issued up to MS ms after its time, "
+                "uniformly at random; below the frame period (default 0)", needs="streams")
+DEADLINE = RunKey("deadline_ms", ("--deadline-ms",), "MS", "a frame finishing later than MS ms "
+                  "after its time is late (default: the frame period, 1000/F)", minimum=0, above=True, needs="streams")
+STREAM_POLICY = RunKey("stream_policy", ("--stream-policy",), "POLICY",
+                       "queue: every frame is processed; drop: a newer frame replaces the one a stream has waiting "
+                       "(default queue)", choices=("queue", "drop"), needs="streams")
+
+
+class Streams(LoadMode):
+    """N cameras at F frames per second: stream s issues frame k at k/F plus its phase (and jitter)."""
+
+    name = "streams"
+    records_due = True
+    keys = (STREAMS, FPS, STREAM_PHASE, JITTER, DEADLINE, STREAM_POLICY)
+
+    def chosen(self, settings: LoadSettings) -> bool:
+        return settings.streams is not None
+
+    def job_label(self, settings: LoadSettings) -> str:
+        policy = "-drop" if settings.stream_policy == "drop" else ""
+        return f"s{settings.streams}-fps{settings.fps:g}{policy}"
+
+    def refusal(self, settings: LoadSettings, videos: int) -> tuple[str, str] | None:
+        period_ms = 1000.0 / settings.fps
+        if settings.jitter_ms >= period_ms:
+            return "jitter_ms", (f"expected a jitter below the frame period ({period_ms:g} ms at {settings.fps:g} "
+                                 f"fps), found {settings.jitter_ms:g}")
+        return None
+
+    def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
+        """Every stream's frames in the order they are due; a stream's own frames stay in order, since its jitter
+        is below its period."""
+        count = settings.streams or 0
+        rng = random.Random(seed)
+        phases = [self.phase(settings, stream, rng) for stream in range(count)]
+        return heapq.merge(*(self._frames(settings, stream, phases[stream], random.Random(f"{seed}:{stream}"))
+                             for stream in range(count)))
+
+    @staticmethod
+    def phase(settings: LoadSettings, stream: int, rng: random.Random) -> float:
+        """When in the frame period stream `stream` issues, in seconds."""
+        period = 1.0 / settings.fps
+        if settings.stream_phase == "aligned":
+            return 0.0
+        if settings.stream_phase == "random":
+            return rng.uniform(0.0, period)
+        return stream * period / (settings.streams or 1)
+
+    @staticmethod
+    def _frames(settings: LoadSettings, stream: int, phase: float, rng: random.Random) -> Iterator[Arrival]:
+        jitter = settings.jitter_ms / 1000.0
+        frame = 0
+        while True:
+            offset = rng.uniform(0.0, jitter) if jitter else 0.0
+            yield Arrival(phase + frame / settings.fps + offset, stream, frame)
+            frame += 1
+
+    def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
+        streams = _number(args, "streams")
+        return CurvePoint(f" (streams at {_number(args, 'fps'):g} fps)", streams, f"s {streams:g}")
+
+
+ARRIVALS = RunKey("arrivals", ("--arrivals",), "FILE", "replay a trace: a CSV or Parquet file with a column offset_s "
+                  "(seconds from the start, sorted) and optionally stream, or a job's log directory, whose "
+                  "enqueue times are replayed (default: off)",
+                  text="a CSV or Parquet file of arrival offsets, or a job's log directory")
+RATE_SCHEDULE = RunKey("rate_schedule", ("--rate-schedule",), "SPANS",
+                       "Poisson at each rate for each span, e.g. 100@10s,300@5s,100@10s (requests/s@seconds), a "
+                       "span RATE-RATE@S a linear ramp; repeated until -v requests are sent (default: off)",
+                       text="a rate schedule such as \"100@10s,300@5s\"")
+
+
+class Trace(LoadMode):
+    """A recorded load replayed exactly: each request at its offset from the start (and on its stream, if given)."""
+
+    name = "trace"
+    records_due = True
+    keys = (ARRIVALS,)
+
+    def chosen(self, settings: LoadSettings) -> bool:
+        return settings.arrivals is not None
+
+    def job_label(self, settings: LoadSettings) -> str:
+        return "trace"
+
+    def refusal(self, settings: LoadSettings, videos: int) -> tuple[str, str] | None:
+        try:
+            offsets, _ = read_trace(settings.arrivals or "")
+        except TraceError as error:
+            return "arrivals", str(error)
+        if len(offsets) < videos:
+            return "arrivals", (f"expected at least the {videos} requests to finish (-v), found {len(offsets)} arrival "
+                                f"times in {settings.arrivals}")
+        return None
+
+    def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
+        offsets, streams = read_trace(settings.arrivals or "")
+        if streams is None:
+            yield from (Arrival(offset) for offset in offsets)
+            return
+        frames: dict[int, int] = {}
+        for offset, stream in zip(offsets, streams):
+            frames[stream] = frames.get(stream, -1) + 1
+            yield Arrival(offset, stream, frames[stream])
+
+    def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
+        return CurvePoint(f" (trace {args.get('arrivals')})", 0.0, "trace")
+
+
+class Schedule(LoadMode):
+    """Poisson at a rate that follows a schedule of spans (bursts, ramps), repeated until -v requests are sent."""
+
+    name = "schedule"
+    keys = (RATE_SCHEDULE,)
+
+    def chosen(self, settings: LoadSettings) -> bool:
+        return settings.rate_schedule is not None
+
+    def job_label(self, settings: LoadSettings) -> str:
+        spans = parse_schedule(settings.rate_schedule or "")
+        return "sched" + "_".join(f"{s.start:g}" + (f"-{s.end:g}" if s.end != s.start else "") + f"x{s.seconds:g}"
+                                  for s in spans)[:60]
+
+    def refusal(self, settings: LoadSettings, videos: int) -> tuple[str, str] | None:
+        try:
+            parse_schedule(settings.rate_schedule or "")
+        except ValueError as error:
+            return "rate_schedule", str(error)
+        return None
+
+    def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
+        spans = parse_schedule(settings.rate_schedule or "")
+        rng = random.Random(seed)
+        begin = 0.0
+        while True:
+            for span in spans:
+                yield from (Arrival(due) for due in span.arrivals(begin, rng))
+                begin += span.seconds
+
+    def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
+        return CurvePoint(f" (schedule {args.get('rate_schedule')})", 0.0, "schedule")
+
+
+# Asked in this order: the first mode whose `chosen` says yes is the job's.
+MODES: tuple[LoadMode, ...] = (Streams(), Trace(), Schedule(), ClosedLoop(), Bulk(), Poisson())
+# The keys that each choose a mode of their own: at most one may be set.
+EXCLUSIVE = ("streams", "arrivals", "rate_schedule", "concurrency")
+# Every load key once, in LoadSettings' order: flags, run keys and LoadSettings fields.
+SCENARIO = RunKey("scenario", ("--scenario",), "NAME",
+                  "a LoadGen scenario by its name: offline (-mi 0), server (Poisson at -mi), single-stream "
+                  "(--concurrency 1), multi-stream (--concurrency 8) (default: none)",
+                  choices=("offline", "server", "single-stream", "multi-stream"))
+# What each LoadGen scenario sets (docs/running.md puts LoadGen's definitions beside these).
+SCENARIOS: dict[str, dict[str, Setting]] = {"offline": {"mean_interval_ms": 0}, "server": {},
+                                            "single-stream": {"concurrency": 1}, "multi-stream": {"concurrency": 8}}
+_DECLARED = {SCENARIO.name: SCENARIO, **{key.name: key for mode in MODES for key in mode.keys}}
+LOAD_KEYS: dict[str, RunKey] = {field.name: _DECLARED[field.name] for field in dataclasses.fields(LoadSettings)}
+DEFAULTS: dict[str, Setting] = dataclasses.asdict(LoadSettings())
+
+
+def mode_of(settings: LoadSettings) -> LoadMode:
+    """The job's load mode."""
+    return next(mode for mode in MODES if mode.chosen(settings))
+
+
+def with_scenario(settings: LoadSettings, given: Iterable[str]) -> LoadSettings:
+    """The settings with their scenario's keys set where the command line and the config left them to defaults."""
+    chosen = SCENARIOS.get(settings.scenario or "", {})
+    return _settings({**dataclasses.asdict(settings), **{key: value for key, value in chosen.items() if key not in set(given)}})
+
+
+def refusal(settings: LoadSettings, given: Iterable[str], videos: int) -> tuple[str, str] | None:
+    """What is wrong with a job's load settings, if anything: (the key to blame, what was expected).
+
+    `given` are the keys the command line or the config set; a key that
+    means something only beside another (--fps beside --streams) is refused
+    alone, rather than silently ignored.
+    """
+    given = list(given)
+    for key, value in SCENARIOS.get(settings.scenario or "", {}).items():
+        if getattr(settings, key) != value:
+            return "scenario", (f"expected {_flag(key)} {value} or none beside it (the {settings.scenario} scenario), "
+                                f"found {_flag(key)} {getattr(settings, key)}")
+    for name in given:
+        needed = LOAD_KEYS[name].needs
+        if needed is not None and getattr(settings, needed) is None:
+            return name, (f"expected {flags.flag_name(LOAD_KEYS[needed].spellings)} (or run.{needed}) beside it, "
+                          "found none")
+    chosen = [name for name in EXCLUSIVE if getattr(settings, name) is not None]
+    if len(chosen) > 1:
+        return chosen[0], f"expected one load mode, found {' and '.join(_flag(name) for name in chosen)} together"
+    return mode_of(settings).refusal(settings, videos)
+
+
+def _flag(name: str) -> str:
+    return flags.flag_name(LOAD_KEYS[name].spellings)
+
+
+def logged_mode(args: Mapping[str, object]) -> LoadMode:
+    """The load mode of a logged job, from the load keys of its meta.json `args` (or of an analyze.py row).
+
+    The keys decide, as they did for the job; `load_mode`, which meta.json
+    also holds, is for a reader, and a log from before it was written has none.
+    """
+    return mode_of(_settings({key: args[key] for key in DEFAULTS if args.get(key) is not None}))
+
+
+def _settings(values: Mapping[str, object]) -> LoadSettings:
+    """LoadSettings from values by key, each already checked against its RunKey (or read from a log written so)."""
+    return LoadSettings(**values)  # type: ignore[arg-type]
+
+
+def _number(args: Mapping[str, object], key: str) -> float:
+    value = args.get(key)
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+class TraceError(ValueError):
+    """A trace that cannot be replayed; `str()` is what a refusal says after the flag or run key."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """One span of a rate schedule: Poisson arrivals at a rate going linearly from `start` to `end` requests/s."""
+
+    start: float
+    end: float
+    seconds: float
+
+    def arrivals(self, begin: float, rng: random.Random) -> Iterator[float]:
+        """The span's arrival times from `begin` on, by thinning a Poisson process at the span's highest rate."""
+        peak = max(self.start, self.end)
+        due = 0.0
+        while peak > 0:
+            due += rng.expovariate(peak)
+            if due >= self.seconds:
+                return
+            rate = self.start + (self.end - self.start) * due / self.seconds
+            if rng.random() * peak < rate:
+                yield begin + due
+
+
+_SPAN = re.compile(r"\s*(?P<start>[0-9.eE+]+)(?:\s*-\s*(?P<end>[0-9.eE+]+))?\s*@\s*(?P<seconds>[0-9.eE+]+)\s*s?\s*")
+
+
+def parse_schedule(text: str) -> tuple[Span, ...]:
+    """The spans of a schedule such as `100@10s,300@5s,100-400@10s`; ValueError in the refusal's words."""
+    spans = []
+    for part in text.split(","):
+        match = _SPAN.fullmatch(part)
+        start, seconds = (_finite(match.group("start")), _finite(match.group("seconds"))) if match else (None, None)
+        end = _finite(match.group("end")) if match and match.group("end") else start
+        if start is None or end is None or seconds is None:
+            raise ValueError(f"expected spans RATE@SECONDS or RATE-RATE@SECONDS separated by commas, such as "
+                             f"\"100@10s,300@5s\", found {part.strip()!r}")
+        if seconds <= 0:
+            raise ValueError(f"expected each span to last more than 0 s, found {part.strip()!r}")
+        spans.append(Span(start, end, seconds))
+    if not any(span.start or span.end for span in spans):
+        raise ValueError(f"expected a schedule with a rate above 0 somewhere, found {text!r}")
+    return tuple(spans)
+
+
+def _finite(text: str | None) -> float | None:
+    try:
+        value = float(text) if text is not None else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+@functools.cache
+def read_trace(path: str) -> tuple[tuple[float, ...], tuple[int, ...] | None]:
+    """A trace's arrival offsets in seconds, sorted, and their streams if it names them; TraceError if unusable.
+
+    A job's log directory gives its requests' enqueue times, from its first.
+    """
+    where = Path(path)
+    if where.is_dir():
+        where = where / "timings.parquet"
+        if not where.is_file():
+            raise TraceError(f"expected a job's log directory holding timings.parquet, found none in {path}")
+        enqueue = pq.read_table(where, columns=["enqueue"]).column("enqueue").to_pylist()
+        times = sorted(time for time in enqueue if time is not None)
+        return tuple(time - times[0] for time in times), None
+    table = _trace_table(where)
+    if "offset_s" not in table.column_names:
+        raise TraceError(f"expected a column offset_s in {path}, found the columns {', '.join(table.column_names)}")
+    offsets = table.column("offset_s").to_pylist()
+    for row, offset in enumerate(offsets):
+        if not isinstance(offset, (int, float)) or not math.isfinite(offset) or offset < 0:
+            raise TraceError(f"expected an offset in seconds >= 0 in every row of {path}, found {offset!r} in row {row + 1}")
+        if row and offset < offsets[row - 1]:
+            raise TraceError(f"expected offsets sorted from the earliest in {path}, found {offset:g} after "
+                             f"{offsets[row - 1]:g} in row {row + 1}")
+    if not offsets:
+        raise TraceError(f"expected at least one arrival time in {path}, found none")
+    if "stream" not in table.column_names:
+        return tuple(float(offset) for offset in offsets), None
+    streams = table.column("stream").to_pylist()
+    if not all(isinstance(stream, int) and stream >= 0 for stream in streams):
+        raise TraceError(f"expected a stream number >= 0 in every row of {path}'s stream column")
+    return tuple(float(offset) for offset in offsets), tuple(streams)
+
+
+def _trace_table(path: Path) -> pa.Table:
+    if not path.is_file():
+        raise TraceError(f"expected a CSV or Parquet file of arrival offsets, or a job's log directory, found nothing "
+                         f"at {path}")
+    try:
+        if path.suffix == ".parquet":
+            return pq.read_table(path)
+        return pa_csv.read_csv(path)
+    except (pa.ArrowException, OSError) as error:
+        raise TraceError(f"expected a CSV or Parquet file of arrival offsets, found {path} unreadable "
+                         f"({str(error).splitlines()[0]})") from None

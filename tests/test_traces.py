@@ -1,0 +1,116 @@
+"""Trace replay (--arrivals) and rate schedules (--rate-schedule): arrival times against their definition, the
+LoadGen scenario names, and the refusals of a bad trace or schedule."""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rnb import cli
+from rnb.load import LoadSettings, Span, mode_of, parse_schedule, read_trace
+
+
+def due(settings: LoadSettings, count: int, seed: int = 0) -> list[float]:
+    return [arrival.due_s for arrival in itertools.islice(mode_of(settings).arrivals(settings, seed), count)]  # type: ignore[misc]
+
+
+def test_a_csv_trace_is_replayed_exactly_with_its_streams(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("offset_s,stream\n0,0\n0.010,1\n0.0105,0\n2.5,1\n")
+    settings = LoadSettings(arrivals=str(trace))
+    arrivals = list(mode_of(settings).arrivals(settings, 0))
+    assert mode_of(settings).name == "trace" and mode_of(settings).job_label(settings) == "trace"
+    assert [(a.due_s, a.stream, a.frame) for a in arrivals] == [(0.0, 0, 0), (0.01, 1, 0), (0.0105, 0, 1), (2.5, 1, 1)]
+
+
+def test_a_parquet_trace_and_a_recorded_job_are_replayed_from_their_first_time(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"offset_s": [0.5, 0.75, 3.0]}), tmp_path / "t.parquet")
+    assert due(LoadSettings(arrivals=str(tmp_path / "t.parquet")), 3) == [0.5, 0.75, 3.0]
+    job = tmp_path / "job"
+    job.mkdir()
+    pq.write_table(pa.table({"item_id": [0, 1, 2], "enqueue": [1000.25, 1000.0, 1001.5]}), job / "timings.parquet")
+    assert read_trace(str(job)) == ((0.0, 0.25, 1.5), None)
+
+
+def test_a_job_replays_a_trace_at_its_offsets(tmp_path: Path, job_log) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("offset_s\n" + "\n".join(f"{0.05 * k + (0.02 if k % 3 else 0):.3f}" for k in range(12)) + "\n")
+    code = cli.main(["-c", "config/toy.json", "--arrivals", str(trace), "-v", "12", "--warmup", "0", "-q",
+                     "--log-dir", str(tmp_path / "logs")])
+    log = job_log(tmp_path / "logs")
+    assert code == 0 and log.meta["args"]["load_mode"] == "trace" and "-trace-v12" in log.meta["job_id"]
+    rows = sorted(log.rows, key=lambda row: row["item_id"])
+    # Each request was due at its offset from the client's start, and went at or after it (how long after is the
+    # machine's: bench row S2).
+    assert [round(row["due"] - rows[0]["due"], 6) for row in rows] == list(read_trace(str(trace))[0])
+    assert all(row["enqueue"] >= row["due"] for row in rows)
+
+
+def test_a_schedule_is_poisson_at_each_spans_rate_for_its_span_and_repeats() -> None:
+    settings = LoadSettings(rate_schedule="100@10s,300@5s")
+    times = due(settings, 6000, seed=1)
+    assert times == sorted(times)
+    first = [t for t in times if t < 10]
+    burst = [t for t in times if 10 <= t < 15]
+    again = [t for t in times if 15 <= t < 25]
+    # Counts of a Poisson process: mean rate x span, within 4 standard deviations.
+    for got, mean in ((len(first), 1000), (len(burst), 1500), (len(again), 1000)):
+        assert abs(got - mean) < 4 * math.sqrt(mean)
+    assert mode_of(settings).job_label(settings) == "sched100x10_300x5"
+
+
+def test_a_ramp_rises_linearly_over_its_span() -> None:
+    times = list(Span(0, 400, 10).arrivals(5.0, random.Random(2)))
+    assert all(5.0 <= t < 15.0 for t in times)
+    halves = sum(t < 10.0 for t in times), sum(t >= 10.0 for t in times)
+    # Expected 500 in the first half (rate 0 to 200) and 1500 in the second (200 to 400).
+    assert abs(halves[0] - 500) < 4 * math.sqrt(500) and abs(halves[1] - 1500) < 4 * math.sqrt(1500)
+    assert parse_schedule("100@10s, 50-150@2.5") == (Span(100, 100, 10), Span(50, 150, 2.5))
+
+
+@pytest.mark.parametrize(("scenario", "mode", "label"), [
+    ("offline", "bulk", "mi0"), ("server", "poisson", "mi3"), ("single-stream", "closed_loop", "c1"),
+    ("multi-stream", "closed_loop", "c8")])
+def test_loadgen_scenarios_map_onto_the_load_modes(scenario: str, mode: str, label: str, tmp_path: Path) -> None:
+    args = cli.resolve_args(cli.parse_args(["--scenario", scenario]), cli.load_config("config/toy.json"))
+    assert (mode_of(args.load).name, mode_of(args.load).job_label(args.load)) == (mode, label)
+    assert args.load.scenario == scenario
+
+
+def bad_trace(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(("argv", "sentence"), [
+    (lambda t: ["--arrivals", bad_trace(t, "offset_s\n0\n2\n1\n")],
+     "command line: --arrivals: expected offsets sorted from the earliest in {t}/bad.csv, found 1 after 2 in row 3"),
+    (lambda t: ["--arrivals", bad_trace(t, "offset_s,stream\n0,0\n,1\n1,0\n")],
+     "command line: --arrivals: expected an offset in seconds >= 0 in every row of {t}/bad.csv, found None in row 2"),
+    (lambda t: ["--arrivals", bad_trace(t, "time\n0\n")],
+     "command line: --arrivals: expected a column offset_s in {t}/bad.csv, found the columns time"),
+    (lambda t: ["--arrivals", bad_trace(t, "offset_s\n0\n1\n"), "-v", "3"],
+     "command line: --arrivals: expected at least the 3 requests to finish (-v), found 2 arrival times in {t}/bad.csv"),
+    (lambda t: ["--arrivals", str(t / "none.csv")],
+     "command line: --arrivals: expected a CSV or Parquet file of arrival offsets, or a job's log directory, found "
+     "nothing at {t}/none.csv"),
+    (lambda t: ["--rate-schedule", "100@10s,fast@5s"], "command line: --rate-schedule: expected spans RATE@SECONDS or "
+     "RATE-RATE@SECONDS separated by commas, such as \"100@10s,300@5s\", found 'fast@5s'"),
+    (lambda t: ["--rate-schedule", "100@0s"], "command line: --rate-schedule: expected each span to last more than 0 s, "
+     "found '100@0s'"),
+    (lambda t: ["--rate-schedule", "100@1s", "--concurrency", "2"],
+     "command line: --rate-schedule: expected one load mode, found --rate-schedule and --concurrency together"),
+    (lambda t: ["--scenario", "offline", "-mi", "5"], "command line: --scenario: expected -mi/--mean_interval_ms 0 or "
+     "none beside it (the offline scenario), found -mi/--mean_interval_ms 5.0"),
+    (lambda t: ["--scenario", "batch"], "command line: --scenario: expected one of \"offline\", \"server\", "
+     "\"single-stream\", \"multi-stream\", found 'batch'"),
+])
+def test_a_bad_trace_schedule_or_scenario_is_one_sentence_and_exit_2(argv, sentence: str, tmp_path: Path, capsys) -> None:
+    assert cli.main(["-c", "config/toy.json", "--check", "-v", "2", "--warmup", "0", *argv(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == sentence.format(t=tmp_path)
