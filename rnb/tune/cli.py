@@ -41,7 +41,7 @@ from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.gpus import GpuRequestError, validate_gpus
 from rnb.tune.estimate import DEFAULT_ITEMS, EstimateError, Estimator
 from rnb.tune.profile import Bench, Profile, ProfileCache, ProfileError, ProfileJob, ProfileKey, plan_profiles, profile_all
-from rnb.tune.report import BEST, REPORT, Outcome, Request, winner_of, write_report
+from rnb.tune.report import BEST, REPORT, Outcome, Request, resolution_note, winner_of, write_report
 from rnb.tune.search import Evaluated, Goal, Memory, choose_mode, finalists, search
 from rnb.tune.space import Budget, TuneRequestError, TuneSpace, read_space
 from rnb.tune.verify import Verified, VerifySettings, closest, verify
@@ -272,7 +272,7 @@ def _summary(space: TuneSpace, outcome: Outcome, out: Path) -> str:
         lines.append(f"finalist {index}: {space.short_label(verified.candidate)}  predicted {predicted:.4g} req/s; "
                      f"measured {measured}")
     if outcome.winner is not None:
-        lines.append(f"best: {space.label(outcome.winner.candidate)}")
+        lines.append(f"best: {space.label(outcome.winner.candidate)}; {resolution_note(outcome.winner)}")
         lines.append(f"wrote {out / BEST}, {out / REPORT}")
     else:
         lines.append(f"wrote {out / REPORT}")

@@ -145,13 +145,24 @@ class SimPipeline:
             per_call = max(per_call, 1e-9)
             items_per_call = cards if g.batch else _cards_in(self, g)
             by_step[g.step] = by_step.get(g.step, 0.0) + len(g.devices) * items_per_call / per_call
+        return min(*by_step.values(), self.cores_capacity_per_s())
+
+    def cores_capacity_per_s(self) -> float:
+        """Items per second the host's cores can compute (infinite where they are not modelled)."""
         cpu = self.cpu_per_item_s()
-        return min(*by_step.values(), self.cores / cpu if self.cores and cpu > 0 else math.inf)
+        return self.cores / cpu if self.cores and cpu > 0 else math.inf
+
+    def bound_by_cores(self) -> bool:
+        """Whether the host's cores, not any step's replicas, set the capacity: more CPU replicas add nothing."""
+        return self.cores_capacity_per_s() <= self.capacity_per_s() * (1 + 1e-9)
+
+    def cpu_by_group(self) -> dict[str, float]:
+        """CPU seconds each group spends per item, at full batches."""
+        return {g.name: g.cpu_per_item_s(g.batch or _cards_in(self, g)) for g in self.groups}
 
     def cpu_per_item_s(self) -> float:
         """CPU seconds the host spends per item: every group's, the client's and main's."""
-        steps = sum(g.cpu_per_item_s(g.batch or _cards_in(self, g)) for g in self.groups)
-        return steps + self.background.client_s + self.background.main_s
+        return sum(self.cpu_by_group().values()) + self.background.client_s + self.background.main_s
 
 
 def _cards_in(pipeline: SimPipeline, g: SimGroup) -> int:
