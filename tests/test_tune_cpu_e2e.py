@@ -18,19 +18,15 @@ the cores.
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-import psutil
 import pytest
 
 from rnb.analysis.jobs import ValidityRules, read_job, summarize_job
 from rnb.analysis.sweep import run_benchmark
+from rnb.tune.cores import with_others
 from rnb.tune.estimate import Arrivals, Estimator
 from rnb.tune.profile import Bench, Profile, ProfileCache, ProfileKey, plan_profiles
 from rnb.tune.space import Budget, read_space
@@ -41,28 +37,6 @@ SHORT = ["--profile-calls", "60", "--top", "1", "--verify-steps", "0", "--verify
          "--min-duration", "0.5"]
 BULK_ITEMS, BULK_WARMUP = 500, 50
 NEIGHBOURS_AT_MOST = 0.25   # of the host's cores: other work the measurement tolerates
-Result = TypeVar("Result")
-
-
-def _ours_s() -> float:
-    """CPU seconds of this process and of every descendant it (or they) waited for."""
-    return sum(getattr(resource.getrusage(who), field) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-               for field in ("ru_utime", "ru_stime"))
-
-
-def _host_s() -> float:
-    times = psutil.cpu_times()
-    return sum(getattr(times, field, 0.0) for field in ("user", "nice", "system", "irq", "softirq", "steal"))
-
-
-def with_neighbours(action: Callable[[], Result]) -> tuple[Result, float]:
-    """What `action` returned, and the cores that other work on the host used on average meanwhile."""
-    started, host, ours = time.monotonic(), _host_s(), _ours_s()
-    result = action()
-    others = (_host_s() - host) - (_ours_s() - ours)
-    return result, max(0.0, others) / max(time.monotonic() - started, 1e-9)
-
-
 def skip_if_busy(others: float, cores: float, when: str) -> None:
     if others > NEIGHBOURS_AT_MOST * cores:
         pytest.skip(f"other work on the host used {others:.2f} of its {cores:g} cores {when}: the estimator models "
@@ -73,7 +47,7 @@ def skip_if_busy(others: float, cores: float, when: str) -> None:
 @pytest.mark.timeout(600)
 def test_a_short_tuner_run_predicts_the_bulk_throughput_of_its_choice_within_15_percent(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done, tuning = with_neighbours(lambda: subprocess.run(
+    done, tuning = with_others(lambda: subprocess.run(
         [sys.executable, str(REPO / "scripts" / "tune.py"), "-c", str(CPU_EXAMPLE), "--cpu-slots", "3",
          "--latency-bound-ms", "250", "--out", str(out), *SHORT], cwd=REPO, capture_output=True, text=True, timeout=480))
     cores = Bench("cpu", "local").cores.usable
@@ -91,7 +65,7 @@ def test_a_short_tuner_run_predicts_the_bulk_throughput_of_its_choice_within_15_
         assert isinstance(profile, Profile), f"no cached profile of {job.what}"
         profiles[job.key] = profile
     fractions = [profile.cpu.fraction for profile in profiles.values()]
-    bulk, measuring = with_neighbours(lambda: run_benchmark(
+    bulk, measuring = with_others(lambda: run_benchmark(
         str(out / "best.json"), 0.0, tmp_path / "bulk", ["-v", str(BULK_ITEMS), "--warmup", str(BULK_WARMUP)]))
     skip_if_busy(measuring, cores, "during the bulk job")
     measured = summarize_job(read_job(bulk.job_dir), ValidityRules(min_duration_s=0.5))

@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import math
 import os
+import resource
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+import psutil
+
+Result = TypeVar("Result")
 
 CGROUP_V2_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
@@ -56,6 +63,31 @@ def _cgroup_quota(v2: Path, v1: Path) -> float | None:
 def host_cores(v2: Path = CGROUP_V2_CPU_MAX, v1: Path = CGROUP_V1_CPU) -> HostCores:
     """This host's cores as this process sees them (the tuner's children inherit both bounds)."""
     return HostCores(len(os.sched_getaffinity(0)), _cgroup_quota(v2, v1))
+
+
+def _ours_s() -> float:
+    """CPU seconds of this process and of every descendant that it, or they, waited for."""
+    return sum(getattr(resource.getrusage(who), field) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for field in ("ru_utime", "ru_stime"))
+
+
+def _host_s() -> float:
+    """CPU seconds the host's cores have been busy (every process's), from /proc/stat."""
+    times = psutil.cpu_times()
+    return sum(getattr(times, field, 0.0) for field in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def with_others(action: Callable[[], Result]) -> tuple[Result, float]:
+    """What `action` returned, and the cores other work on the host used on average meanwhile.
+
+    Other work is the host's busy CPU less this process's and its waited-for
+    descendants': `action` must wait for every process it starts (a
+    benchmark job does), or their CPU counts as another's.
+    """
+    started, host, ours = time.monotonic(), _host_s(), _ours_s()
+    result = action()
+    others = (_host_s() - host) - (_ours_s() - ours)
+    return result, max(0.0, others) / max(time.monotonic() - started, 1e-9)
 
 
 def shares(caps: Sequence[float], cores: float) -> list[float]:

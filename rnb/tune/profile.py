@@ -46,7 +46,7 @@ from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.termination import POLL_S, Termination
 from rnb.pipeline.config import merges_segments, parse_config
 from rnb.pipeline.plan import Placement, plan_runners, runner_name
-from rnb.tune.cores import HostCores, host_cores
+from rnb.tune.cores import HostCores, host_cores, with_others
 from rnb.tune.space import Candidate, GroupChoices, TuneSpace, digest
 
 log = logging.getLogger(__name__)
@@ -121,17 +121,23 @@ class CpuUse:
     The measured runner's are per second of its occupancy over the calls
     kept: a call's CPU seconds are its occupancy times `fraction`, which a
     step that sleeps or waits on a device keeps near 0 and a step that
-    computes on one thread near 1.  The others are per item of the job: the
-    harness's own cost of a hop (a runner whose model does nothing), the
-    client's and main's.
+    computes on one thread near 1.  The time its main thread waited for a
+    core while it could run (`waited`, a share of its occupancy) is taken
+    out of the profile's calls: they are the step's on free cores, and the
+    estimator shares the cores again as each candidate would.  The others
+    are per item of the job: the harness's own cost of a hop (a runner
+    whose model does nothing), the client's and main's; and the cores that
+    other work on the host used while the job ran.
     """
 
     fraction: float = 0.0           # the runner's CPU seconds per second of its occupancy (above 1: several threads)
     per_call_s: float = 0.0         # its mean CPU seconds per call kept
     threads: int = 1                # its intra-op threads in the profiling job
+    waited: float = 0.0             # the share of its occupancy it waited for a core (removed from the calls)
     hop_per_item_s: float = 0.0     # the sink's CPU per item (the feeder's on the final step): one hop and one call
     client_per_item_s: float = 0.0
     main_per_item_s: float = 0.0
+    others_cores: float = 0.0       # cores that other work on the host used, on average, while the job ran
 
 
 @dataclass(frozen=True)
@@ -403,7 +409,8 @@ def occupancy(calls: Sequence[Call], skip: int = 0) -> tuple[list[float], list[f
     return emit, held, inside, cards
 
 
-def read_profile(job: Job, key: ProfileKey, position: int, cards: int | None = None) -> Profile:
+def read_profile(job: Job, key: ProfileKey, position: int, cards: int | None = None,
+                 others_cores: float = 0.0) -> Profile:
     """The profile of the group at `position` of a finished profiling job.
 
     The first and last TRIM_FRACTION of its calls are left out (start-up,
@@ -425,9 +432,10 @@ def read_profile(job: Job, key: ProfileKey, position: int, cards: int | None = N
     device = None if process is None else process.device_process_bytes or process.peak_device_bytes
     placement = _placement(job, position)
     threads = placement.threads or key.cores.affinity   # a GPU runner keeps torch's default: every core
-    cpu = cpu_use(job, position, replica[cut: len(replica) - cut], sum(emit) + sum(held), threads)
-    return Profile(key, tuple(emit[i] for i in kept), tuple(held), tuple(inside[i] for i in kept),
-                   _slot_bytes(job, placement), rss, device, str(job.path), cpu)
+    cpu = cpu_use(job, position, replica[cut: len(replica) - cut], sum(emit) + sum(held), threads, others_cores)
+    alone = 1.0 - cpu.waited
+    return Profile(key, tuple(alone * emit[i] for i in kept), tuple(alone * s for s in held),
+                   tuple(alone * inside[i] for i in kept), _slot_bytes(job, placement), rss, device, str(job.path), cpu)
 
 
 def _placement(job: Job, position: int) -> Placement:
@@ -444,16 +452,20 @@ def _slot_bytes(job: Job, placement: Placement) -> int:
     return int(sum(math.prod(s) * torch.empty((), dtype=d).element_size() for s, d in zip(placement.output_shapes, dtypes)))
 
 
-def cpu_spent(samples: pa.Table, process: str, start: float, end: float) -> float | None:
-    """CPU seconds a process spent between two times, its cumulative CPU interpolated between samples.
+def cpu_spent(samples: pa.Table, process: str, start: float, end: float, column: str = "cpu_s") -> float | None:
+    """Seconds of a cumulative column (CPU, or the wait for a core) a process added between two times,
+    interpolated between its samples.
 
     None where it has fewer than two samples, or none on both sides of the
-    window: an edge the samples do not reach would be read as no CPU.
+    window (an edge the samples do not reach would be read as nothing), or
+    the column was not kept.
     """
+    if column not in samples.column_names:
+        return None
     mine = np.array([name == process for name in samples.column("process").to_pylist()], dtype=bool)
     times = samples.column("time").to_numpy(zero_copy_only=False).astype(float)[mine]
-    seconds = samples.column("cpu_s").to_numpy(zero_copy_only=False).astype(float)[mine]
-    if times.size < 2 or end <= start:
+    seconds = samples.column(column).to_numpy(zero_copy_only=False).astype(float)[mine]
+    if times.size < 2 or end <= start or np.isnan(seconds).any():
         return None
     start, end = max(start, float(times[0])), min(end, float(times[-1]))
     if end <= start:
@@ -461,12 +473,16 @@ def cpu_spent(samples: pa.Table, process: str, start: float, end: float) -> floa
     return float(np.interp(end, times, seconds) - np.interp(start, times, seconds))
 
 
-def cpu_use(job: Job, position: int, kept: Sequence[Call], busy_s: float, threads: int) -> CpuUse:
+def cpu_use(job: Job, position: int, kept: Sequence[Call], busy_s: float, threads: int,
+            others_cores: float = 0.0) -> CpuUse:
     """What the profiling job's processes spent on the CPU (see CpuUse); zeros where it has no samples."""
     samples = job.samples
     if samples is None or not kept or busy_s <= 0:
-        return CpuUse(threads=threads)
-    runner = cpu_spent(samples, runner_name(position, 0, 0), kept[0].taken, kept[-1].handed_over) or 0.0
+        return CpuUse(threads=threads, others_cores=others_cores)
+    name, window = runner_name(position, 0, 0), (kept[0].taken, kept[-1].handed_over)
+    runner = cpu_spent(samples, name, *window) or 0.0
+    waited = min(0.9, (cpu_spent(samples, name, *window, column="run_wait_s") or 0.0) / busy_s)
+    busy_s *= 1.0 - waited
     enqueued = job.timings.column(ENQUEUE).to_numpy(zero_copy_only=False).astype(float)
     finished = job.timings.column(StepEvents(job.num_steps - 1).handed_over).to_numpy(zero_copy_only=False).astype(float)
     items = max(1, job.timings.num_rows)
@@ -476,9 +492,9 @@ def cpu_use(job: Job, position: int, kept: Sequence[Call], busy_s: float, thread
         return (cpu_spent(samples, process, start, end) or 0.0) / items
 
     hop = runner_name(position + 1, 0, 0) if position < job.num_steps - 1 else runner_name(0, 0, 0)
-    return CpuUse(fraction=runner / busy_s, per_call_s=runner / len(kept), threads=threads,
-                  hop_per_item_s=per_item(hop) if hop != runner_name(position, 0, 0) else 0.0,
-                  client_per_item_s=per_item("client"), main_per_item_s=per_item("main"))
+    return CpuUse(fraction=runner / busy_s, per_call_s=runner / len(kept), threads=threads, waited=waited,
+                  hop_per_item_s=per_item(hop) if hop != name else 0.0, client_per_item_s=per_item("client"),
+                  main_per_item_s=per_item("main"), others_cores=others_cores)
 
 
 # ---------------------------------------------------------------- the cache
@@ -538,13 +554,14 @@ def profile_all(jobs: Sequence[ProfileJob], cache: ProfileCache, run: Runner,
         config_path = cache.root / "configs" / f"{job.key.digest}.json"
         write_json_atomic(config_path, job.document)
         try:
-            outcome = run(config_path, job.videos)
+            outcome, others = with_others(lambda: run(config_path, job.videos))
         except SweepError as error:
             raise ProfileError(f"profiling {job.what} ({job.key.model}) failed: {error}") from None
         try:
             measured = read_job(outcome.job_dir)
-            profile = read_profile(measured, job.key, job.position, job.form.cards)
-            batcher = None if job.batcher_key is None else read_profile(measured, job.batcher_key, job.position - 1)
+            profile = read_profile(measured, job.key, job.position, job.form.cards, others)
+            batcher = (None if job.batcher_key is None
+                       else read_profile(measured, job.batcher_key, job.position - 1, None, others))
         except (ProfileError, JobLogError) as error:
             raise ProfileError(f"profiling {job.what} ({job.key.model}) failed: {error}") from None
         for one in (profile, batcher):
