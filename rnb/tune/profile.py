@@ -58,7 +58,7 @@ PROFILE_SLOTS = 4       # output slots of the feeder and the Batcher in a profil
 MIN_CALLS = 5           # fewer measured calls than this make no distribution
 # A profiling job samples its processes' CPU this often (benchmark.py --sample-interval-ms): its calls kept
 # span a fraction of a second, and its CPU per call is read between the samples on either side.
-SAMPLE_INTERVAL_MS = 10
+SAMPLE_INTERVAL_MS = 25
 # How profiles are read off their jobs; a cached profile read another way is measured again. 2: the first
 # call kept after the trimmed start no longer counts its wait behind the trimmed calls as service. 3: the CPU
 # that the runner, the harness's hops, the client and main spent, and the host's cores in the key.
