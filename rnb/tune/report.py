@@ -135,7 +135,8 @@ def _row(space: TuneSpace, candidate: Candidate, position: int | None, evaluated
         at = estimate.at_peak
         row.update({"predicted_peak_rate_per_s": estimate.rate_per_s, "predicted_capacity_per_s": estimate.capacity_per_s,
                     "predicted_throughput_items_per_s": None if at is None else at.throughput_items_per_s,
-                    "predicted_bottleneck": None if at is None else at.bottleneck})
+                    "predicted_bottleneck": None if at is None else at.bottleneck,
+                    "predicted_cores_busy": None if at is None else at.cores_busy})
         for stat in sorted({50.0, 90.0, 99.0, percentile}):
             row[f"predicted_{_stat(stat)}_ms"] = None if at is None else at.latency_ms.get(stat)
         row[f"predicted_{q}_ms_at_lowest_rate"] = estimate.lowest.latency_ms.get(percentile)
