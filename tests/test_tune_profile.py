@@ -86,3 +86,14 @@ def test_cpu_spent_in_a_window_is_read_between_a_process_s_samples() -> None:
     assert cpu_spent(samples, "step1-g0-r0", 9.0, 10.5) == pytest.approx(0.25)   # the window cut to the samples
     assert cpu_spent(samples, "client", 10.0, 11.0) is None                      # never sampled
     assert cpu_spent(samples, "main", 12.0, 13.0) is None                        # after its last sample
+
+
+def test_the_wait_for_a_core_is_read_like_the_cpu_and_absent_where_not_kept() -> None:
+    rows = [{"time": 10.0 + 0.1 * i, "process": "step0-g0-r0", "cpu_s": 0.05 * i, "run_wait_s": 0.03 * i}
+            for i in range(11)]
+    samples = pa.Table.from_pylist(rows, schema=SCHEMA)
+    assert cpu_spent(samples, "step0-g0-r0", 10.0, 11.0, column="run_wait_s") == pytest.approx(0.3)
+    older = samples.drop_columns(["run_wait_s"])                  # a log from before the sampler kept it
+    assert cpu_spent(older, "step0-g0-r0", 10.0, 11.0, column="run_wait_s") is None
+    unknown = pa.Table.from_pylist([{**row, "run_wait_s": None} for row in rows], schema=SCHEMA)
+    assert cpu_spent(unknown, "step0-g0-r0", 10.0, 11.0, column="run_wait_s") is None

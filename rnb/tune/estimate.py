@@ -244,18 +244,7 @@ def pipeline_of(space: TuneSpace, candidate: Candidate, profiles: Mapping[Profil
             profiled_threads=max(1, profile.cpu.threads), threads=max(1, threads)))
     background = Background(float(np.median([p.cpu.client_per_item_s for p in used])),
                             float(np.median([p.cpu.main_per_item_s for p in used])))
-    return SimPipeline(tuple(groups), space.num_steps, free_cores(bench.cores.usable, used), background)
-
-
-def free_cores(usable: float, profiles: Sequence[Profile]) -> float:
-    """The cores left to a candidate: the host's usable cores less what other work used while it was profiled.
-
-    Other work is assumed to go on as it did then (the median over the
-    profiles); a tenth of the cores is always left, so that a host busy
-    with others while profiling still gives a prediction.
-    """
-    others = float(np.median([p.cpu.others_cores for p in profiles])) if profiles else 0.0
-    return max(0.1 * usable, usable - others)
+    return SimPipeline(tuple(groups), space.num_steps, bench.cores.usable, background)
 
 
 def _describe(form: Form) -> str:

@@ -127,7 +127,10 @@ class CpuUse:
     estimator shares the cores again as each candidate would.  The others
     are per item of the job: the harness's own cost of a hop (a runner
     whose model does nothing), the client's and main's; and the cores that
-    other work on the host used while the job ran.
+    other work on the host used while the job ran, recorded for the reader
+    (the report shows it), not modelled: the kernel shares the cores
+    fairly, so what others used beside a job is not what they would take
+    from a candidate.
     """
 
     fraction: float = 0.0           # the runner's CPU seconds per second of its occupancy (above 1: several threads)

@@ -421,7 +421,7 @@ def report_page(space: TuneSpace, outcome: Outcome, rows: Sequence[TableRow], ru
         body.extend(_finalist(space, found.estimator, verified, index, q, rules))
     body.append("<h2>Profiles</h2>")
     body.append(table(["profiled", "model", "calls", "mean ms", "p50 ms", "p99 ms", "held mean ms", "CPU ms per call",
-                       "CPU fraction", "job"],
+                       "CPU fraction", "others' cores", "job"],
                       [_profile_row(what, p) for what, p in outcome.profiles]))
     return page(f"rnb-tune: {Path(request.config).name}", body)
 
@@ -446,9 +446,10 @@ def _finalist(space: TuneSpace, estimator: Estimator, verified: Verified, index:
 
 
 def _profile_row(what: str, profile: Profile) -> list[str]:
-    """A profile's calls in ms: what a call of the group occupied its runner, the harness's part included, and
-    the CPU it spent."""
+    """A profile's calls in ms: what a call of the group occupied its runner, the harness's part included, the
+    CPU it spent, and the cores other work on the host used meanwhile (a profile of a busy host)."""
     emit = np.array(profile.emit_s) * 1000.0
     return [what, profile.key.model, str(len(emit)), f"{emit.mean():.3g}", f"{np.percentile(emit, 50):.3g}",
             f"{np.percentile(emit, 99):.3g}", f"{profile.mean_held_s * 1000:.3g}" if profile.held_s else "-",
-            f"{profile.cpu.per_call_s * 1000:.3g}", f"{profile.cpu.fraction:.2f}", Path(profile.job_dir).name]
+            f"{profile.cpu.per_call_s * 1000:.3g}", f"{profile.cpu.fraction:.2f}", f"{profile.cpu.others_cores:.2f}",
+            Path(profile.job_dir).name]
