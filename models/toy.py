@@ -247,6 +247,40 @@ class AsyncSleep:
         return StepOutput((output,), passed, time_card)
 
 
+class CpuSpin:
+    """A step that computes on the CPU for `ms + ms_per_item * batch` ms of its own thread's CPU time per call.
+
+    CPU work of known cost, as decoding or a network on the CPU is: it
+    counts CPU time, not wall time, so when more runners compute than the
+    host has cores each call takes longer.  As step 0 it makes
+    SyntheticFrames' frames of the toy geometry; later it hands its input on.
+    """
+
+    def __init__(self, device: torch.device, ms: Ms = 0.0, ms_per_item: Ms = 0.0, clips: Count = 2,
+                 frames: Count = 4, height: Count = 16, width: Count = 16) -> None:
+        self.device = device
+        self.seconds = ms / 1000.0
+        self.seconds_per_item = ms_per_item / 1000.0
+        self.shape = (clips, 3, frames, height, width)
+
+    @staticmethod
+    def output_shape(clips: int = 2, frames: int = 4, height: int = 16, width: int = 16,
+                     input_shapes: tuple[tuple[int, ...], ...] | None = None,
+                     **kwargs: object) -> tuple[tuple[int, ...], ...]:
+        """As AsyncSleep's: its input's shapes after step 0, there the toy geometry."""
+        return AsyncSleep.output_shape(clips, frames, height, width, input_shapes)
+
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        cards = as_cards(time_card)
+        until = time.thread_time() + self.seconds + self.seconds_per_item * len(cards)
+        while time.thread_time() < until:
+            pass
+        if tensors:
+            return StepOutput((tensors[0].clone(),), non_tensors, time_card)
+        frames = torch.cat([SyntheticFrames.frames_for(card.item_id, self.shape) for card in cards]).to(self.device)
+        return StepOutput((frames,), {"request": non_tensors["request"]}, time_card)
+
+
 class GpuSpin:
     """A step whose work is one CUDA kernel spinning `ms` milliseconds (torch.cuda._sleep); the call returns at once.
 

@@ -384,7 +384,7 @@ def test_every_model_and_selector_class_shipped_is_in_the_tuple_mypy_checks_agai
     """models/shipped.py and selector.py hold each class to rnb.core.model's protocols; none may be left out."""
     modules = [importlib.import_module(f"models.{info.name}") for info in pkgutil.iter_modules(models.__path__)]
     assert classes_defined_in(modules, "output_shape") == set(shipped.MODEL_CLASSES)
-    assert len(shipped.MODEL_CLASSES) == 12
+    assert len(shipped.MODEL_CLASSES) == 13
     assert classes_defined_in([selector_module], "select") == set(selector_module.SELECTOR_CLASSES) == {
         selector_module.RoundRobinSelector, LargeSmallSelector}
 
@@ -441,3 +441,18 @@ def test_r2p1d_slots_carry_its_dtype_and_a_wrong_dtype_is_a_config_error():
                                           r"keywords, found ValueError: dtype must be one of float32, float16, "
                                           r"bfloat16, got 'half'"):
         plan_runners(parse_config(config("half"), "half.json"), 1)
+
+
+def test_cpu_spin_computes_its_cpu_time_per_item_and_hands_its_input_on():
+    import time
+
+    from models.toy import CpuSpin, SyntheticFrames
+    loader = CpuSpin(torch.device("cpu"), ms=5.0, ms_per_item=10.0)
+    cards = (TimeCard(3), TimeCard(4))
+    before = time.thread_time()
+    frames, = loader((), {"request": None}, cards).tensors
+    assert time.thread_time() - before >= 0.025                      # 5 ms + 2 items x 10 ms, all of it CPU
+    assert torch.equal(frames, torch.cat([SyntheticFrames.frames_for(i, (2, 3, 4, 16, 16)) for i in (3, 4)]))
+    passed, = CpuSpin(torch.device("cpu"), ms=1.0)((frames,), {"request": None}, cards).tensors
+    assert torch.equal(passed, frames) and passed.data_ptr() != frames.data_ptr()
+    assert CpuSpin.output_shape(input_shapes=((4, 10),)) == ((4, 10),)

@@ -62,6 +62,7 @@ def test_one_sample_reads_each_process_and_each_gpu(tmp_path: Path) -> None:
     assert rows[4]["gpu_util_percent"] == 42 and rows[4]["nvdec_util_percent"] == 8
     assert rows[1]["pid"] == child.pid and rows[0]["pid"] == os.getpid()
     assert 0 < rows[0]["rss_bytes"] and rows[0]["cpu_s"] <= rows[3]["cpu_s"]
+    assert 0 <= rows[0]["run_wait_s"] <= rows[3]["run_wait_s"]   # /proc/PID/schedstat, kept by this kernel
     sampler.write(tmp_path)
     assert pq.read_table(tmp_path / "samples.parquet").schema.equals(SCHEMA)
 

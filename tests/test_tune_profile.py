@@ -4,9 +4,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
-from rnb.tune.profile import Call, Form, Profile, ProfileCache, ProfileKey, occupancy
+from rnb.engines.sampler import SCHEMA
+from rnb.tune.cores import HostCores
+from rnb.tune.profile import Call, CpuUse, Form, Profile, ProfileCache, ProfileKey, cpu_spent, occupancy
 
 
 def call(arrived: float, taken: float, started: float, finished: float, handed_over: float, slot_wait: float = 0.0,
@@ -50,12 +53,12 @@ def test_a_batcher_s_holding_calls_are_kept_apart_from_the_call_that_hands_the_b
 
 
 def test_the_cache_returns_a_profile_only_under_its_own_key(tmp_path: Path) -> None:
-    key = ProfileKey("m.M", "{}", Form(4), "null", "cpu", "local", "host")
-    profile = Profile(key, (0.01, 0.012), (), (0.009, 0.011), 100, 2**20, None, "job")
+    key = ProfileKey("m.M", "{}", Form(4), "null", "cpu", "local", "host", HostCores(2, None))
+    profile = Profile(key, (0.01, 0.012), (), (0.009, 0.011), 100, 2**20, None, "job", CpuUse(0.9, 0.01, 1, 2e-4, 1e-4, 3e-4))
     cache = ProfileCache(tmp_path)
     cache.put(profile)
     assert cache.get(key) == profile
-    assert cache.get(ProfileKey("m.M", "{}", Form(8), "null", "cpu", "local", "host")) is None
+    assert cache.get(ProfileKey("m.M", "{}", Form(8), "null", "cpu", "local", "host", HostCores(2, None))) is None
     assert json.loads(cache.path(key).read_text())["key"]["form"] == {"cards": 4, "segments": 1, "splits": 1, "batch": 1}
     cache.path(key).write_text("{")                          # damaged: measured again, not a crash
     assert cache.get(key) is None
@@ -71,3 +74,26 @@ def test_a_batch_handed_on_by_flush_counts_its_call_as_held_and_not_the_idle_wai
     calls = [call(0.0, 0.0010, 0.0012, 0.0600, 0.0610), call(0.0020, 0.0021, 0.0022, 0.0600, 0.0610)]
     emit, held, _, _ = occupancy(calls)
     assert emit == [] and held == pytest.approx([0.0012, 0.0002])   # the second: from its arrival to its start
+
+
+def test_cpu_spent_in_a_window_is_read_between_a_process_s_samples() -> None:
+    # A runner sampled every 100 ms, burning 0.5 CPU-seconds per second; another process beside it.
+    rows = [{"time": 10.0 + 0.1 * i, "process": "step1-g0-r0", "cpu_s": 2.0 + 0.05 * i} for i in range(11)]
+    rows += [{"time": 10.0 + 0.1 * i, "process": "main", "cpu_s": 7.0 + 0.01 * i} for i in range(11)]
+    samples = pa.Table.from_pylist(rows, schema=SCHEMA)
+    assert cpu_spent(samples, "step1-g0-r0", 10.25, 10.75) == pytest.approx(0.25)
+    assert cpu_spent(samples, "main", 10.0, 11.0) == pytest.approx(0.1)
+    assert cpu_spent(samples, "step1-g0-r0", 9.0, 10.5) == pytest.approx(0.25)   # the window cut to the samples
+    assert cpu_spent(samples, "client", 10.0, 11.0) is None                      # never sampled
+    assert cpu_spent(samples, "main", 12.0, 13.0) is None                        # after its last sample
+
+
+def test_the_wait_for_a_core_is_read_like_the_cpu_and_absent_where_not_kept() -> None:
+    rows = [{"time": 10.0 + 0.1 * i, "process": "step0-g0-r0", "cpu_s": 0.05 * i, "run_wait_s": 0.03 * i}
+            for i in range(11)]
+    samples = pa.Table.from_pylist(rows, schema=SCHEMA)
+    assert cpu_spent(samples, "step0-g0-r0", 10.0, 11.0, column="run_wait_s") == pytest.approx(0.3)
+    older = samples.drop_columns(["run_wait_s"])                  # a log from before the sampler kept it
+    assert cpu_spent(older, "step0-g0-r0", 10.0, 11.0, column="run_wait_s") is None
+    unknown = pa.Table.from_pylist([{**row, "run_wait_s": None} for row in rows], schema=SCHEMA)
+    assert cpu_spent(unknown, "step0-g0-r0", 10.0, 11.0, column="run_wait_s") is None

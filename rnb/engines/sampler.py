@@ -1,7 +1,9 @@
 """Utilisation over time: a thread of the main process samples every child and every GPU in use.
 
 Every `interval_s` it records, for each child process, its cumulative CPU
-time and its resident memory (psutil), and for each GPU the job uses, NVML's
+time, how long its main thread has waited for a core while it could run
+(/proc/PID/schedstat: what other work on the cores cost it), and its
+resident memory (psutil), and for each GPU the job uses, NVML's
 utilisation, memory in use and NVDEC utilisation. The rows become
 `samples.parquet` in the job directory; rnb.analysis turns them into CPU
 percentages, plots and the summary. Sampling reads /proc and NVML only, so
@@ -34,6 +36,7 @@ SCHEMA = pa.schema([
     ("process", pa.string()),               # a child's name; null on GPU rows
     ("pid", pa.int64()),
     ("cpu_s", pa.float64()),                # user + system CPU seconds since the process started
+    ("run_wait_s", pa.float64()),           # seconds its main thread waited runnable for a core; null unknown
     ("rss_bytes", pa.int64()),
     ("gpu", pa.int64()),                    # the config's logical GPU index; null on process rows
     ("gpu_util_percent", pa.int64()),
@@ -107,7 +110,8 @@ class Sampler:
                 del self._processes[name]   # it exited; its last sample stands
                 continue
             self.rows.append({"time": now, "process": name, "pid": process.pid,
-                              "cpu_s": times.user + times.system, "rss_bytes": memory.rss})
+                              "cpu_s": times.user + times.system, "run_wait_s": run_wait_s(process.pid),
+                              "rss_bytes": memory.rss})
         if nvml is None:  # no GPU in use: NVML was never opened
             return
         for gpu in self.gpus:
@@ -126,3 +130,16 @@ class Sampler:
 
     def write(self, job_dir: Path) -> None:
         pq.write_table(self.table(), job_dir / SAMPLES_FILE)
+
+
+def run_wait_s(pid: int) -> float | None:
+    """Seconds the process's main thread has spent runnable but waiting for a core (None where not kept).
+
+    Only the main thread: reading every thread's would cost the sampler a
+    file per thread per tick, and a runner computes on its main thread.
+    """
+    try:
+        with open(f"/proc/{pid}/schedstat", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None

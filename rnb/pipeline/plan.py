@@ -65,9 +65,13 @@ def cpu_threads(config: PipelineConfig) -> int:
     oversubscribe the machine, and adding a replica would only add contention.
     A CUDA runner keeps torch's default: its arithmetic runs on the device.
     """
-    cores = len(os.sched_getaffinity(0))
     runners = sum(1 for step in config.steps for group in step.queue_groups for gpu in group.gpus if gpu < 0)
-    return max(1, cores // max(1, runners))
+    return thread_share(len(os.sched_getaffinity(0)), runners)
+
+
+def thread_share(cores: int, cpu_runners: int) -> int:
+    """Each of `cpu_runners` CPU runners' equal share of `cores` (the tuner assumes the same of a candidate)."""
+    return max(1, cores // max(1, cpu_runners))
 
 
 def limit_replicas(config: PipelineConfig, most: int) -> PipelineConfig:

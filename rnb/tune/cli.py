@@ -40,8 +40,18 @@ from rnb.console import terminal_logging
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.gpus import GpuRequestError, validate_gpus
 from rnb.tune.estimate import DEFAULT_ITEMS, EstimateError, Estimator
-from rnb.tune.profile import Bench, Profile, ProfileCache, ProfileError, ProfileJob, ProfileKey, plan_profiles, profile_all
-from rnb.tune.report import BEST, REPORT, Outcome, Request, winner_of, write_report
+from rnb.tune.profile import (
+    SAMPLE_INTERVAL_MS,
+    Bench,
+    Profile,
+    ProfileCache,
+    ProfileError,
+    ProfileJob,
+    ProfileKey,
+    plan_profiles,
+    profile_all,
+)
+from rnb.tune.report import BEST, REPORT, Outcome, Request, resolution_note, winner_of, write_report
 from rnb.tune.search import Evaluated, Goal, Memory, choose_mode, finalists, search
 from rnb.tune.space import Budget, TuneRequestError, TuneSpace, read_space
 from rnb.tune.verify import Verified, VerifySettings, closest, verify
@@ -214,7 +224,8 @@ def _profile(space: TuneSpace, bench: Bench, args: argparse.Namespace, out: Path
     extra = ["--engine", args.engine, *(["--ray-address", args.ray_address] if args.ray_address else [])]
 
     def run(config_path: Path, videos: int) -> RunOutcome:
-        return run_benchmark(str(config_path), 0.0, log_dir, ["-v", str(videos), "--warmup", "0", *extra],
+        return run_benchmark(str(config_path), 0.0, log_dir, ["-v", str(videos), "--warmup", "0", "--sample-interval-ms",
+                                                              str(SAMPLE_INTERVAL_MS), *extra],
                              timeout_s=args.timeout, output=output)
 
     with tqdm(total=len(jobs), desc="rnb-tune: profile", unit=" jobs", file=sys.stderr) as bar:
@@ -272,7 +283,7 @@ def _summary(space: TuneSpace, outcome: Outcome, out: Path) -> str:
         lines.append(f"finalist {index}: {space.short_label(verified.candidate)}  predicted {predicted:.4g} req/s; "
                      f"measured {measured}")
     if outcome.winner is not None:
-        lines.append(f"best: {space.label(outcome.winner.candidate)}")
+        lines.append(f"best: {space.label(outcome.winner.candidate)}; {resolution_note(outcome.winner)}")
         lines.append(f"wrote {out / BEST}, {out / REPORT}")
     else:
         lines.append(f"wrote {out / REPORT}")

@@ -12,7 +12,11 @@ queue selection per replica, and back-pressure: a replica hands an output
 on only into one of its own `num_shared_tensors` slots, and a slot is free
 again once a consumer has taken the item off the queue.  Replicas that
 share a GPU run their model calls one at a time on it (kernels of separate
-processes are time-sliced, not overlapped); CPU slots are independent.
+processes are time-sliced, not overlapped).  The host's cores are shared by
+processor sharing (rnb.tune.cores.SharedCores) among the calls computing on
+them and the client's and main's work per item: a call's CPU seconds (its
+profile's CPU fraction of its occupancy) stretch when more work computes
+than the host has cores.
 
 Why a small event loop of our own and not simpy: the model needs five kinds
 of event and no process abstraction, and each candidate's peak rate takes a
@@ -37,6 +41,8 @@ from rnb.analysis.sweep import Trial, bisect_rate
 from rnb.core.termination import POLL_S  # the runner's receive timeout: an idle Batcher may flush after it
 from rnb.load import LoadSettings, mode_of
 from rnb.pipeline.config import merges_segments
+from rnb.pipeline.plan import thread_share
+from rnb.tune.cores import SharedCores
 from rnb.tune.profile import Bench, Form, Profile, ProfileKey, forms_of, profile_key, unit_plan
 from rnb.tune.space import Candidate, TuneSpace
 
@@ -115,18 +121,37 @@ class SimGroup:
     batch: int | None = None          # a Batcher group's batch
     timeout_s: float = 0.05           # a Batcher's timeout_ms
     merges: bool = False              # it merges an item's segments before handing on
+    cpu_fraction: float = 0.0         # CPU seconds per second of a call's profiled occupancy (CpuUse.fraction)
+    profiled_threads: int = 1         # the threads its profile's CPU seconds ran on
+    threads: int = 1                  # the threads each replica computes on in the candidate
+
+    def cpu_per_item_s(self, items_per_call: int) -> float:
+        """CPU seconds the group spends per item at full batches (whichever replica serves it)."""
+        per_call = (self.service.mean_emit + (self.batch - 1) * self.service.mean_held if self.batch
+                    else self.service.mean_emit)
+        return self.cpu_fraction * per_call / max(1, items_per_call)
+
+
+@dataclass(frozen=True)
+class Background:
+    """CPU seconds per item of the processes outside the steps: the client (per request) and main (per result)."""
+
+    client_s: float = 0.0
+    main_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class SimPipeline:
     groups: tuple[SimGroup, ...]
     num_steps: int
+    cores: float = 0.0                # the host's usable cores; 0: not modelled (every call keeps its profiled time)
+    background: Background = Background()
 
     def capacity_per_s(self) -> float:
-        """Items per second no load can exceed: each step's summed replica capacity, the least of them.
+        """Items per second no load can exceed: the least of each step's summed replica capacity and the cores'.
 
         An upper end for the search of the peak rate; back-pressure, device
-        sharing and routing only lower it.
+        sharing, CPU sharing and routing only lower it.
         """
         by_step: dict[int, float] = {}
         for g in self.groups:
@@ -135,7 +160,24 @@ class SimPipeline:
             per_call = max(per_call, 1e-9)
             items_per_call = cards if g.batch else _cards_in(self, g)
             by_step[g.step] = by_step.get(g.step, 0.0) + len(g.devices) * items_per_call / per_call
-        return min(by_step.values())
+        return min(*by_step.values(), self.cores_capacity_per_s())
+
+    def cores_capacity_per_s(self) -> float:
+        """Items per second the host's cores can compute (infinite where they are not modelled)."""
+        cpu = self.cpu_per_item_s()
+        return self.cores / cpu if self.cores and cpu > 0 else math.inf
+
+    def bound_by_cores(self) -> bool:
+        """Whether the host's cores, not any step's replicas, set the capacity: more CPU replicas add nothing."""
+        return self.cores_capacity_per_s() <= self.capacity_per_s() * (1 + 1e-9)
+
+    def cpu_by_group(self) -> dict[str, float]:
+        """CPU seconds each group spends per item, at full batches."""
+        return {g.name: g.cpu_per_item_s(g.batch or _cards_in(self, g)) for g in self.groups}
+
+    def cpu_per_item_s(self) -> float:
+        """CPU seconds the host spends per item: every group's, the client's and main's."""
+        return sum(self.cpu_by_group().values()) + self.background.client_s + self.background.main_s
 
 
 def _cards_in(pipeline: SimPipeline, g: SimGroup) -> int:
@@ -157,6 +199,7 @@ class Prediction:
     mean_latency_ms: float
     busy: Mapping[str, float]           # group name -> mean busy fraction of its replicas
     items: int
+    cores_busy: float | None = None     # the host's cores' busy fraction over the run; None where not modelled
 
     def percentile_ms(self, q: float) -> float:
         return self.latency_ms[q]
@@ -179,13 +222,21 @@ class PeakEstimate:
 
 def pipeline_of(space: TuneSpace, candidate: Candidate, profiles: Mapping[ProfileKey, Profile],
                 bench: Bench) -> SimPipeline:
-    """The candidate as the simulation sees it: every group with its replicas and its profiled service."""
+    """The candidate as the simulation sees it: every group with its replicas and its profiled service.
+
+    Each CPU replica computes on the thread share the harness would give it
+    in this candidate (rnb.pipeline.plan.thread_share over its CPU runners),
+    not the one of its profiling job; a "threads" keyword wins, as there.
+    """
     plan = unit_plan(space)
     forms = forms_of(space, candidate)
     by_group: dict[tuple[str, str, str], list[Profile]] = {}   # the same group at other forms
     for profile in profiles.values():
         by_group.setdefault((profile.key.model, profile.key.keywords, profile.key.input_shapes), []).append(profile)
+    cpu_runners = sum(1 for g in space.groups for device in candidate.group(g.step, g.group).devices if device < 0)
+    share = thread_share(bench.cores.affinity, cpu_runners)
     groups = []
+    used = []
     for g in space.groups:
         step = space.config.steps[g.step]
         group = step.queue_groups[g.group]
@@ -193,16 +244,22 @@ def pipeline_of(space: TuneSpace, candidate: Candidate, profiles: Mapping[Profil
         key = profile_key(space, plan, g, form, bench)
         if key not in profiles:
             raise EstimateError(f"no profile of {g.name} ({g.model}) at {_describe(form)}; profile it first.")
+        profile = profiles[key]
+        used.append(profile)
         settings = candidate.group(g.step, g.group)
         siblings = [p for p in by_group[(key.model, key.keywords, key.input_shapes)]
                     if (p.key.form.segments, p.key.form.splits, p.key.form.batch) == (form.segments, form.splits, form.batch)]
+        threads = int(group.model_kwargs.get("threads", share if settings.devices[0] < 0 else bench.cores.affinity))
         groups.append(SimGroup(
             name=g.name, step=g.step, devices=settings.devices, in_queue=group.in_queue, out_queues=group.out_queues,
-            slots=step.num_shared_tensors, service=service_of(profiles[key], form.cards, siblings),
+            slots=step.num_shared_tensors, service=service_of(profile, form.cards, siblings),
             splits=candidate.steps[g.step].segments, batch=settings.batch,
             timeout_s=float(group.model_kwargs.get("timeout_ms", 50.0)) / 1000.0 if settings.batch else POLL_S,
-            merges=merges_segments(g.model)))
-    return SimPipeline(tuple(groups), space.num_steps)
+            merges=merges_segments(g.model), cpu_fraction=profile.cpu.fraction,
+            profiled_threads=max(1, profile.cpu.threads), threads=max(1, threads)))
+    background = Background(float(np.median([p.cpu.client_per_item_s for p in used])),
+                            float(np.median([p.cpu.main_per_item_s for p in used])))
+    return SimPipeline(tuple(groups), space.num_steps, bench.cores.usable, background)
 
 
 def _describe(form: Form) -> str:
@@ -246,7 +303,7 @@ IDLE, CALLING, BLOCKED = 0, 1, 2   # a replica waits for input, is inside a call
 
 class _Replica:
     __slots__ = ("group", "device", "queue", "outs", "free", "outbox", "rr", "pending", "first", "token",
-                 "busy_s", "state", "merging")
+                 "busy_s", "state", "merging", "computing")
 
     def __init__(self, group: SimGroup, device: int, queue: _Queue, outs: list[_Queue]) -> None:
         self.group = group
@@ -262,6 +319,7 @@ class _Replica:
         self.busy_s = 0.0
         self.state = IDLE
         self.merging: dict[int, int] = {}  # a merging group: split id -> segments arrived
+        self.computing = 0.0               # when its call's CPU work began
 
 
 class _Queue:
@@ -315,6 +373,7 @@ class Simulation:
         self.sent = 0
         self.origins = itertools.count()
         self.devices: dict[int, _Device] = {}
+        self.cores = SharedCores(pipeline.cores, self.at, lambda: self.now) if pipeline.cores > 0 else None
         queues: dict[tuple[int, int | None], _Queue] = {}   # (step reading it, its out_queue index) -> queue
         self.queues = queues
         self.request_queue = queues.setdefault((0, None), _Queue())
@@ -362,6 +421,8 @@ class Simulation:
         item = self.sent
         self.sent += 1
         self.enqueued[item] = self.now
+        if self.cores is not None and self.pipeline.background.client_s > 0:
+            self.cores.queue("client", self.pipeline.background.client_s)
         self.put(self.request_queue, _Job((item,)), None)
 
     # ------------------------------------------------------------ queues and replicas
@@ -428,7 +489,23 @@ class Simulation:
         return seconds
 
     def call(self, replica: _Replica, seconds: float, out: _Job | None) -> None:
+        """A call of `seconds` as profiled: its CPU work first (on the shared cores), then the rest of it."""
         replica.busy_s += seconds
+        g = replica.group
+        cpu_s = g.cpu_fraction * seconds
+        if self.cores is None or cpu_s <= 0:
+            self.off_cpu(replica, seconds, out)
+            return
+        alone_s = cpu_s / g.profiled_threads    # what the CPU work took in the profile
+        replica.computing = self.now
+        self.cores.run(cpu_s, g.threads, lambda: self.computed(replica, alone_s, max(0.0, seconds - alone_s), out))
+
+    def computed(self, replica: _Replica, alone_s: float, rest_s: float, out: _Job | None) -> None:
+        replica.busy_s += (self.now - replica.computing) - alone_s   # stretched (or, on more threads, shortened)
+        self.off_cpu(replica, rest_s, out)
+
+    def off_cpu(self, replica: _Replica, seconds: float, out: _Job | None) -> None:
+        """The part of a call that holds no core: a sleep, or device work after its launch."""
         if replica.device < 0 or out is None:
             self.at(self.now + seconds, self.called, replica, out)
             return
@@ -505,6 +582,8 @@ class Simulation:
             if math.isnan(self.finished[item]):
                 self.finished[item] = self.now
                 self.done += 1
+                if self.cores is not None and self.pipeline.background.main_s > 0:
+                    self.cores.queue("main", self.pipeline.background.main_s)
                 if self.arrivals.kind == "closed" and self.sent < self.items:
                     self.arrive()
 
@@ -522,8 +601,10 @@ class Simulation:
         busy: dict[str, list[float]] = {}
         for replica in self.replicas:
             busy.setdefault(replica.group.name, []).append(min(1.0, replica.busy_s / elapsed))
+        cores_busy = None if self.cores is None else min(1.0, self.cores.used_s / (self.cores.cores * elapsed))
         return Prediction(self.arrivals, throughput, percentiles, float(latency.mean()) if latency.size else math.inf,
-                          {name: sum(values) / len(values) for name, values in busy.items()}, int(done.sum()))
+                          {name: sum(values) / len(values) for name, values in busy.items()}, int(done.sum()),
+                          cores_busy)
 
 
 def simulate(pipeline: SimPipeline, arrivals: Arrivals, items: int = DEFAULT_ITEMS, seed: int = 0,

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from rnb.analysis.jobs import Job, JobLogError, read_job
@@ -45,6 +46,7 @@ from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.termination import POLL_S, Termination
 from rnb.pipeline.config import merges_segments, parse_config
 from rnb.pipeline.plan import Placement, plan_runners, runner_name
+from rnb.tune.cores import HostCores, host_cores, with_others
 from rnb.tune.space import Candidate, GroupChoices, TuneSpace, digest
 
 log = logging.getLogger(__name__)
@@ -54,9 +56,13 @@ SINK = "rnb.tune.instruments.Sink"
 TRIM_FRACTION = 0.1     # calls dropped at each end of a profiling job: start-up and the last partial batch
 PROFILE_SLOTS = 4       # output slots of the feeder and the Batcher in a profiling job
 MIN_CALLS = 5           # fewer measured calls than this make no distribution
+# A profiling job samples its processes' CPU this often (benchmark.py --sample-interval-ms): its calls kept
+# span a fraction of a second, and its CPU per call is read between the samples on either side.
+SAMPLE_INTERVAL_MS = 25
 # How profiles are read off their jobs; a cached profile read another way is measured again. 2: the first
-# call kept after the trimmed start no longer counts its wait behind the trimmed calls as service.
-PROFILE_VERSION = 2
+# call kept after the trimmed start no longer counts its wait behind the trimmed calls as service. 3: the CPU
+# that the runner, the harness's hops, the client and main spent, and the host's cores in the key.
+PROFILE_VERSION = 3
 
 
 class ProfileError(RuntimeError):
@@ -90,6 +96,7 @@ class ProfileKey:
     device_kind: str       # "cpu", or the GPU's name
     engine: str
     host: str
+    cores: HostCores       # the host's cores where it was measured
 
     @property
     def digest(self) -> str:
@@ -104,6 +111,36 @@ class Bench:
     engine: str            # "local" or "ray"
     device: int = -1       # where the profiled runners go: -1, or the first GPU of the budget
     host: str = dataclasses.field(default_factory=host)
+    cores: HostCores = dataclasses.field(default_factory=host_cores)
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """CPU seconds a profiling job's processes spent (each process's own, all its threads), from its samples.
+
+    The measured runner's are per second of its occupancy over the calls
+    kept: a call's CPU seconds are its occupancy times `fraction`, which a
+    step that sleeps or waits on a device keeps near 0 and a step that
+    computes on one thread near 1.  The time its main thread waited for a
+    core while it could run (`waited`, a share of its occupancy) is taken
+    out of the profile's calls: they are the step's on free cores, and the
+    estimator shares the cores again as each candidate would.  The others
+    are per item of the job: the harness's own cost of a hop (a runner
+    whose model does nothing), the client's and main's; and the cores that
+    other work on the host used while the job ran, recorded for the reader
+    (the report shows it), not modelled: the kernel shares the cores
+    fairly, so what others used beside a job is not what they would take
+    from a candidate.
+    """
+
+    fraction: float = 0.0           # the runner's CPU seconds per second of its occupancy (above 1: several threads)
+    per_call_s: float = 0.0         # its mean CPU seconds per call kept
+    threads: int = 1                # its intra-op threads in the profiling job
+    waited: float = 0.0             # the share of its occupancy it waited for a core (removed from the calls)
+    hop_per_item_s: float = 0.0     # the sink's CPU per item (the feeder's on the final step): one hop and one call
+    client_per_item_s: float = 0.0
+    main_per_item_s: float = 0.0
+    others_cores: float = 0.0       # cores that other work on the host used, on average, while the job ran
 
 
 @dataclass(frozen=True)
@@ -118,6 +155,7 @@ class Profile:
     peak_rss_bytes: int | None
     peak_device_bytes: int | None  # what NVML saw the runner hold on its GPU (its CUDA context included)
     job_dir: str
+    cpu: CpuUse = CpuUse()
 
     @property
     def mean_emit_s(self) -> float:
@@ -134,10 +172,11 @@ class Profile:
     def from_json(data: Mapping[str, Any]) -> Profile:
         key = dict(data["key"])
         key["form"] = Form(**key["form"])
+        key["cores"] = HostCores(**key["cores"])
         return Profile(key=ProfileKey(**key), emit_s=tuple(data["emit_s"]), held_s=tuple(data["held_s"]),
                        inside_s=tuple(data["inside_s"]), output_bytes=int(data["output_bytes"]),
                        peak_rss_bytes=data["peak_rss_bytes"], peak_device_bytes=data["peak_device_bytes"],
-                       job_dir=str(data["job_dir"]))
+                       job_dir=str(data["job_dir"]), cpu=CpuUse(**data["cpu"]))
 
 
 @dataclass(frozen=True)
@@ -217,7 +256,8 @@ def profile_key(space: TuneSpace, plan: Sequence[Placement], g: GroupChoices, fo
     keywords = json.dumps({k: v for k, v in group.model_kwargs.items() if k != "batch" or g.kind == "work"},
                           sort_keys=True, default=str)
     shapes = next(p.input_shapes for p in plan if (p.step, p.group) == (g.step, g.group))
-    return ProfileKey(g.model, keywords, form, json.dumps(shapes), bench.device_kind, bench.engine, bench.host)
+    return ProfileKey(g.model, keywords, form, json.dumps(shapes), bench.device_kind, bench.engine, bench.host,
+                      bench.cores)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -372,7 +412,8 @@ def occupancy(calls: Sequence[Call], skip: int = 0) -> tuple[list[float], list[f
     return emit, held, inside, cards
 
 
-def read_profile(job: Job, key: ProfileKey, position: int, cards: int | None = None) -> Profile:
+def read_profile(job: Job, key: ProfileKey, position: int, cards: int | None = None,
+                 others_cores: float = 0.0) -> Profile:
     """The profile of the group at `position` of a finished profiling job.
 
     The first and last TRIM_FRACTION of its calls are left out (start-up,
@@ -392,18 +433,71 @@ def read_profile(job: Job, key: ProfileKey, position: int, cards: int | None = N
     process = next((p for p in job.meta.processes if p.name == runner_name(position, 0, 0)), None)
     rss = None if process is None else process.peak_rss_bytes
     device = None if process is None else process.device_process_bytes or process.peak_device_bytes
-    return Profile(key, tuple(emit[i] for i in kept), tuple(held), tuple(inside[i] for i in kept),
-                   _slot_bytes(job, position), rss, device, str(job.path))
+    placement = _placement(job, position)
+    threads = placement.threads or key.cores.affinity   # a GPU runner keeps torch's default: every core
+    cpu = cpu_use(job, position, replica[cut: len(replica) - cut], sum(emit) + sum(held), threads, others_cores)
+    alone = 1.0 - cpu.waited
+    return Profile(key, tuple(alone * emit[i] for i in kept), tuple(alone * s for s in held),
+                   tuple(alone * inside[i] for i in kept), _slot_bytes(job, placement), rss, device, str(job.path), cpu)
 
 
-def _slot_bytes(job: Job, position: int) -> int:
-    """Bytes of one output slot of the measured step, from its plan in the job's own config."""
-    if position >= job.num_steps - 1:
-        return 0
+def _placement(job: Job, position: int) -> Placement:
+    """The measured runner as the profiling job planned it (its output slots, its threads)."""
     config = parse_config(job.config, str(job.path / "config.json"))
-    placement = next(p for p in plan_runners(config, 1) if p.step == position)
+    return next(p for p in plan_runners(config, 1) if p.step == position)
+
+
+def _slot_bytes(job: Job, placement: Placement) -> int:
+    """Bytes of one output slot of the measured step, from its plan in the job's own config."""
+    if placement.step >= job.num_steps - 1:
+        return 0
     dtypes = placement.output_dtypes or (torch.float32,) * len(placement.output_shapes)
     return int(sum(math.prod(s) * torch.empty((), dtype=d).element_size() for s, d in zip(placement.output_shapes, dtypes)))
+
+
+def cpu_spent(samples: pa.Table, process: str, start: float, end: float, column: str = "cpu_s") -> float | None:
+    """Seconds of a cumulative column (CPU, or the wait for a core) a process added between two times,
+    interpolated between its samples.
+
+    None where it has fewer than two samples, or none on both sides of the
+    window (an edge the samples do not reach would be read as nothing), or
+    the column was not kept.
+    """
+    if column not in samples.column_names:
+        return None
+    mine = np.array([name == process for name in samples.column("process").to_pylist()], dtype=bool)
+    times = samples.column("time").to_numpy(zero_copy_only=False).astype(float)[mine]
+    seconds = samples.column(column).to_numpy(zero_copy_only=False).astype(float)[mine]
+    if times.size < 2 or end <= start or np.isnan(seconds).any():
+        return None
+    start, end = max(start, float(times[0])), min(end, float(times[-1]))
+    if end <= start:
+        return None
+    return float(np.interp(end, times, seconds) - np.interp(start, times, seconds))
+
+
+def cpu_use(job: Job, position: int, kept: Sequence[Call], busy_s: float, threads: int,
+            others_cores: float = 0.0) -> CpuUse:
+    """What the profiling job's processes spent on the CPU (see CpuUse); zeros where it has no samples."""
+    samples = job.samples
+    if samples is None or not kept or busy_s <= 0:
+        return CpuUse(threads=threads, others_cores=others_cores)
+    name, window = runner_name(position, 0, 0), (kept[0].taken, kept[-1].handed_over)
+    runner = cpu_spent(samples, name, *window) or 0.0
+    waited = min(0.9, (cpu_spent(samples, name, *window, column="run_wait_s") or 0.0) / busy_s)
+    busy_s *= 1.0 - waited
+    enqueued = job.timings.column(ENQUEUE).to_numpy(zero_copy_only=False).astype(float)
+    finished = job.timings.column(StepEvents(job.num_steps - 1).handed_over).to_numpy(zero_copy_only=False).astype(float)
+    items = max(1, job.timings.num_rows)
+    start, end = float(np.nanmin(enqueued)), float(np.nanmax(finished))
+
+    def per_item(process: str) -> float:
+        return (cpu_spent(samples, process, start, end) or 0.0) / items
+
+    hop = runner_name(position + 1, 0, 0) if position < job.num_steps - 1 else runner_name(0, 0, 0)
+    return CpuUse(fraction=runner / busy_s, per_call_s=runner / len(kept), threads=threads, waited=waited,
+                  hop_per_item_s=per_item(hop) if hop != name else 0.0, client_per_item_s=per_item("client"),
+                  main_per_item_s=per_item("main"), others_cores=others_cores)
 
 
 # ---------------------------------------------------------------- the cache
@@ -463,13 +557,14 @@ def profile_all(jobs: Sequence[ProfileJob], cache: ProfileCache, run: Runner,
         config_path = cache.root / "configs" / f"{job.key.digest}.json"
         write_json_atomic(config_path, job.document)
         try:
-            outcome = run(config_path, job.videos)
+            outcome, others = with_others(lambda: run(config_path, job.videos))
         except SweepError as error:
             raise ProfileError(f"profiling {job.what} ({job.key.model}) failed: {error}") from None
         try:
             measured = read_job(outcome.job_dir)
-            profile = read_profile(measured, job.key, job.position, job.form.cards)
-            batcher = None if job.batcher_key is None else read_profile(measured, job.batcher_key, job.position - 1)
+            profile = read_profile(measured, job.key, job.position, job.form.cards, others)
+            batcher = (None if job.batcher_key is None
+                       else read_profile(measured, job.batcher_key, job.position - 1, None, others))
         except (ProfileError, JobLogError) as error:
             raise ProfileError(f"profiling {job.what} ({job.key.model}) failed: {error}") from None
         for one in (profile, batcher):

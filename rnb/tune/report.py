@@ -23,6 +23,7 @@ from rnb.analysis.jobs import ValidityRules, load_jobs, rows_to_table
 from rnb.analysis.report import TableRow
 from rnb.analysis.sweep import format_interval
 from rnb.core.records import JsonObject
+from rnb.tune.cores import saturated
 from rnb.tune.estimate import Estimator
 from rnb.tune.profile import Profile, write_json_atomic
 from rnb.tune.search import Evaluated, Goal, Search
@@ -67,14 +68,32 @@ class Outcome:
 def winner_of(verified: Sequence[Verified], space: TuneSpace, goal: Goal) -> Verified | None:
     """The finalist that measured best: most items/s under the bound, or the fewest devices meeting the target.
 
-    Predictions play no part here; ties go to fewer devices.
+    Predictions play no part here.  A peak is known only to the last step
+    of its bisection (`Verified.resolution_per_s`), so a finalist that
+    measured less than the best by no more than either one's step is as
+    good as measured, and among those the fewest devices win (then the
+    higher rate): on a host whose cores are the bound, more CPU replicas
+    measure the same within the noise and must not win for it.
     """
     met = [v for v in verified if v.best is not None]
     if goal.objective == "devices" and goal.target_rate is not None:
         serving = [v for v in met if v.rate >= goal.target_rate]
         if serving:
             return min(serving, key=lambda v: (space.devices_used(v.candidate), -v.rate))
-    return max(met, key=lambda v: (v.rate, -space.devices_used(v.candidate)), default=None)
+    top = max(met, key=lambda v: (v.rate, -space.devices_used(v.candidate)), default=None)
+    if top is None:
+        return None
+    level = [v for v in met if top.rate - v.rate <= max(top.resolution_per_s or 0.0, v.resolution_per_s or 0.0)]
+    return min(level, key=lambda v: (space.devices_used(v.candidate), -v.rate))
+
+
+def resolution_note(winner: Verified) -> str:
+    """How well the winner's peak is known, and what that meant for choosing it."""
+    step = winner.resolution_per_s
+    if step is None:
+        return "its peak is known only to be at least that (no rate tried broke the bound)."
+    return (f"the verification resolves a peak to its last bisection step, {step:.3g} req/s here: a finalist "
+            "measured within that of the best counts as equal to it, and the fewest devices win among equals.")
 
 
 # ---------------------------------------------------------------- candidates.parquet
@@ -116,7 +135,8 @@ def _row(space: TuneSpace, candidate: Candidate, position: int | None, evaluated
         at = estimate.at_peak
         row.update({"predicted_peak_rate_per_s": estimate.rate_per_s, "predicted_capacity_per_s": estimate.capacity_per_s,
                     "predicted_throughput_items_per_s": None if at is None else at.throughput_items_per_s,
-                    "predicted_bottleneck": None if at is None else at.bottleneck})
+                    "predicted_bottleneck": None if at is None else at.bottleneck,
+                    "predicted_cores_busy": None if at is None else at.cores_busy})
         for stat in sorted({50.0, 90.0, 99.0, percentile}):
             row[f"predicted_{_stat(stat)}_ms"] = None if at is None else at.latency_ms.get(stat)
         row[f"predicted_{q}_ms_at_lowest_rate"] = estimate.lowest.latency_ms.get(percentile)
@@ -253,6 +273,9 @@ def bounding_sentence(space: TuneSpace, estimator: Estimator, verified: Verified
     capacity, kept the peak rate where it is.
     """
     label = space.short_label(verified.candidate)
+    cores = cores_sentence(space, estimator, verified.candidate, job)
+    if cores is not None:
+        return f"{label}: {cores}"
     if job.get("busiest_step") is None:
         return f"{label}: its job recorded no busy runners, so nothing names a bottleneck."
     busy = json.loads(job.get("busy_fraction") or "{}")
@@ -275,6 +298,27 @@ def bounding_sentence(space: TuneSpace, estimator: Estimator, verified: Verified
         neck = after.at_peak.bottleneck if after.at_peak is not None else group.name
         return head + f": one more {unit}{beyond} would add little, {neck} would bound it next."
     return head + f": one more {unit}{beyond} would add about {gain:.0f} items/s (predicted)."
+
+
+def cores_sentence(space: TuneSpace, estimator: Estimator, candidate: Candidate, job: TableRow) -> str | None:
+    """The host's cores as the bound, when the job's processes kept them busy; None when they did not.
+
+    The job's own processes' CPU (its samples, over the job) against the
+    host's usable cores; the step that takes most of the CPU per item is
+    the one whose work elsewhere (a faster step, a GPU) would lift it most.
+    """
+    cores = estimator.bench.cores
+    used = sum(json.loads(job.get("cpu_percent") or "{}").values()) / 100.0
+    if not any(device < 0 for g in space.groups for device in candidate.group(g.step, g.group).devices) \
+            or not saturated(used / cores.usable):
+        return None
+    pipeline = estimator.pipeline(candidate)
+    per_item = pipeline.cpu_by_group()
+    total = pipeline.cpu_per_item_s()
+    heaviest = max(per_item, key=lambda name: per_item[name])
+    share = f", {heaviest} takes {per_item[heaviest] / total:.0%} of it (profiled)" if total > 0 else ""
+    return (f"the host's {cores.describe()} are busy {min(1.0, used / cores.usable):.0%}: more CPU replicas add "
+            f"nothing; only less CPU per item would lift it{share}, so a GPU for {heaviest} would do most.")
 
 
 def _mean_busy(g: GroupChoices, busy: Mapping[str, float]) -> float:
@@ -355,7 +399,8 @@ def report_page(space: TuneSpace, outcome: Outcome, rows: Sequence[TableRow], ru
     winner = outcome.winner
     if winner is not None and winner.best is not None:
         body.append(paragraph(f"Best, as measured: {space.label(winner.candidate)}: {winner.best.rate_per_s:.4g} req/s "
-                              f"with p{q:g} {winner.best.latency_ms:.3g} ms (best.json runs it as is).", "bounds"))
+                              f"with p{q:g} {winner.best.latency_ms:.3g} ms (best.json runs it as is); "
+                              f"{resolution_note(winner)}", "bounds"))
     else:
         body.append(paragraph(f"No finalist met p{q:g} < {request.bound_ms:g} ms as measured; no best.json was written.",
                               "bounds"))
@@ -375,7 +420,8 @@ def report_page(space: TuneSpace, outcome: Outcome, rows: Sequence[TableRow], ru
     for index, verified in enumerate(outcome.verified):
         body.extend(_finalist(space, found.estimator, verified, index, q, rules))
     body.append("<h2>Profiles</h2>")
-    body.append(table(["profiled", "model", "calls", "mean ms", "p50 ms", "p99 ms", "held mean ms", "job"],
+    body.append(table(["profiled", "model", "calls", "mean ms", "p50 ms", "p99 ms", "held mean ms", "CPU ms per call",
+                       "CPU fraction", "others' cores", "job"],
                       [_profile_row(what, p) for what, p in outcome.profiles]))
     return page(f"rnb-tune: {Path(request.config).name}", body)
 
@@ -400,8 +446,10 @@ def _finalist(space: TuneSpace, estimator: Estimator, verified: Verified, index:
 
 
 def _profile_row(what: str, profile: Profile) -> list[str]:
-    """A profile's calls in ms: what a call of the group occupied its runner, the harness's part included."""
+    """A profile's calls in ms: what a call of the group occupied its runner, the harness's part included, the
+    CPU it spent, and the cores other work on the host used meanwhile (a profile of a busy host)."""
     emit = np.array(profile.emit_s) * 1000.0
     return [what, profile.key.model, str(len(emit)), f"{emit.mean():.3g}", f"{np.percentile(emit, 50):.3g}",
             f"{np.percentile(emit, 99):.3g}", f"{profile.mean_held_s * 1000:.3g}" if profile.held_s else "-",
+            f"{profile.cpu.per_call_s * 1000:.3g}", f"{profile.cpu.fraction:.2f}", f"{profile.cpu.others_cores:.2f}",
             Path(profile.job_dir).name]

@@ -201,12 +201,18 @@ class Search:
         return cards / max(sim.service.mean_emit, 1e-9)
 
     def moves(self, current: Evaluated) -> list[Candidate]:
-        """The neighbours that relieve the bottleneck of the current candidate, or trade replicas towards it."""
+        """The neighbours that relieve the bottleneck of the current candidate, or trade replicas towards it.
+
+        A CPU replica more is not among them while the host's cores bound the
+        candidate's capacity: the cores could not run it.
+        """
         if current.estimate.rate_per_s is None:
             return self.single_changes(current.candidate)
         prediction = current.estimate.at_peak or current.estimate.lowest
         around = _Neighbours.of(self.space, current.candidate, prediction.busy)
-        around.add({**around.replicas, around.where: around.replicas[around.where] + 1})
+        cores_full = self.estimator.pipeline(current.candidate).bound_by_cores()
+        if not (cores_full and -1 in current.candidate.group(*around.where).devices):
+            around.add({**around.replicas, around.where: around.replicas[around.where] + 1})
         around.batches_beside_the_neck()
         around.trades_from_the_idlest()
         around.segments_beside_the_neck()

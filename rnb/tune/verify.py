@@ -65,6 +65,14 @@ class Verified:
     def rate(self) -> float:
         return self.best.rate_per_s if self.best is not None else 0.0
 
+    @property
+    def resolution_per_s(self) -> float | None:
+        """How well the peak is known: the gap between the rate that met the bound and the one that broke it
+        (None where no rate tried broke it)."""
+        if self.best is None or self.above is None:
+            return None
+        return self.above.rate_per_s - self.best.rate_per_s
+
 
 def videos_for(rate_per_s: float, settings: VerifySettings) -> int:
     """-v of a verification job: enough items to be VALID, and about `seconds` of requests at its rate."""
