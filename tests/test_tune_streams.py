@@ -9,6 +9,7 @@ slot and measures 1 stream, as bench row S1 does.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from rnb.tune.estimate import Estimator
 from rnb.tune.profile import Bench
 from rnb.tune.search import Goal, Memory, Search
 from rnb.tune.space import Budget, read_space
-from rnb.tune.streams import StreamGoal, predicted_streams, stream_finalists
+from rnb.tune.streams import StreamGoal, predicted_streams, simulated_missed_fraction, stream_finalists
 from tests.tune_support import REPO, hand_profiles
 
 EXAMPLE = REPO / "config" / "streams-example.json"
@@ -40,7 +41,7 @@ def found() -> Search:
 
 
 def test_the_goal_takes_the_config_s_deadline_unless_one_is_given(found: Search) -> None:
-    assert StreamGoal.of(found.space, 30.0, 0.01, None) == StreamGoal(30.0, 0.01, 250.0)
+    assert StreamGoal.of(found.space, 30.0, 0.01, None) == StreamGoal(30.0, 0.01, 250.0, "queue")
     assert StreamGoal.of(found.space, 30.0, 0.01, 40.0).deadline_ms == 40.0
     bare = read_space({**json.loads(EXAMPLE.read_text()), "run": {}}, str(EXAMPLE), Budget(cpu_slots=1))
     assert StreamGoal.of(bare, 25.0, 0.01, None).deadline_ms == 40.0   # one frame period
@@ -57,6 +58,23 @@ def test_finalists_are_ranked_by_the_streams_they_sustain(found: Search) -> None
     ranked = stream_finalists(found, StreamGoal(30.0, 0.01, 250.0), 2)
     assert [(f.predicted, f.devices) for f in ranked] == [(3, 2), (1, 1)]
     assert [f.predicted for f in stream_finalists(found, StreamGoal(30.0, 0.01, 250.0), 1)] == [3]
+
+
+def test_the_simulated_drop_policy_processes_what_one_40_ms_step_can_take() -> None:
+    # One stream at 30 fps (a frame every 33.3 ms) into one step of 40 ms + 0.3 ms of harness: the step takes a
+    # frame every 40.3 ms, so under drop 1 - 33.3 / 40.3 = 17.3% of the frames are dropped, and the others wait at
+    # most a frame period, far inside the 250 ms deadline.  Under queue the backlog grows 7 ms a frame and passes
+    # 250 ms after about 36 frames: all but those are late.
+    document = {**json.loads(EXAMPLE.read_text()), "run": {"stream_policy": "drop"}}
+    document["pipeline"][0]["ms"] = 40
+    space = read_space(document, "slow.json", Budget(cpu_slots=1))
+    pipeline = Estimator(space, hand_profiles(space, BENCH), BENCH, 250.0, 99.0).pipeline(space.minimal())
+    drop = StreamGoal.of(space, 30.0, 0.01, 250.0)
+    assert drop.policy == "drop" and drop.load_flags(1)[-2:] == ["--stream-policy", "drop"]
+    assert simulated_missed_fraction(pipeline, drop, 1, 600, 0) == pytest.approx(1 - (1000 / 30) / 40.3, abs=0.01)
+    queue = dataclasses.replace(drop, policy="queue")
+    assert simulated_missed_fraction(pipeline, queue, 1, 600, 0) == pytest.approx((600 - 36) / 600, abs=0.01)
+    assert simulated_missed_fraction(pipeline, drop, 2, 600, 0) == pytest.approx(1 - (1000 / 60) / 40.3, abs=0.01)
 
 
 @pytest.mark.parametrize(("flags", "message"), [
