@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import functools
 import heapq
+import itertools
 import math
 import random
 import re
@@ -177,6 +178,12 @@ class LoadMode:
     def refusal(self, settings: LoadSettings, videos: int) -> tuple[str, str] | None:
         """A mix of values this mode cannot run for -v `videos`: (the key to blame, what was expected); None when
         it can."""
+        return None
+
+    def short_of_its_load(self, args: Mapping[str, object], requests: int) -> str | None:
+        """Why a logged job that issued `requests` requests (warm-up included) did not measure the load it names, as
+        a validity rule's sentence; None when it did.  Most modes offer the same load throughout, so any window
+        measures it."""
         return None
 
     @property
@@ -409,6 +416,22 @@ class Schedule(LoadMode):
 
     def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
         return CurvePoint(f" (schedule {args.get('rate_schedule')})", 0.0, "schedule")
+
+    def short_of_its_load(self, args: Mapping[str, object], requests: int) -> str | None:
+        """The measured requests must cover one whole cycle of the schedule, from the first measured request's due
+        time on: a job that stops inside a cycle measured only some of its rates.  The due times are the job's own
+        (the schedule and the seed fix them), so the count needed is exact."""
+        schedule = str(args.get("rate_schedule"))
+        cycle_s = sum(span.seconds for span in parse_schedule(schedule))
+        warmup = int(_number(args, "warmup")) if math.isfinite(_number(args, "warmup")) else 0
+        seed = int(_number(args, "seed")) if math.isfinite(_number(args, "seed")) else 0
+        due = (arrival.due_s or 0.0 for arrival in self.arrivals(LoadSettings(rate_schedule=schedule), seed))
+        first = next(itertools.islice(due, warmup, None))
+        needed = warmup + 1 + sum(1 for _ in itertools.takewhile(lambda when: when < first + cycle_s, due))
+        if requests >= needed:
+            return None
+        return (f"the {requests - warmup} measured requests cover less than one cycle of the rate schedule "
+                f"{schedule} ({cycle_s:g} s from the first measured one, {needed - warmup} requests).")
 
 
 # Asked in this order: the first mode whose `chosen` says yes is the job's.

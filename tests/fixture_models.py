@@ -35,6 +35,16 @@ class Frames:
         return (torch.full((1, 4), float(request), device=self.device),), {}, time_card
 
 
+class StreamEcho(Frames):
+    """Step 0 (and the last): Frames, writing the stream and frame index its non_tensors carried onto its card, so a
+    test reads what the model was given beside what the client stamped."""
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> tuple:
+        time_card.set_field("given_stream", non_tensors.get("stream", -1))
+        time_card.set_field("given_frame", non_tensors.get("frame", -1))
+        return super().__call__(tensors, non_tensors, time_card)
+
+
 class Head:
     """Final step: sums its input, writes no tensor; it stands in for a merging step too."""
 

@@ -27,7 +27,10 @@ from rnb.analysis.jobs import (
 )
 from rnb.analysis.summary import job_summary
 from rnb.core.joblog import SPOOL_DIR
+from rnb.engines.sampler import SampledGpu, Sampler
+from rnb.pipeline.gpus import GpuUtilisation
 from tests.shared_jobs import BULK_TOY_VIDEOS, bulk_toy_job
+from tests.test_sampler import FakeNvml
 
 REPO = Path(__file__).resolve().parents[1]
 ANALYZE = REPO / "scripts" / "analyze.py"
@@ -126,6 +129,31 @@ def test_job_row_carries_meta_args_window_and_devices(real_job: Path, job_log) -
     rss = {p["name"]: p["peak_rss_bytes"] for p in meta["processes"] if p["peak_rss_bytes"] is not None}
     assert json.loads(row["peak_rss_bytes"]) == rss
     assert row["max_peak_rss_bytes"] == max(rss.values(), default=None)
+
+
+def test_energy_per_item_is_the_gpus_sampled_board_power_over_the_job_and_null_on_the_cpu(
+        real_job: Path, log_copy: Path) -> None:
+    assert load_jobs(real_job, rules=LENIENT).jobs.to_pylist()[0]["energy_per_item_j"] is None   # a CPU job
+    job_dir = log_copy / real_job.name
+    meta = json.loads((job_dir / "meta.json").read_text())
+    start, end = meta["start_time"], meta["end_time"]
+    half = (end - start) / 2
+    # Two GPUs sampled by the fake NVML at the job's start, middle and end (and one reading after it, outside
+    # the job): GPU 0 at 100, 200, 300 W, GPU 1 at 50 W throughout. By trapezoids GPU 0 used (150 + 250) x half
+    # joules and GPU 1 100 x half.
+    clock = iter([start, start + half, end, end + 1.0])
+    nvml = FakeNvml({0: [GpuUtilisation(90, 2**30, 0, watts) for watts in (100.0, 200.0, 300.0, 900.0)],
+                     1: [GpuUtilisation(10, 2**30, 0, 50.0)] * 4})
+    sampler = Sampler(0.1, (SampledGpu(0, 0), SampledGpu(1, 1)), nvml, lambda: next(clock))
+    for _ in range(4):
+        sampler.sample(nvml)
+    samples = pq.read_table(job_dir / "samples.parquet")
+    pq.write_table(pa.concat_tables([samples, sampler.table()]), job_dir / "samples.parquet")
+    row = load_jobs(log_copy, rules=LENIENT).jobs.to_pylist()[0]
+    # Epoch seconds in float64 are exact to about 2e-7 s, so the sample times' differences are to about 1e-6.
+    assert row["energy_per_item_j"] == pytest.approx(500.0 * half / VIDEOS, rel=1e-5)
+    assert f"energy: {row['energy_per_item_j']:.4g} J per item (the GPUs' sampled board power over the job)" in (
+        job_summary(job_dir))
 
 
 def test_items_table_has_one_row_per_finished_item_with_derived_latencies(real_job: Path) -> None:

@@ -67,8 +67,8 @@ def test_a_flag_without_its_value_is_the_same_sentence_in_every_command(
     ("rnb-tune", ["-c", "x", "--cpu-slots", "1", "--latency-bound-ms", "inf", "--out", "o"],
      "--latency-bound-ms: expected a number > 0, found inf"),
     ("sweep.py", ["-c", "x.json", "--latency-bound-ms", "0"], "--latency-bound-ms: expected a number > 0, found 0"),
-    ("rnb-tune", ["-c", "x", "--cpu-slots", "1", "--out", "o"], "--latency-bound-ms: expected a value (rnb-tune requires it), "
-                                                                 "found none"),
+    ("rnb-tune", ["-c", "x", "--cpu-slots", "1", "--out", "o"], "--latency-bound-ms: expected a value (rnb-tune requires it, "
+                                                                 "except under --objective streams), found none"),
     ("sweep.py", ["-mi", "1"], "-c/--config_file_path: expected a value (sweep.py requires it), found none"),
 ])
 def test_a_bad_value_is_one_command_line_sentence_and_exit_2(

@@ -55,6 +55,17 @@ def test_each_stream_reads_its_own_episodes_dealt_round_robin() -> None:
     assert [dealer.next_for(2), dealer.next_for(2), dealer.next_for(0), dealer.next_for(1), dealer.next_for(2)] == [2, 5, 0, 1, 8]
 
 
+def test_step_0_is_given_each_frame_s_stream_and_index_as_its_card_has_them(tmp_path: Path, job_log) -> None:
+    config = tmp_path / "echo.json"
+    config.write_text(json.dumps({"source": {"synthetic": True}, "pipeline": [
+        {"model": "tests.fixture_models.StreamEcho", "queue_groups": [{"gpus": [-1]}]}]}))
+    assert cli.main(["-c", str(config), "--streams", "2", "--fps", "50", "-v", "8", "--warmup", "0", "-q",
+                     "--log-dir", str(tmp_path / "logs")]) == 0
+    rows = job_log(tmp_path / "logs").rows
+    assert sorted((row["given_stream"], row["given_frame"]) for row in rows) == [(s, f) for s in (0, 1) for f in range(4)]
+    assert all((row["given_stream"], row["given_frame"]) == (row["stream"], row["frame"]) for row in rows)
+
+
 @pytest.fixture
 def slow_step(tmp_path: Path) -> Path:
     config = tmp_path / "slow.json"

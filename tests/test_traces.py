@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rnb import cli
+from rnb.analysis.jobs import ValidityRules, read_job, summarize_job
 from rnb.load import LoadSettings, Span, mode_of, parse_schedule, read_trace
 
 
@@ -62,6 +63,34 @@ def test_a_schedule_is_poisson_at_each_spans_rate_for_its_span_and_repeats() -> 
     for got, mean in ((len(first), 1000), (len(burst), 1500), (len(again), 1000)):
         assert abs(got - mean) < 4 * math.sqrt(mean)
     assert mode_of(settings).job_label(settings) == "sched100x10_300x5"
+
+
+def test_a_schedule_job_must_measure_one_whole_cycle_of_its_schedule() -> None:
+    args = {"rate_schedule": "100@1s,300@0.5s", "seed": 1, "warmup": 5, "videos": 400}
+    times = due(LoadSettings(rate_schedule="100@1s,300@0.5s"), 1000, seed=1)
+    # The measured requests start at the 6th (after 5 of warm-up); the cycle lasts 1.5 s from its due time on.
+    needed = 5 + sum(1 for when in times[5:] if when < times[5] + 1.5)
+    assert abs(needed - 5 - 250) < 4 * math.sqrt(250)   # 100 x 1 s + 300 x 0.5 s expected per cycle
+    schedule = mode_of(LoadSettings(rate_schedule="100@1s,300@0.5s"))
+    assert schedule.short_of_its_load(args, needed) is None
+    assert schedule.short_of_its_load(args, needed - 1) == (
+        f"the {needed - 6} measured requests cover less than one cycle of the rate schedule 100@1s,300@0.5s "
+        f"(1.5 s from the first measured one, {needed - 5} requests).")
+    assert mode_of(LoadSettings()).short_of_its_load({"mean_interval_ms": 3.0}, 1) is None   # Poisson: any window
+
+
+def test_analysis_calls_a_schedule_job_that_stopped_inside_its_cycle_invalid(tmp_path: Path, job_log) -> None:
+    argv = ["-c", "config/toy.json", "--rate-schedule", "400@0.25s,100@0.25s", "--warmup", "0", "-q", "--seed", "3"]
+    assert cli.main([*argv, "-v", "40", "--log-dir", str(tmp_path / "short")]) == 0
+    short = summarize_job(read_job(job_log(tmp_path / "short").dir), ValidityRules(min_items=1, min_duration_s=0))
+    times = due(LoadSettings(rate_schedule="400@0.25s,100@0.25s"), 400, seed=3)
+    needed = sum(1 for when in times if when < times[0] + 0.5)   # the cycle from the first request's due time
+    assert short["validity"] == "INVALID" and (
+        f"the 40 measured requests cover less than one cycle of the rate schedule 400@0.25s,100@0.25s (0.5 s from "
+        f"the first measured one, {needed} requests).") in short["invalid_because"]
+    assert cli.main([*argv, "-v", str(needed), "--log-dir", str(tmp_path / "whole")]) == 0
+    whole = summarize_job(read_job(job_log(tmp_path / "whole").dir), ValidityRules(min_items=1, min_duration_s=0))
+    assert "rate schedule" not in (whole["invalid_because"] or "")
 
 
 def test_a_ramp_rises_linearly_over_its_span() -> None:

@@ -252,7 +252,8 @@ def measured_window(job: Job, measured: pa.Table, rules: ValidityRules) -> Measu
     count = measured.num_rows
     duration = window_seconds(measured, job.num_steps) if count else 0.0
     failed = [check_validity(job.meta.termination_reason, count, duration, rules),
-              few_frames(job.meta.streams, rules.min_frames_per_stream) if job.meta.streams else None]
+              few_frames(job.meta.streams, rules.min_frames_per_stream) if job.meta.streams else None,
+              logged_mode(job.meta.args).short_of_its_load(job.meta.args, job.timings.num_rows)]
     return MeasuredWindow(count, duration, " ".join(filter(None, failed)) or None)
 
 

@@ -153,6 +153,8 @@ def utilisation_lines(job: TableRow) -> list[str]:
                for name, fraction in busy.items()]
     if runners:
         lines.append("runners (time inside the model / elapsed): " + "; ".join(runners))
+    if job.get("energy_per_item_j") is not None:
+        lines.append(f"energy: {job['energy_per_item_j']:.4g} J per item (the GPUs' sampled board power over the job)")
     if job.get("busiest_step") is not None:
         lines.append("bottleneck: " + bottleneck_words(job))
     return lines

@@ -56,16 +56,23 @@ def search_streams(measure: Callable[[int], StreamTrial], passes: Callable[[Stre
             trials[streams] = measure(streams)
         return passes(trials[streams])
 
+    best, above = most_passing(passed, max_streams)
+    return StreamSearch(best, above, tuple(trials.values()))
+
+
+def most_passing(passed: Callable[[int], bool], most: int) -> tuple[int, int | None]:
+    """The largest count up to `most` that passes, and the smallest that failed (None if `most` passed): doubling
+    from 1, then bisection, so that the tuner's predictions and the measured search try the same counts."""
     best, above, count = 0, None, 1
-    while above is None and best < max_streams:
+    while above is None and best < most:
         if passed(count):
-            best, count = count, min(2 * count, max_streams)
+            best, count = count, min(2 * count, most)
         else:
             above = count
     while above is not None and above - best > 1:
         middle = (best + above) // 2
         best, above = (middle, above) if passed(middle) else (best, middle)
-    return StreamSearch(best, above, tuple(trials.values()))
+    return best, above
 
 
 def format_stream_search(result: StreamSearch, fps: float, fraction: float, bound_ms: float | None,

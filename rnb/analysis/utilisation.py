@@ -132,6 +132,32 @@ def cpu_percent(samples: pa.Table, start: float, end: float) -> dict[str, float]
     return result
 
 
+def energy_joules(samples: pa.Table, start: float, end: float) -> float | None:
+    """The GPUs' energy over [start, end]: each GPU's sampled board power integrated over its samples' times
+    (trapezoids), added up; None when no GPU reported power (a CPU job, or NVML without a power sensor)."""
+    if "power_watts" not in samples.column_names:   # a log from before power was sampled
+        return None
+    within = pc.and_(pc.greater_equal(samples.column("time"), start), pc.less_equal(samples.column("time"), end))
+    powered = samples.filter(pc.and_(within, pc.is_valid(samples.column("power_watts"))))
+    if powered.num_rows == 0:
+        return None
+    total = 0.0
+    for gpu in powered.column("gpu").unique().to_pylist():
+        mine = powered.filter(pc.equal(powered.column("gpu"), gpu))
+        times, watts = mine.column("time").to_numpy(), mine.column("power_watts").to_numpy()
+        total += float(np.sum((watts[1:] + watts[:-1]) / 2.0 * np.diff(times)))
+    return total
+
+
+def energy_per_item(job: Job) -> float | None:
+    """Joules per finished item over the job, start to end; None where no GPU reported power or nothing finished."""
+    start, end, items = job.meta.start_time, job.meta.end_time, job.meta.finished_items
+    if job.samples is None or start is None or end is None or not items:
+        return None
+    energy = energy_joules(job.samples, start, end)
+    return None if energy is None else energy / items
+
+
 def utilisation_columns(job: Job) -> JobRow:
     """The jobs-table columns of this module: busy fractions, the busiest step and the bottleneck, sampled CPU use.
 
@@ -148,4 +174,5 @@ def utilisation_columns(job: Job) -> JobRow:
         "bottleneck_step": busiest.step if busiest is not None and busiest.saturated else None,
         "cpu_percent": json.dumps(cpu_percent(job.samples, start, end)
                                   if job.samples is not None and start is not None and end is not None else {}),
+        "energy_per_item_j": energy_per_item(job),
     }

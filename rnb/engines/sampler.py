@@ -4,7 +4,7 @@ Every `interval_s` it records, for each child process, its cumulative CPU
 time, how long its main thread has waited for a core while it could run
 (/proc/PID/schedstat: what other work on the cores cost it), and its
 resident memory (psutil), and for each GPU the job uses, NVML's
-utilisation, memory in use and NVDEC utilisation. The rows become
+utilisation, memory in use, NVDEC utilisation and board power. The rows become
 `samples.parquet` in the job directory; rnb.analysis turns them into CPU
 percentages, plots and the summary. Sampling reads /proc and NVML only, so
 it costs the children nothing, and a child that has exited is simply no
@@ -42,6 +42,7 @@ SCHEMA = pa.schema([
     ("gpu_util_percent", pa.int64()),
     ("gpu_memory_used_bytes", pa.int64()),
     ("nvdec_util_percent", pa.int64()),
+    ("power_watts", pa.float64()),          # the board's draw; null where NVML does not report it
 ])
 
 
@@ -123,7 +124,7 @@ class Sampler:
                 continue
             self.rows.append({"time": now, "gpu": gpu.logical_index, "gpu_util_percent": state.gpu_percent,
                               "gpu_memory_used_bytes": state.memory_used_bytes,
-                              "nvdec_util_percent": state.decoder_percent})
+                              "nvdec_util_percent": state.decoder_percent, "power_watts": state.power_watts})
 
     def table(self) -> pa.Table:
         return pa.Table.from_pylist(self.rows, schema=SCHEMA)

@@ -3,8 +3,9 @@
 The client issues each stream's frames at their due times (rnb.load);
 this module gives each stream its own sequence of episodes, as a camera
 has its own, stamps each request's card with its stream, frame and
-deadline, and under `--stream-policy drop` holds the one frame a stream
-may have waiting, replacing it by a newer one.
+deadline (and step 0's non_tensors with its stream and frame), and under
+`--stream-policy drop` holds the one frame a stream may have waiting,
+replacing it by a newer one.
 """
 from __future__ import annotations
 
@@ -59,6 +60,14 @@ def mark_frame(card: TimeCard, stream: int, frame: int, deadline: float | None) 
     card.set_field(FRAME_FIELD, frame)
     if deadline is not None:
         card.set_field(DEADLINE_FIELD, deadline)
+
+
+def step_zero_non_tensors(request: Request) -> dict[str, object]:
+    """What step 0's model receives beside no tensors: the payload, and for a stream's frame its stream and frame
+    index too, as a camera's frames carry them (a loader may key its state by stream)."""
+    fields = request.card.fields
+    marked = {key: fields[key] for key in (STREAM_FIELD, FRAME_FIELD) if key in fields}
+    return {"request": request.payload, **marked}
 
 
 class LeakyStreams:

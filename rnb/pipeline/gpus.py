@@ -66,6 +66,7 @@ class GpuUtilisation:
     gpu_percent: int                # time a kernel ran over NVML's last sample period
     memory_used_bytes: int
     decoder_percent: int            # NVDEC busy over its sample period
+    power_watts: float | None = None   # the board's power draw; None where NVML does not report it
 
 
 def nvml_uuid(uuid: str) -> str:
@@ -210,7 +211,11 @@ class Nvml:
         handle = nv.nvmlDeviceGetHandleByIndex(physical_index)
         rates = nv.nvmlDeviceGetUtilizationRates(handle)
         decoder, _period_us = nv.nvmlDeviceGetDecoderUtilization(handle)
-        return GpuUtilisation(int(rates.gpu), int(nv.nvmlDeviceGetMemoryInfo(handle).used), int(decoder))
+        try:
+            power: float | None = int(nv.nvmlDeviceGetPowerUsage(handle)) / 1000.0   # NVML gives milliwatts
+        except Exception:  # NVML_ERROR_NOT_SUPPORTED on boards without a power sensor (and MIG slices)
+            power = None
+        return GpuUtilisation(int(rates.gpu), int(nv.nvmlDeviceGetMemoryInfo(handle).used), int(decoder), power)
 
 
 def validate_gpus(

@@ -3,6 +3,7 @@
     rnb-tune -c config/tune-example.json --cpu-slots 6 --latency-bound-ms 100 --out tune-out
     rnb-tune -c config/x.json --gpus 0,1,2,3 --latency-bound-ms 100 --percentile 99 --out tune-out
     rnb-tune -c config/x.json --gpus 0,1 --latency-bound-ms 80 --objective devices --target-rate 300 --out out
+    rnb-tune -c config/streams-example.json --cpu-slots 1 --objective streams --fps 30 --out out
 
 Profile each step alone through the harness, predict every candidate with a
 discrete-event simulation, search, run the best few for real through the
@@ -52,8 +53,9 @@ from rnb.tune.profile import (
     profile_all,
 )
 from rnb.tune.report import BEST, REPORT, Outcome, Request, resolution_note, winner_of, write_report
-from rnb.tune.search import Evaluated, Goal, Memory, choose_mode, finalists, search
+from rnb.tune.search import Evaluated, Goal, Memory, Search, choose_mode, finalists, search
 from rnb.tune.space import Budget, TuneRequestError, TuneSpace, read_space
+from rnb.tune.streams import DEFAULT_BOUND, StreamGoal, measure_finalist, stream_finalists, write_streams_report
 from rnb.tune.verify import Verified, VerifySettings, closest, verify
 
 log = logging.getLogger(__name__)
@@ -67,13 +69,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="GPUs the replicas may use, e.g. 0,1,2,3; several replicas may share one (default: none)")
     parser.add_argument("--cpu-slots", type=flags.integer(0), default=0, metavar="N",
                         help="replica slots on the CPU, one per replica of a work step (default 0)")
-    parser.add_argument("--latency-bound-ms", type=flags.number(0, above=True), required=True, metavar="MS",
-                        help="the bound on the end-to-end percentile (required)")
+    parser.add_argument("--latency-bound-ms", type=flags.number(0, above=True), metavar="MS",
+                        help="the bound on the end-to-end percentile; --objective streams takes --deadline-ms in its "
+                             "place (default: required, except there)")
     parser.add_argument("--percentile", type=flags.number(0, above=True, below=100), default=99.0,
                         help="the percentile the bound applies to (default 99)")
-    parser.add_argument("--objective", choices=("throughput", "devices"), default="throughput",
-                        help="most items/s under the bound, or the fewest devices serving --target-rate "
-                             "(default throughput)")
+    parser.add_argument("--objective", choices=("throughput", "devices", "streams"), default="throughput",
+                        help="most items/s under the bound, the fewest devices serving --target-rate, or the most "
+                             "camera streams at --fps (default throughput)")
+    parser.add_argument("--fps", type=flags.number(0, above=True), metavar="F",
+                        help="each stream's frame rate under --objective streams (default: none)")
+    parser.add_argument("--streams-bound", type=flags.number(0), default=DEFAULT_BOUND, metavar="FRACTION",
+                        help="under --objective streams, the fraction of frames that may finish past their deadline "
+                             f"(default {DEFAULT_BOUND:g})")
+    parser.add_argument("--deadline-ms", type=flags.number(0, above=True), metavar="MS",
+                        help="under --objective streams, how long after it falls due a frame may finish (default: the "
+                             "config's run.deadline_ms, else one frame period)")
     parser.add_argument("--target-rate", type=flags.number(0, above=True), metavar="R",
                         help="items/s the devices objective must serve under the bound (default: none)")
     parser.add_argument("--search", choices=("auto", "exhaustive", "quick", "optuna"), default="auto",
@@ -112,6 +123,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.refuse("--gpus/--cpu-slots", "expected the budget, --gpus LIST and/or --cpu-slots N (N >= 1), found neither")
     if args.objective == "devices" and args.target_rate is None:
         parser.refuse("--target-rate", "expected the items/s that --objective devices must serve, found none")
+    if args.objective == "streams" and args.fps is None:
+        parser.refuse("--fps", "expected each stream's frame rate beside --objective streams, found none")
+    if args.objective == "streams" and args.latency_bound_ms is not None:
+        parser.refuse("--latency-bound-ms", "expected none beside --objective streams, whose frames' bound is "
+                                            f"--deadline-ms, found {args.latency_bound_ms:g}")
+    if args.objective != "streams" and args.latency_bound_ms is None:
+        parser.refuse("--latency-bound-ms", "expected a value (rnb-tune requires it, except under --objective "
+                                          "streams), found none")
+    if args.streams_bound > 1:
+        parser.refuse("--streams-bound", f"expected a fraction from 0 to 1, found {args.streams_bound:g}")
     return args
 
 
@@ -172,9 +193,11 @@ def _tune(args: argparse.Namespace) -> int:
         return 2
     rules = ValidityRules(min_duration_s=args.min_duration, min_items=args.min_items)
     extra = ("--ray-address", args.ray_address) if args.ray_address else ()
-    settings = VerifySettings(args.latency_bound_ms, args.percentile, args.engine, args.verify_steps,
+    streams = StreamGoal.of(space, args.fps, args.streams_bound, args.deadline_ms) if args.objective == "streams" else None
+    bound_ms = args.latency_bound_ms if streams is None else streams.deadline_ms
+    settings = VerifySettings(bound_ms, args.percentile, args.engine, args.verify_steps,
                               args.verify_seconds, args.warmup, rules, args.max_reruns, args.timeout, extra)
-    goal = Goal(args.objective, args.target_rate)
+    goal = Goal("throughput" if streams is not None else args.objective, args.target_rate)
     mode = choose_mode(space, args.search)
     seconds: dict[str, float] = {}
     try:
@@ -182,10 +205,12 @@ def _tune(args: argparse.Namespace) -> int:
             profiles = _profile(space, bench, args, out, output)
             seconds["profile"] = time.monotonic() - started
             phase = time.monotonic()
-            estimator = Estimator(space, profiles, bench, args.latency_bound_ms, args.percentile, args.sim_items, args.seed)
+            estimator = Estimator(space, profiles, bench, bound_ms, args.percentile, args.sim_items, args.seed)
             with tqdm(desc="rnb-tune: predict", unit=" candidates", file=sys.stderr, leave=False) as bar:
                 found = search(space, estimator, goal, memory, mode, args.trials, args.seed, lambda e: bar.update())
             seconds["search"] = time.monotonic() - phase
+            if streams is not None:
+                return _tune_streams(space, found, streams, out, settings, output, args.top)
             phase = time.monotonic()
             chosen = finalists(found, args.top)
             if not chosen:
@@ -206,13 +231,28 @@ def _tune(args: argparse.Namespace) -> int:
         print(f"rnb-tune: {error}", file=sys.stderr)
         return 1
     winner = winner_of(verified, space, goal)
-    request = Request(str(args.config), space.budget.describe(), goal, args.latency_bound_ms, args.percentile, mode,
+    request = Request(str(args.config), space.budget.describe(), goal, bound_ms, args.percentile, mode,
                       args.engine)
     outcome = Outcome(request, found, tuple(verified), winner, tuple(_labelled(space, bench, args, profiles)), seconds)
     write_report(out, space, outcome, settings)
     print(_summary(space, outcome, out))
     if winner is None:
         print(f"rnb-tune: {_impossible(space, verified, args)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _tune_streams(space: TuneSpace, found: Search, goal: StreamGoal, out: Path, settings: VerifySettings,
+                  output: IO[str], top: int) -> int:
+    """--objective streams after the search: rank by predicted streams, measure the finalists, report (0, or 1 when
+    none sustained one stream)."""
+    chosen = stream_finalists(found, goal, top)
+    measured = [measure_finalist(space, finalist, goal, out, settings, output)
+                for finalist in tqdm(chosen, desc="rnb-tune: verify", unit=" finalists", file=sys.stderr)]
+    print(write_streams_report(out, space, goal, measured))
+    if not measured or max(m.search.best for m in measured) == 0:
+        print(f"rnb-tune: no finalist sustained one stream at {goal.fps:g} fps with at most {goal.bound:.1%} of its "
+              f"frames past the {goal.deadline_ms:g} ms deadline.", file=sys.stderr)
         return 1
     return 0
 

@@ -31,6 +31,7 @@ from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.child import child_main
 from rnb.engines.local.plumbing import PinnedHostSlots, Plumbing, SharedSlot
 from rnb.engines.runner import Runner
+from rnb.engines.streams import step_zero_non_tensors
 from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input, Stamps
 from rnb.pipeline.plan import Placement
 
@@ -103,7 +104,7 @@ class LocalTransport(_LocalParticipant):
         arrived = time.time()
         if self.spec.in_queue is None:
             request = Request.from_wire(message)
-            return Input((), {"request": request.payload}, request.card, arrived)
+            return Input((), step_zero_non_tensors(request), request.card, arrived)
         signal = Signal.from_wire(message)
         slot = self.wiring.sources[(signal.group, signal.instance)][signal.slot]
         tensors = slot.read(self.input_device, self.inputs)

@@ -47,6 +47,7 @@ from rnb.engines.participant import run_and_report
 from rnb.engines.ray.handoffs import Courier, Outbox, Parcel
 from rnb.engines.runner import Runner
 from rnb.engines.stall import Look, cpu_seconds, demand_seconds
+from rnb.engines.streams import step_zero_non_tensors
 from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
 from rnb.pipeline.gpus import DEVICE_ORDER
 from rnb.pipeline.plan import Placement
@@ -352,7 +353,7 @@ class RayTransport(_RayParticipant):
         message = arrival.parcel.opened()
         if isinstance(message, Request):
             arrival.taken()
-            return Input((), {"request": message.payload}, message.card, arrived)
+            return Input((), step_zero_non_tensors(message), message.card, arrived)
         # Copied out so the object store's copy can go, as a shared slot is released on the local engine.
         tensors = tuple(self.inputs.shaped(i, t).copy_(t, non_blocking=self.inputs.on_cuda)
                         for i, t in enumerate(arrival.parcel.tensors))
