@@ -80,16 +80,21 @@ def test_bisection_rejects_inverted_rates() -> None:
         bisect_rate(linear_latency, 5.0, 5.0, 10.0, 3)
 
 
-def test_sweep_script_bisects_over_stub_benchmark_runs(tmp_path: Path) -> None:
+def sweep_over_stub(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """sweep.py over the stub benchmark, its jobs under tmp_path/logs, any item count VALID."""
     stub = tmp_path / "stub_benchmark.py"
     stub.write_text(STUB_BENCHMARK)
-    logs = tmp_path / "logs"
-    done = subprocess.run(
-        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--benchmark", str(stub), "--log-dir", str(logs),
-         "--latency-bound-ms", "50", "--low-mi", "100", "--high-mi", "5", "--max-steps", "3",
-         "--min-items", "20", "--min-duration", "0", "-v", "400"],
+    return subprocess.run(
+        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--benchmark", str(stub), "--log-dir",
+         str(tmp_path / "logs"), "--min-items", "20", "--min-duration", "0", *args],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
+
+
+def test_sweep_script_bisects_over_stub_benchmark_runs(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    done = sweep_over_stub(tmp_path, "--latency-bound-ms", "50", "--low-mi", "100", "--high-mi", "5", "--max-steps", "3",
+                           "-v", "400")
     assert done.returncode == 0, done.stderr
     # rates 10 (pass), 200 (fail), 105 (fail), 57.5 (fail), 33.75 (pass): three steps after the ends
     expected = sorted(f"stub-mi{float(format_interval(1000 / r)):g}" for r in (10, 200, 105, 57.5, 33.75))
@@ -221,15 +226,7 @@ def test_a_real_bisection_brackets_the_bound_between_two_measured_loads(
 
 
 def test_a_sweep_plot_names_the_jobs_whose_time_rows_it_left_out(tmp_path: Path) -> None:
-    stub = tmp_path / "stub_benchmark.py"
-    stub.write_text(STUB_BENCHMARK)
-    logs = tmp_path / "logs"
-    done = subprocess.run(
-        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--benchmark", str(stub), "--log-dir", str(logs),
-         "--mi", "10,20,30,40,50,60,70", "--min-items", "20", "--min-duration", "0", "-v", "40",
-         "--plot", str(tmp_path / "sweep.png")],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+    done = sweep_over_stub(tmp_path, "--mi", "10,20,30,40,50,60,70", "-v", "40", "--plot", str(tmp_path / "sweep.png"))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "sweep.png").stat().st_size > 0
     assert done.stderr == ("sweep: --plot draws the time rows of the first 6 jobs; left out: stub-mi70 "
