@@ -101,11 +101,6 @@ class RingQueue:
         self.__dict__.update(state)
         self._attach()
 
-    @property
-    def taken(self) -> int:
-        """How many messages consumers have taken so far (read without the lock: at worst one behind)."""
-        return int(self._ends[_TAKEN])
-
     def put_nowait(self, obj: Any) -> None:
         """Write `obj` now; queue.Full when the queue holds `maxsize` messages (never waits for a free place).
 

@@ -186,7 +186,6 @@ class LocalClientTransport(_LocalParticipant):
     def __init__(self, plumbing: Plumbing, target: int) -> None:
         super().__init__(plumbing)
         self.target = target
-        self.submitted = 0   # requests this client put on the request queue, its only producer
 
     def wait_for_room(self) -> bool:
         in_flight = self.plumbing.in_flight
@@ -202,11 +201,10 @@ class LocalClientTransport(_LocalParticipant):
         except queue.Full:
             self.stop(Termination.REQUEST_QUEUE_FULL)
             return False
-        self.submitted += 1
         return True
 
     def waiting(self) -> int:
-        return self.submitted - self.plumbing.requests.taken
+        return self.plumbing.requests.waiting()
 
     def drop(self, count: int) -> bool:
         counted = self.plumbing.count_finished(count, self.target)
