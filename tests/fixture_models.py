@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -147,3 +148,24 @@ class HandsOnItsError(SyntheticFrames):
             raise TwoPartError("decoding", f"item {time_card.item_id} is cut short")
         except TwoPartError as error:
             return StepOutput(output.tensors, {**output.non_tensors, "error": error}, output.time_card)
+
+
+class Surroundings(Head):
+    """Final step: writes onto each card what its process was started with, for the tests of how children start.
+
+    `mark`: the number in RNB_TEST_MARK (-1 without it); `forked`: 1 if the
+    process's parent is multiprocessing's fork server, 0 if not.  It also
+    says on stderr that it is ready, with its pid.
+    """
+
+    def __init__(self, device: torch.device, **kwargs: Any) -> None:
+        super().__init__(device, **kwargs)
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as parent:
+            self.forked = int(b"multiprocessing.forkserver" in parent.read())
+        self.mark = int(os.environ.get("RNB_TEST_MARK", "-1"))
+        print(f"Surroundings ready in pid {os.getpid()}", file=sys.stderr, flush=True)
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> tuple:
+        time_card.set_field("mark", self.mark)
+        time_card.set_field("forked", self.forked)
+        return super().__call__(tensors, non_tensors, time_card)

@@ -50,11 +50,19 @@ def start_job(tmp_path: Path, config: str, *argv: str, import_delay_s: float = 0
     return job, mark
 
 
-def wait_for_children(job: subprocess.Popen, mark: str, count: int, timeout_s: float = 60.0) -> None:
+def wait_for_fork_server(job: subprocess.Popen, mark: str, timeout_s: float = 60.0) -> None:
+    """Until the job's fork server runs (importing torch, slowly: no child is forked before it has)."""
     deadline = time.time() + timeout_s
-    while len([pid for pid in marked(mark) if pid != job.pid]) < count:
-        assert time.time() < deadline and job.poll() is None, "the job never spawned its children"
+    while not any(b"multiprocessing.forkserver" in _command_line(pid) for pid in marked(mark)):
+        assert time.time() < deadline and job.poll() is None, "the job never started its fork server"
         time.sleep(0.05)
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def finish(job: subprocess.Popen, timeout_s: float = 120.0) -> tuple[str, str]:
@@ -109,7 +117,7 @@ def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, tar
 
 def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_path):
     job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0", import_delay_s=IMPORT_DELAY_S)
-    wait_for_children(job, mark, 3)  # client and two runners, all still importing
+    wait_for_fork_server(job, mark)  # still importing torch: no child is forked yet
     os.killpg(job.pid, signal.SIGINT)
     out, err = finish(job)
     assert job.returncode == 130, err
@@ -121,8 +129,8 @@ def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_pat
 
 def test_children_of_a_killed_main_exit_at_once_even_while_importing(tmp_path, capsys):
     job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0", import_delay_s=IMPORT_DELAY_S)
-    wait_for_children(job, mark, 3)
-    time.sleep(0.5)  # well inside the children's slow imports
+    wait_for_fork_server(job, mark)
+    time.sleep(0.5)  # well inside the fork server's slow import of torch
     job.kill()
     killed = time.time()
     finish(job)

@@ -1,9 +1,11 @@
-"""Makes spawned children slow to import torch, so tests can act while every child is still starting.
+"""Makes the fork server and spawned children slow to import torch, so tests can act while they are starting.
 
 On PYTHONPATH (tests/test_reliability.py puts it there), Python runs this at
-start-up.  In a multiprocessing child (its command line ends with
---multiprocessing-fork) the first import of torch waits RNB_TEST_IMPORT_DELAY_S
-seconds, as a loaded machine importing torch from a slow disk would.
+start-up.  In multiprocessing's fork server (which imports torch before it
+forks any child) or a child spawned afresh (its command line ends with
+--multiprocessing-fork), the first import of torch waits
+RNB_TEST_IMPORT_DELAY_S seconds, as a loaded machine importing torch from a
+slow disk would.
 """
 from __future__ import annotations
 
@@ -25,5 +27,11 @@ class _SlowTorch:
         return None
 
 
-if "--multiprocessing-fork" in sys.argv:
+def _is_a_child_or_the_fork_server() -> bool:
+    with open("/proc/self/cmdline", "rb") as own:
+        command = own.read()
+    return b"--multiprocessing-fork" in command or b"multiprocessing.forkserver" in command
+
+
+if _is_a_child_or_the_fork_server():
     sys.meta_path.insert(0, _SlowTorch(float(os.environ.get("RNB_TEST_IMPORT_DELAY_S", "0"))))

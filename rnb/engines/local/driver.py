@@ -24,10 +24,9 @@ import signal
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from multiprocessing.context import SpawnContext
+from multiprocessing.context import BaseContext, ForkServerContext
 
 import torch
-import torch.multiprocessing as mp
 
 from rnb.core.joblog import SAMPLES_FILE
 from rnb.core.progress import CELLS, Progress, empty_cells
@@ -36,6 +35,7 @@ from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
 from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.engines.live import LiveProgress, progress_mode
+from rnb.engines.local.lifeline import children_context
 from rnb.engines.local.plumbing import Plumbing, SharedSlot
 from rnb.engines.local.supervisor import Supervisor
 from rnb.engines.local.transport import DeviceFirst, LocalWiring, client_main, runner_main
@@ -55,7 +55,7 @@ STALLED_GRACE_S = 1.0
 
 def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], gpus: Sequence[GpuRecord]) -> JobResult:
     """Spawn, start everyone together, wait for the flag, stop everyone, release the slots, write the log."""
-    ctx = mp.get_context("spawn")
+    ctx = children_context()
     for key, value in DEVICE_ORDER.items():  # the children inherit it: CUDA numbers the GPUs as NVML does
         os.environ.setdefault(key, value)
     placements = with_device_uuids(placements, {gpu.logical_index: gpu.uuid for gpu in gpus})
@@ -166,7 +166,7 @@ def with_release(gpus: list[GpuRecord], left: Mapping[int, int], book: JobBook) 
     return records
 
 
-def allocate_slots(ctx: SpawnContext, placement: Placement) -> tuple[SharedSlot, ...]:
+def allocate_slots(ctx: BaseContext, placement: Placement) -> tuple[SharedSlot, ...]:
     if not placement.output_shapes:
         return ()
     device = torch.device(placement.output_device)
@@ -174,7 +174,7 @@ def allocate_slots(ctx: SpawnContext, placement: Placement) -> tuple[SharedSlot,
                  for _ in range(placement.num_slots))
 
 
-def build_plumbing(ctx: SpawnContext, placements: list[Placement], args: RunArgs) -> tuple[Plumbing, dict[str, LocalWiring]]:
+def build_plumbing(ctx: BaseContext, placements: list[Placement], args: RunArgs) -> tuple[Plumbing, dict[str, LocalWiring]]:
     """The queues, flag and start gate, and each runner's slots: its own and those of the producers it reads."""
     last = max(p.step for p in placements)
     queue_names = [set(q for p in placements if p.step == k for q in p.out_queues) for k in range(last)]
@@ -190,7 +190,7 @@ def build_plumbing(ctx: SpawnContext, placements: list[Placement], args: RunArgs
     return plumbing, wirings
 
 
-def spawn_all(ctx: SpawnContext, supervisor: Supervisor, config: PipelineConfig, args: RunArgs, placements: list[Placement],
+def spawn_all(ctx: ForkServerContext, supervisor: Supervisor, config: PipelineConfig, args: RunArgs, placements: list[Placement],
               wirings: Mapping[str, LocalWiring]) -> None:
     """One client process, then one runner process per placement."""
     plumbing = supervisor.plumbing

@@ -1,12 +1,23 @@
-"""The first thing a spawned child does: tie its life to the main process's, before any heavy import.
+"""How a child starts: forked from a server that has torch loaded, tied to the main process's life.
 
-A spawned child spends its first seconds unpickling its arguments, which
-imports torch and the models; a Python-level watch (a thread, a signal
-handler) can only start after that.  A `Lifeline` placed first among the
-child's arguments runs `arm` while it is unpickled, before the arguments
-that import anything heavy: it asks the kernel to SIGKILL the child when the
-thread that spawned it dies (PR_SET_PDEATHSIG), so a main process killed
-outright takes every child with it at once, even one still importing.
+Every child is forked from multiprocessing's fork server, started once per
+main process with the heavy libraries imported (`children_context`): a
+child that spawned afresh spent 2 to 4 s of CPU importing torch,
+torchvision and torchcodec before doing anything, on every start of every
+job.  The server itself is started by exec, so nothing of the main
+process (its threads, a CUDA context) is forked.
+
+A child still unpickles its arguments first, which imports the models; a
+Python-level watch (a thread, a signal handler) can only start after that.
+A `Lifeline` placed first among the child's arguments runs `arm` while it
+is unpickled, before the arguments that import anything: it asks the kernel
+to SIGKILL the child when its parent, the fork server, dies
+(PR_SET_PDEATHSIG); the server leaves as soon as the main process is gone
+(its pipe from the main process closes), so a main process killed outright
+takes every child with it at once, even one still importing.  `arm` also
+gives the child what a spawned child would have had from the moment it was
+started, not from the server's: the main process's environment and its
+stdout and stderr as they are now.
 
 `arm` also registers the stdlib's faulthandler on STACKS_SIGNAL, writing
 every thread's Python stack to the file the main process named: asked while
@@ -22,21 +33,25 @@ them in order is the main process's business, and a Ctrl-C to the whole
 process group must not make every child print a KeyboardInterrupt
 traceback.  Only a disposition of "ignored" survives exec, and setting it in
 the main process would drop a signal meant for the main process during the
-spawn; so `spawning_children` spawns through a two-line shell that ignores
-both and then execs Python.
+start; so `spawning_children` starts the fork server (and any child spawned
+afresh) through a two-line shell that ignores both and then execs Python,
+and a forked child inherits the server's dispositions.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import faulthandler
+import multiprocessing
+import multiprocessing.reduction
 import multiprocessing.spawn
 import os
 import signal
 import sys
 from collections.abc import Iterator
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from rnb.pipeline.dotted import load_object
 
@@ -45,11 +60,25 @@ _SPAWNED_PYTHON = Path(__file__).with_name("spawned-python")
 # What the main process sends a child to have it write its Python stacks (faulthandler, all threads).
 STACKS_SIGNAL = signal.SIGUSR1
 _stacks_file: IO[str] | None = None  # kept open for faulthandler, which writes to its descriptor
+# What the fork server imports before forking anyone, where the main process has loaded it too: the imports
+# that cost a child most (torch about 2 s of CPU here, torchvision and torchcodec 1.5 s more).
+PRELOADED = ("torch", "torchvision", "torchcodec")
+
+
+def children_context() -> ForkServerContext:
+    """The context every child starts in: forked from a server that has imported what this process uses of PRELOADED.
+
+    The preload takes effect when the server starts (at the first child of
+    this process); later calls change nothing for a server already running.
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([name for name in PRELOADED if name in sys.modules])
+    return context
 
 
 @contextlib.contextmanager
 def spawning_children() -> Iterator[None]:
-    """Processes spawned inside start with Ctrl-C and SIGTERM ignored (multiprocessing's spawn start method)."""
+    """Processes started inside (the fork server, or a child spawned afresh) start with Ctrl-C and SIGTERM ignored."""
     previous = multiprocessing.spawn.get_executable()
     os.environ["RNB_CHILD_PYTHON"] = sys.executable
     multiprocessing.spawn.set_executable(str(_SPAWNED_PYTHON))
@@ -59,23 +88,32 @@ def spawning_children() -> Iterator[None]:
         multiprocessing.spawn.set_executable(previous)
 
 
+class InheritedFd(Protocol):
+    """multiprocessing's wrapper of a descriptor passed to a child (reduction.DupFd): the child's copy is `detach()`."""
+
+    def detach(self) -> int: ...
+
+
 class Lifeline:
-    """Pickles to a call of `arm` with the spawning process's pid and the child's stacks file (or None)."""
+    """Pickles to a call of `arm` with the main process's pid, the child's stacks file (or None), environment and streams."""
 
     def __init__(self, stacks: str | None = None) -> None:
         self.stacks = stacks
 
-    def __reduce__(self) -> tuple[Any, tuple[int, str | None]]:
-        return arm, (os.getpid(), self.stacks)
+    def __reduce__(self) -> tuple[Any, tuple[int, str | None, dict[str, str], tuple[InheritedFd | None, ...]]]:
+        streams = tuple(multiprocessing.reduction.DupFd(fd) if _is_open(fd) else None for fd in (1, 2))
+        return arm, (os.getpid(), self.stacks, dict(os.environ), streams)
 
 
-def arm(parent: int, stacks: str | None = None) -> None:
-    """In the child: die with the parent; if it is already gone, exit now rather than start work for nobody.
+def arm(parent: int, stacks: str | None, environ: dict[str, str], streams: tuple[InheritedFd | None, ...]) -> None:
+    """In the child: die with the parent; if the main process is already gone, exit now rather than work for nobody.
 
-    Ctrl-C and SIGTERM stay ignored (the main process spawns children with
-    both ignored, which exec keeps): stopping children in order is the main
+    Ctrl-C and SIGTERM stay ignored (children start with both ignored,
+    which exec and fork keep): stopping children in order is the main
     process's business, and a Ctrl-C to the whole process group must not make
-    each child print a KeyboardInterrupt traceback.  With `stacks`, the
+    each child print a KeyboardInterrupt traceback.  The child takes the
+    main process's environment and its stdout and stderr as they were when
+    it was started (`streams`, None for one that was closed).  With `stacks`, the
     child writes its threads' Python stacks there on STACKS_SIGNAL; a file
     that cannot be opened (a full log directory) only costs the stacks.
     """
@@ -85,14 +123,39 @@ def arm(parent: int, stacks: str | None = None) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent:
+    if not _is_running(parent):
         os._exit(1)
+    os.environ.clear()
+    os.environ.update(environ)
+    for fd, stream in zip((1, 2), streams):
+        copy = stream.detach() if stream is not None else fd
+        if copy != fd:  # a spawned child's copy is the descriptor itself, already in place
+            os.dup2(copy, fd)
+            os.close(copy)
     if stacks is not None:
         try:
             _stacks_file = open(stacks, "w")  # noqa: SIM115 - faulthandler writes to it until the process ends
         except OSError:
             return
         faulthandler.register(STACKS_SIGNAL, file=_stacks_file, all_threads=True)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process took the pid: not ours any more
+        return False
+    return True
 
 
 def run(_armed: None, target: str, *args: Any) -> None:

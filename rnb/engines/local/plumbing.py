@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from multiprocessing.context import SpawnContext
+from multiprocessing.context import BaseContext
 from typing import Any, Protocol
 
 import torch
@@ -41,7 +41,7 @@ class TerminationFlag:
     then writes the flag itself (`take_over`).
     """
 
-    def __init__(self, ctx: SpawnContext) -> None:
+    def __init__(self, ctx: BaseContext) -> None:
         self._value = ctx.RawValue("i", int(Termination.RUNNING))
         self._when = ctx.RawValue("d", 0.0)
         self._token = ctx.Lock()
@@ -91,7 +91,7 @@ class SlotFlag:
     clears and waits, only its consumer sets.
     """
 
-    def __init__(self, ctx: SpawnContext) -> None:
+    def __init__(self, ctx: BaseContext) -> None:
         self._value = ctx.RawValue("b", 1)
         self._wake = ctx.Semaphore(0)
 
@@ -135,7 +135,7 @@ class SharedSlot:
     forms: tuple[tuple[int, ...], ...]  # each tensor's shape, kept as plain ints: torch builds a new Size per ask
 
     @staticmethod
-    def allocate(ctx: SpawnContext, shapes: tuple[tuple[int, ...], ...], device: torch.device,
+    def allocate(ctx: BaseContext, shapes: tuple[tuple[int, ...], ...], device: torch.device,
                  dtypes: tuple[torch.dtype, ...] | None = None) -> SharedSlot:
         """Zeroed shared buffers; float32 unless the model's output_dtypes() says otherwise."""
         dtypes = dtypes or (torch.float32,) * len(shapes)
@@ -275,7 +275,7 @@ class Plumbing:
     in_flight: Any     # Semaphore or None
 
     @staticmethod
-    def build(ctx: SpawnContext, queue_names: list[set[int]], queue_size: int, concurrency: int | None,
+    def build(ctx: BaseContext, queue_names: list[set[int]], queue_size: int, concurrency: int | None,
               request_queue_size: int | None = None) -> Plumbing:
         """Every queue holds `queue_size` messages, the request queue `request_queue_size` if given."""
         flag = TerminationFlag(ctx)

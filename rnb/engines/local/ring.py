@@ -35,7 +35,7 @@ import pickle
 import queue
 import time
 from collections.abc import Callable
-from multiprocessing.context import SpawnContext
+from multiprocessing.context import BaseContext
 from typing import Any, Protocol
 
 from rnb.core.termination import POLL_S
@@ -74,7 +74,7 @@ class RingQueue:
     queue"); `advice` ends the sentence refusing a message too large for it.
     """
 
-    def __init__(self, maxsize: int, flag: JobFlag, *, ctx: SpawnContext, name: str, capacity: int = RING_BYTES,
+    def __init__(self, maxsize: int, flag: JobFlag, *, ctx: BaseContext, name: str, capacity: int = RING_BYTES,
                  advice: str = "") -> None:
         if capacity % _WORD:
             raise ValueError(f"a ring's capacity must be a multiple of {_WORD} bytes, not {capacity}")

@@ -14,12 +14,13 @@ they stop.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.context import SpawnContext
+from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -33,6 +34,9 @@ from rnb.engines.local.plumbing import Plumbing
 from rnb.engines.spool import TimingsSpool
 from rnb.engines.stall import cpu_seconds, demand_seconds, stacks_file
 
+# multiprocessing.forkserver's refusal of a child whose arguments hold more than about 250 file descriptors (a
+# runner reading the shared slots of many producers): that child is spawned afresh instead, importing for itself.
+FORK_SERVER_FD_REFUSAL = "too many fds"
 # How long the main process waits for the children it asked to write their stacks (faulthandler writes at once).
 STACKS_WAIT_S = 1.0
 
@@ -53,7 +57,7 @@ class Supervisor:
     inboxes: dict[str, Inbox] = field(default_factory=dict)
     progress: dict[str, Progress] = field(default_factory=dict)   # each runner's cells, by name
 
-    def spawn(self, ctx: SpawnContext, target: Callable[..., None], args: tuple[object, ...],
+    def spawn(self, ctx: ForkServerContext, target: Callable[..., None], args: tuple[object, ...],
               record: ProcessRecord) -> None:
         """Start `target(*args)` in a new process, tied to this one's life; `record` says what it is."""
         entry = f"{target.__module__}.{target.__qualname__}"
@@ -62,10 +66,18 @@ class Supervisor:
             stacks_file(self.spool.job_dir, record.name).parent.mkdir(exist_ok=True)
         except OSError:  # a log directory that cannot take it costs only the stacks
             stacks = None
-        lifeline = Lifeline(stacks)
-        process = ctx.Process(target=run, args=(lifeline, entry, *args), name=record.name, daemon=True)
+        arguments = (Lifeline(stacks), entry, *args)
+        process: BaseProcess = ctx.Process(target=run, args=arguments, name=record.name, daemon=True)
         with spawning_children():
-            process.start()
+            try:
+                process.start()
+            except ValueError as error:
+                if str(error) != FORK_SERVER_FD_REFUSAL:
+                    raise
+                # Its arguments hold more descriptors (shared slots) than the fork server takes in one message.
+                process = multiprocessing.get_context("spawn").Process(target=run, args=arguments, name=record.name,
+                                                                       daemon=True)
+                process.start()
         self.children.append(Child(record.name, process))
         self.book.add(dataclasses.replace(record, pid=process.pid))
 
