@@ -2,16 +2,22 @@
 # The project's test command (README quick start, .ci/run): set up, then the static checks, then pytest.
 # A lint or type error fails the command before any test runs (docs/development.md says what is checked).
 # --quick (first argument) leaves out the tests marked slow: the edit-test loop; CI runs the whole suite.
+# pytest runs twice: the tests on two workers (pytest-xdist; each module's tests on one worker, the Ray
+# modules on one), then those marked serial, which measure the host's CPU, with the host to themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-quick=()
+also=""
 if [ "${1:-}" = --quick ]; then
   shift
-  quick=(-m "not slow")
+  also=" and not slow"
 fi
 # Exported, so that pytest sees them too: a test that needs nginx or the browser fails where setup left it missing.
 export RNB_WITH_NGINX=1 RNB_WITH_BROWSER=1
 ./scripts/setup.sh
 .venv/bin/python -m ruff check .
 .venv/bin/python -m mypy
-exec .venv/bin/python -m pytest ${quick[@]+"${quick[@]}"} "$@"
+# Exit code 5 is pytest's "no test collected": arguments that select no test of one of the two runs.
+status=0
+.venv/bin/python -m pytest -n 2 --dist loadgroup -m "not serial$also" "$@" || { code=$?; [ $code = 5 ] || status=$code; }
+.venv/bin/python -m pytest -m "serial$also" "$@" || { code=$?; [ $code = 5 ] || status=$code; }
+exit $status

@@ -54,7 +54,11 @@ INSTALLED = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # scripts/test.sh runs each module's tests on one worker, sharing its module fixtures
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA; this machine has no GPU")

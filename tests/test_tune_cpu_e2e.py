@@ -36,6 +36,7 @@ CPU_EXAMPLE = REPO / "config" / "tune-cpu-example.json"
 SHORT = ["--profile-calls", "60", "--top", "1", "--verify-steps", "0", "--verify-seconds", "1.5", "--sim-items", "800",
          "--min-duration", "0.5"]
 BULK_ITEMS, BULK_WARMUP = 500, 50
+pytestmark = pytest.mark.serial  # scripts/test.sh runs it after the others, with the host to itself
 NEIGHBOURS_AT_MOST = 0.25   # of the host's cores: other work the measurement tolerates
 def skip_if_busy(others: float, cores: float, when: str) -> None:
     if others > NEIGHBOURS_AT_MOST * cores:
