@@ -113,8 +113,11 @@ class SlotFlag:
         deadline = time.monotonic() + timeout
         while not self._value.value:
             left = deadline - time.monotonic()
-            if left <= 0 or not self._wake.acquire(timeout=left):
+            if left <= 0:
                 return bool(self._value.value)
+            # A timed-out wait goes round again: the semaphore times by the wall clock, which may end it a little
+            # before the monotonic deadline.
+            self._wake.acquire(timeout=left)
         return True
 
 
