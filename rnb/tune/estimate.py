@@ -127,7 +127,7 @@ class SimGroup:
     cpu_fraction: float = 0.0         # CPU seconds per second of a call's profiled occupancy (CpuUse.fraction)
     profiled_threads: int = 1         # the threads its profile's CPU seconds ran on
     threads: int = 1                  # the threads each replica computes on in the candidate
-    pool: int = 0                     # the cores it computes on: 0 the driver's host's, else SimPipeline.other_pools
+    pool: int = 0                     # the cores it computes on: 0 the driver's host's, k other_pools[k - 1]
 
     def cpu_per_item_s(self, items_per_call: int) -> float:
         """CPU seconds the group spends per item at full batches (whichever replica serves it)."""
@@ -285,8 +285,9 @@ def pipeline_of(space: TuneSpace, candidate: Candidate, profiles: Mapping[Profil
             merges=merges_segments(g.model), cpu_fraction=profile.cpu.fraction,
             profiled_threads=max(1, profile.cpu.threads), threads=max(1, threads),
             pool=bench.hosts.pool_of(group.node) if bench.engine == "ray" else 0))
-    background = Background(*(float(np.median([getattr(p.cpu, field) for p in used]))
-                              for field in ("client_per_item_s", "main_per_item_s", "daemons_per_hop_s")))
+    background = Background(float(np.median([p.cpu.client_per_item_s for p in used])),
+                            float(np.median([p.cpu.main_per_item_s for p in used])),
+                            float(np.median([p.cpu.daemons_per_hop_s for p in used])))
     pools = (bench.hosts.cores if bench.engine == "ray" else ()) or (bench.cores.usable,)
     return SimPipeline(tuple(groups), space.num_steps, pools[0], background, pools[1:])
 
