@@ -209,12 +209,14 @@ def _t1_row(id: str, engine: str, effort: Effort, config: Path, what: str, goal:
 
 
 def _chosen(run: TuneRun) -> str:
-    """What a tuner run chose, as its best.json's replicas per step, or why it chose nothing."""
+    """What a tuner run chose, as its best.json's replicas per step (bN for a Batcher's batch, as the tuner's short
+    labels write it), or why it chose nothing."""
     best = run.out / BEST
     if not best.is_file():
         return f"none (exit {run.returncode})"
-    pipeline = json.loads(best.read_text())["pipeline"]
-    return " | ".join(str(len(step["queue_groups"][0]["gpus"])) for step in pipeline) + f" at {run.rate_per_s:.4g}"
+    groups = [step["queue_groups"][0] for step in json.loads(best.read_text())["pipeline"]]
+    return (" | ".join(f"b{group['batch']}" if "batch" in group else str(len(group["gpus"])) for group in groups)
+            + f" at {run.rate_per_s:.4g}")
 
 
 def t1(effort: Effort, config: Path = EXAMPLE) -> list[Row]:

@@ -131,3 +131,10 @@ def test_t4e_has_no_figure_when_the_tuner_chose_nothing_or_predicted_no_rate(tmp
     unpredicted = _tuner_out(tmp_path / "unpredicted", [("3", [-1] * 3, None, 100.0, [100.0])], best=[-1] * 3)
     row = tune_bench.chosen_error_row("T4e", unpredicted)
     assert row.ratio is None and row.note == "3: verified at 100 req/s, predicted to meet the bound at no rate"
+
+
+def test_a_tuner_s_choice_is_written_as_its_short_label_with_the_batcher_s_batch(tmp_path: Path) -> None:
+    steps = [{"gpus": [-1] * 3}, {"gpus": [-1], "batch": 2}, {"gpus": [-1] * 2}, {"gpus": [-1]}]
+    (tmp_path / BEST).write_text(json.dumps({"pipeline": [{"queue_groups": [group]} for group in steps]}))
+    assert tune_bench._chosen(TuneRun(300.0, 162.2, tmp_path, 0)) == "3 | b2 | 2 | 1 at 162.2"
+    assert tune_bench._chosen(TuneRun(300.0, 0.0, tmp_path / "absent", 1)) == "none (exit 1)"
