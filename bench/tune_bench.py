@@ -1,6 +1,6 @@
 """Tuner benchmarks: T1 (does rnb-tune find the best?), T2 (how much cheaper than measuring the grid?),
-T3 (how far off are the estimator's predictions?), T4 (T1 on the Ray engine), and T1c and T3c, T1 and T3
-on steps that compute on the CPU.
+T3 (how far off are the estimator's predictions?), T4 (T1 on the Ray engine) and T4e (the estimator's error
+for the candidate the tuner chose there), and T1c and T3c, T1 and T3 on steps that compute on the CPU.
 
 T1 to T4 run on config/tune-example.json (steps that sleep), T1c and T3c on
 config/tune-cpu-example.json (steps that compute), each with a budget of 6
@@ -16,6 +16,7 @@ told from the noise.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -27,12 +28,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from bench.common import Effort, Goal, Row, Side
 from rnb.analysis.jobs import JobRow, ValidityRules, read_job, summarize_job
 from rnb.analysis.sweep import RunOutcome, run_benchmark
 from rnb.tune.estimate import Arrivals, Estimator
+from rnb.tune.hosts import hosts_of
 from rnb.tune.profile import SAMPLE_INTERVAL_MS, Bench, ProfileCache, plan_profiles, profile_all
-from rnb.tune.report import BEST
+from rnb.tune.report import BEST, CANDIDATES
 from rnb.tune.space import Budget, Candidate, TuneSpace, read_space
 from rnb.tune.verify import VerifySettings, verify
 
@@ -137,6 +141,7 @@ def profiled(config: Path, engine: str, quick: bool) -> tuple[TuneSpace, Estimat
     """The example's space and an estimator on profiles measured here (what T1's grid brackets and T3 predict with)."""
     space = example_space(config)
     bench = Bench("cpu", engine)
+    bench = dataclasses.replace(bench, hosts=hosts_of(space.config, engine, None, bench.cores.usable))
     work = Path(tempfile.mkdtemp(prefix=f"rnb-profiles-{engine}-"))
     jobs = plan_profiles(space, bench, 60 if quick else 150)
 
@@ -204,12 +209,14 @@ def _t1_row(id: str, engine: str, effort: Effort, config: Path, what: str, goal:
 
 
 def _chosen(run: TuneRun) -> str:
-    """What a tuner run chose, as its best.json's replicas per step, or why it chose nothing."""
+    """What a tuner run chose, as its best.json's replicas per step (bN for a Batcher's batch, as the tuner's short
+    labels write it), or why it chose nothing."""
     best = run.out / BEST
     if not best.is_file():
         return f"none (exit {run.returncode})"
-    pipeline = json.loads(best.read_text())["pipeline"]
-    return " | ".join(str(len(step["queue_groups"][0]["gpus"])) for step in pipeline) + f" at {run.rate_per_s:.4g}"
+    groups = [step["queue_groups"][0] for step in json.loads(best.read_text())["pipeline"]]
+    return (" | ".join(f"b{group['batch']}" if "batch" in group else str(len(group["gpus"])) for group in groups)
+            + f" at {run.rate_per_s:.4g}")
 
 
 def t1(effort: Effort, config: Path = EXAMPLE) -> list[Row]:
@@ -309,7 +316,55 @@ def ray_example(work: Path, config: Path = EXAMPLE) -> Path:
 
 
 def t4(effort: Effort, config: Path = EXAMPLE) -> list[Row]:
+    """T1 on Ray, and how far the tuner's prediction of the candidate it chose was from what it then measured."""
     work = Path(tempfile.mkdtemp(prefix="rnb-T4-"))
-    return [_t1_row("T4", "ray", effort, ray_example(work, config),
+    ray_config = ray_example(work, config)
+    ratio = _t1_row("T4", "ray", effort, ray_config,
                     "T1 on the Ray engine (a simulated two-node cluster: loaders / the rest)", Goal(">=", 0.90),
-                    T4_QUICK_WITHIN if effort.quick else None, reps=1)]
+                    T4_QUICK_WITHIN if effort.quick else None, reps=1)
+    return [ratio, chosen_error_row("T4e", _tuner("ray", "auto", effort.quick, ray_config, 0))]
+
+
+@dataclass(frozen=True)
+class ChosenPeak:
+    """The tuner's winner as its candidates table holds it: the peak rate predicted, and the one verified."""
+
+    label: str
+    predicted_per_s: float | None      # None: no rate tried met the bound in the simulation
+    verified_per_s: float
+    failed_above_per_s: float | None    # the lowest rate tried above the verified one (it broke the bound)
+
+
+def chosen_peak(run: TuneRun) -> ChosenPeak | None:
+    """The winner's row of a tuner run's candidates table (the finalist whose config is best.json's); None
+    where the run chose nothing."""
+    best = run.out / BEST
+    if not best.is_file():
+        return None
+    pipeline = json.loads(best.read_text())["pipeline"]
+    for row in pq.read_table(run.out / CANDIDATES).to_pylist():
+        if row.get("verified") and json.loads(Path(row["config_path"]).read_text())["pipeline"] == pipeline:
+            verified = float(row["measured_peak_rate_per_s"])
+            above = [t["rate_per_s"] for t in json.loads(row["verify_trials"]) if t["rate_per_s"] > verified]
+            return ChosenPeak(row["short_label"], row["predicted_peak_rate_per_s"], verified, min(above, default=None))
+    return None
+
+
+def chosen_error_row(id: str, run: TuneRun) -> Row:
+    """|predicted - verified| / verified peak rate under the bound, of the candidate the tuner chose."""
+    what = (f"estimator error for the candidate the tuner chose on Ray: |predicted - verified| / verified peak rate "
+            f"under p99 < {BOUND_MS:g} ms")
+    chosen = chosen_peak(run)
+    if chosen is None:
+        return Row(id, what, Goal("<=", 0.15), note=f"the tuner chose nothing (exit {run.returncode}), so no error")
+    if chosen.predicted_per_s is None:
+        return Row(id, what, Goal("<=", 0.15), note=(
+            f"{chosen.label}: verified at {chosen.verified_per_s:.4g} req/s, predicted to meet the bound at no rate"))
+    error = abs(chosen.predicted_per_s - chosen.verified_per_s) / chosen.verified_per_s
+    resolution = ("" if chosen.failed_above_per_s is None else
+                  f"; the verification's resolution: the bound broke at {chosen.failed_above_per_s:.4g} req/s, "
+                  f"{chosen.failed_above_per_s / chosen.verified_per_s - 1:.0%} above")
+    return Row(id, what, Goal("<=", 0.15), Side("predicted", "req/s", chosen.predicted_per_s),
+               Side("verified", "req/s", chosen.verified_per_s), error, error, error, 1,
+               note=f"{chosen.label}: predicted {chosen.predicted_per_s:.4g}, verified {chosen.verified_per_s:.4g} "
+                    f"req/s{resolution}")

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
@@ -27,11 +28,12 @@ import torch
 from rnb import cli
 from rnb.engines.job import RunArgs
 from rnb.engines.ray import driver as ray_driver
-from rnb.engines.ray.cluster import JobRay
+from rnb.engines.ray.cluster import DAEMON_SAMPLES, JobRay
 from rnb.engines.ray.placement import seat_runners
 from rnb.load import LoadSettings
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.plan import plan_runners
+from rnb.tune.hosts import HostPools
 from tests.ray_testing import device_order_seen
 from tests.test_models import tiny_dataset
 
@@ -107,6 +109,23 @@ def test_toy_pipeline_across_labelled_nodes_finishes_every_item_once_as_the_loca
         assert node["round_trip_s"] > 0 and abs(node["offset_s"]) <= node["round_trip_s"]
     assert all(p["status"] == "ok" for p in meta["processes"])
     assert ray_cluster.alive_actors(meta["job_id"]) == []
+    # The cluster's own processes on this machine are sampled beside the actors: its three raylets and the GCS.
+    sampled = set(pq.read_table(ray_log.dir / "samples.parquet").column("process").to_pylist())
+    daemons = sorted(name.split(":")[1] for name in sampled if name and name.startswith(DAEMON_SAMPLES))
+    assert daemons.count("raylet") == 3 and "gcs_server" in daemons, sorted(sampled - {None})
+
+
+def test_the_tuner_finds_every_node_of_the_cluster_on_this_host_one_pool_of_its_cores(ray_cluster) -> None:
+    # In a process of its own, as rnb-tune asks (this one is connected to the cluster already).
+    ask = ("import sys; from rnb.pipeline.config import parse_config; from rnb.tune.hosts import hosts_of; "
+           "config = parse_config({'source': {'synthetic': True}, 'pipeline': ["
+           "{'model': 'models.toy.SyntheticFrames', 'queue_groups': [{'gpus': [-1], 'out_queues': [0], "
+           "'node': 'loaders'}]}, {'model': 'models.toy.TinyConvNet', 'queue_groups': [{'gpus': [-1], "
+           "'in_queue': 0, 'node': 'nets'}]}]}, 'ask.json'); print(hosts_of(config, 'ray', sys.argv[1], 2.0))")
+    done = subprocess.run([sys.executable, "-c", ask, ray_cluster.address], cwd=REPO, capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(HostPools((("loaders", 0), ("nets", 0)), (("loaders", 1), ("nets", 1)), (2.0,)))
 
 
 @pytest.mark.gpu

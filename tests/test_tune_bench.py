@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from bench import tune_bench
@@ -12,6 +14,7 @@ from bench.run import BENCHMARKS
 from bench.tune_bench import CPU_EXAMPLE, EXAMPLE, TuneRun, grid_of, measure_grid, ratio_row
 from rnb.tune.estimate import Estimator
 from rnb.tune.profile import Bench
+from rnb.tune.report import BEST, CANDIDATES
 from rnb.tune.space import Candidate, TuneSpace
 from rnb.tune.verify import Verified
 from tests.tune_support import hand_profiles
@@ -86,3 +89,52 @@ def test_quick_keeps_the_full_budget_points_of_sleeping_steps_and_every_point_of
 
 def test_the_rows_are_registered_with_bench_run() -> None:
     assert {"T1", "T1c", "T2", "T3", "T3c", "T4"} <= set(BENCHMARKS)
+
+
+def _tuner_out(out: Path, rows: list[tuple[str, list[int], float | None, float, list[float]]], best: list[int] | None) -> TuneRun:
+    """A tuner's files: best.json (loaders' gpus), and a candidates table of finalists, each (label, loaders' gpus,
+    predicted peak, verified peak, rates tried)."""
+    table = []
+    for index, (label, gpus, predicted, verified, tried) in enumerate(rows):
+        config = out / f"finalist-{index}.json"
+        config.write_text(json.dumps({"description": "finalist", "pipeline": [{"queue_groups": [{"gpus": gpus}]}]}))
+        table.append({"short_label": label, "verified": True, "config_path": str(config),
+                      "predicted_peak_rate_per_s": predicted, "measured_peak_rate_per_s": verified,
+                      "verify_trials": json.dumps([{"rate_per_s": rate, "latency_ms": 90.0, "job_dir": None}
+                                                   for rate in tried])})
+    table.append({"short_label": "1", "verified": False, "config_path": None, "predicted_peak_rate_per_s": 50.0,
+                  "measured_peak_rate_per_s": None, "verify_trials": None})
+    pq.write_table(pa.Table.from_pylist(table), out / CANDIDATES)
+    if best is not None:
+        (out / BEST).write_text(json.dumps({"run": {"mean_interval_ms": 10.0},
+                                            "pipeline": [{"queue_groups": [{"gpus": best}]}]}))
+    return TuneRun(300.0, 100.0 if best is not None else 0.0, out, 0 if best is not None else 1)
+
+
+def test_t4e_is_the_error_of_the_prediction_of_the_finalist_the_tuner_chose(tmp_path: Path) -> None:
+    # The tuner chose 3 (predicted 120, verified 100, the bound broke at 107); 4, the other finalist, is not it.
+    run = _tuner_out(tmp_path, [("4", [-1] * 4, 150.0, 101.0, [90.0, 101.0, 140.0]),
+                                ("3", [-1] * 3, 120.0, 100.0, [72.0, 100.0, 107.0, 120.0])], best=[-1] * 3)
+    row = tune_bench.chosen_error_row("T4e", run)
+    assert row.ratio == pytest.approx(0.2) and row.met is False and row.goal == Goal("<=", 0.15)
+    assert row.a is not None and row.a.median == 120.0 and row.b is not None and row.b.median == 100.0
+    assert row.note == ("3: predicted 120, verified 100 req/s; the verification's resolution: the bound broke at "
+                        "107 req/s, 7% above")
+
+
+def test_t4e_has_no_figure_when_the_tuner_chose_nothing_or_predicted_no_rate(tmp_path: Path) -> None:
+    (tmp_path / "none").mkdir()
+    nothing = _tuner_out(tmp_path / "none", [("3", [-1] * 3, 120.0, 100.0, [100.0])], best=None)
+    row = tune_bench.chosen_error_row("T4e", nothing)
+    assert row.ratio is None and row.note == "the tuner chose nothing (exit 1), so no error"
+    (tmp_path / "unpredicted").mkdir()
+    unpredicted = _tuner_out(tmp_path / "unpredicted", [("3", [-1] * 3, None, 100.0, [100.0])], best=[-1] * 3)
+    row = tune_bench.chosen_error_row("T4e", unpredicted)
+    assert row.ratio is None and row.note == "3: verified at 100 req/s, predicted to meet the bound at no rate"
+
+
+def test_a_tuner_s_choice_is_written_as_its_short_label_with_the_batcher_s_batch(tmp_path: Path) -> None:
+    steps = [{"gpus": [-1] * 3}, {"gpus": [-1], "batch": 2}, {"gpus": [-1] * 2}, {"gpus": [-1]}]
+    (tmp_path / BEST).write_text(json.dumps({"pipeline": [{"queue_groups": [group]} for group in steps]}))
+    assert tune_bench._chosen(TuneRun(300.0, 162.2, tmp_path, 0)) == "3 | b2 | 2 | 1 at 162.2"
+    assert tune_bench._chosen(TuneRun(300.0, 0.0, tmp_path / "absent", 1)) == "none (exit 1)"

@@ -58,6 +58,9 @@ def job_dirs(out: Path) -> list[Path]:
     (["--cpu-slots", "3", "--top", "0"], "command line: --top: expected an integer >= 1, found 0"),
     (["--cpu-slots", "x"], "command line: --cpu-slots: expected an integer >= 0, found 'x'"),
     (["--cpu-slots", "3", "-b", "0,2"], "command line: -b/--batch_size: expected comma-separated integers >= 1, found '0,2'"),
+    # Nothing listens on port 1: asked where its nodes are, the cluster is refused at once, not retried for minutes.
+    (["--cpu-slots", "3", "--engine", "ray", "--ray-address", "127.0.0.1:1"],
+     "rnb-tune: could not reach the Ray cluster at 127.0.0.1:1: its GCS did not answer within 5 s"),
 ])
 def test_an_impossible_request_is_one_sentence_and_exit_2_before_any_file(
         tmp_path: Path, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

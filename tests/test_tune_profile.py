@@ -5,11 +5,13 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
+from rnb.engines.ray.cluster import DAEMON_SAMPLES
 from rnb.engines.sampler import SCHEMA
 from rnb.tune.cores import HostCores
-from rnb.tune.profile import Call, CpuUse, Form, Profile, ProfileCache, ProfileKey, cpu_spent, occupancy
+from rnb.tune.profile import Call, CpuUse, Form, Profile, ProfileCache, ProfileKey, cpu_spent, daemons_per_hop_s, occupancy
 
 
 def call(arrived: float, taken: float, started: float, finished: float, handed_over: float, slot_wait: float = 0.0,
@@ -97,3 +99,15 @@ def test_the_wait_for_a_core_is_read_like_the_cpu_and_absent_where_not_kept() ->
     assert cpu_spent(older, "step0-g0-r0", 10.0, 11.0, column="run_wait_s") is None
     unknown = pa.Table.from_pylist([{**row, "run_wait_s": None} for row in rows], schema=SCHEMA)
     assert cpu_spent(unknown, "step0-g0-r0", 10.0, 11.0, column="run_wait_s") is None
+
+
+def test_ray_s_daemons_are_read_per_item_and_hop_from_every_process_sampled_as_one() -> None:
+    # A raylet burning 0.2 CPU-seconds per second and the GCS 0.1, beside a runner; 100 items through 4 hops in
+    # the 1 s window: 0.3 / 100 / 4 = 0.75 ms per item and hop. The runner is not a daemon.
+    rows = []
+    for name, rate in ((f"{DAEMON_SAMPLES}raylet:41", 0.2), (f"{DAEMON_SAMPLES}gcs_server:40", 0.1),
+                       ("step0-g0-r0", 0.9)):
+        rows += [{"time": 10.0 + 0.1 * i, "process": name, "cpu_s": 1.0 + rate * 0.1 * i} for i in range(11)]
+    samples = pa.Table.from_pylist(rows, schema=SCHEMA)
+    assert daemons_per_hop_s(samples, 10.0, 11.0, 100, 4) == pytest.approx(0.3 / 100 / 4)
+    assert daemons_per_hop_s(samples.filter(pc.field("process") == "step0-g0-r0"), 10.0, 11.0, 100, 4) == 0.0

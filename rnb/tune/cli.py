@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -38,9 +39,11 @@ from rnb.analysis.jobs import JobLogError, ValidityRules
 from rnb.analysis.sweep import RunOutcome, SweepError, run_benchmark
 from rnb.analysis.sweep_cli import add_job_rules
 from rnb.console import terminal_logging
+from rnb.engines.ray.cluster import ClusterStartError
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.gpus import GpuRequestError, validate_gpus
 from rnb.tune.estimate import DEFAULT_ITEMS, EstimateError, Estimator
+from rnb.tune.hosts import hosts_of
 from rnb.tune.profile import (
     SAMPLE_INTERVAL_MS,
     Bench,
@@ -155,8 +158,18 @@ def read_request(args: argparse.Namespace) -> TuneSpace:
     return read_space(document, str(path), budget, args.batch, args.segments, args.max_replicas)
 
 
-def _bench_and_memory(space: TuneSpace, engine: str) -> tuple[Bench, Memory]:
-    """Where profiles are measured and what each device holds; GPUs are checked (exit 2 when absent or busy)."""
+def _bench_and_memory(space: TuneSpace, engine: str, address: str | None) -> tuple[Bench, Memory]:
+    """Where profiles are measured and what each device holds; GPUs are checked (exit 2 when absent or busy),
+    and a Ray cluster is asked where its nodes are (exit 2 when it cannot be reached)."""
+    bench, memory = _devices(space, engine)
+    try:
+        hosts = hosts_of(space.config, engine, address, bench.cores.usable)
+    except ClusterStartError as error:
+        raise TuneRequestError(str(error)) from None
+    return dataclasses.replace(bench, hosts=hosts), memory
+
+
+def _devices(space: TuneSpace, engine: str) -> tuple[Bench, Memory]:
     if space.budget.cpu_only:
         return Bench("cpu", engine), Memory({}, psutil.virtual_memory().available)
     document = space.document_for(space.minimal())
@@ -181,7 +194,7 @@ def _tune(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         space = read_request(args)
-        bench, memory = _bench_and_memory(space, args.engine)
+        bench, memory = _bench_and_memory(space, args.engine, args.ray_address)
     except (ConfigError, TuneRequestError) as error:
         print(f"rnb-tune: {error}", file=sys.stderr)
         return 2

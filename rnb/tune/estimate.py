@@ -16,7 +16,10 @@ processes are time-sliced, not overlapped).  The host's cores are shared by
 processor sharing (rnb.tune.cores.SharedCores) among the calls computing on
 them and the client's and main's work per item: a call's CPU seconds (its
 profile's CPU fraction of its occupancy) stretch when more work computes
-than the host has cores.
+than the host has cores.  On Ray each pool of cores (one host, or the hosts
+one node label spans: rnb.tune.hosts) is shared so on its own, with the CPU
+that Ray's daemons spend per item and hop as background on the pool of the
+hop's receiving end.
 
 Why a small event loop of our own and not simpy: the model needs five kinds
 of event and no process abstraction, and each candidate's peak rate takes a
@@ -124,6 +127,7 @@ class SimGroup:
     cpu_fraction: float = 0.0         # CPU seconds per second of a call's profiled occupancy (CpuUse.fraction)
     profiled_threads: int = 1         # the threads its profile's CPU seconds ran on
     threads: int = 1                  # the threads each replica computes on in the candidate
+    pool: int = 0                     # the cores it computes on: 0 the driver's host's, k other_pools[k - 1]
 
     def cpu_per_item_s(self, items_per_call: int) -> float:
         """CPU seconds the group spends per item at full batches (whichever replica serves it)."""
@@ -134,10 +138,12 @@ class SimGroup:
 
 @dataclass(frozen=True)
 class Background:
-    """CPU seconds per item of the processes outside the steps: the client (per request) and main (per result)."""
+    """CPU seconds per item of the processes outside the steps: the client (per request) and main (per result),
+    and per item and hop (`hop_s`) Ray's daemons (raylet, GCS), on the pool of the hop's receiving end."""
 
     client_s: float = 0.0
     main_s: float = 0.0
+    hop_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,7 @@ class SimPipeline:
     num_steps: int
     cores: float = 0.0                # the host's usable cores; 0: not modelled (every call keeps its profiled time)
     background: Background = Background()
+    other_pools: tuple[float, ...] = ()   # usable cores of pools 1, 2, ...: other hosts of a Ray cluster
 
     def capacity_per_s(self) -> float:
         """Items per second no load can exceed: the least of each step's summed replica capacity and the cores'.
@@ -163,9 +170,27 @@ class SimPipeline:
         return min(*by_step.values(), self.cores_capacity_per_s())
 
     def cores_capacity_per_s(self) -> float:
-        """Items per second the host's cores can compute (infinite where they are not modelled)."""
-        cpu = self.cpu_per_item_s()
-        return self.cores / cpu if self.cores and cpu > 0 else math.inf
+        """Items per second the cores can compute: the least over the pools (infinite where they are not modelled)."""
+        if not self.cores:
+            return math.inf
+        return min((cores / cpu for cores, cpu in zip(self.pool_cores, self.cpu_by_pool()) if cpu > 0), default=math.inf)
+
+    @property
+    def pool_cores(self) -> tuple[float, ...]:
+        return (self.cores, *self.other_pools)
+
+    def cpu_by_pool(self) -> list[float]:
+        """CPU seconds each pool of cores spends per item: its groups', its hops' and (pool 0) the client's and main's.
+
+        An item enters each step once, through one of its groups: a group
+        of a step with several takes its share of the step's hops.
+        """
+        spent = [0.0] * len(self.pool_cores)
+        groups_in = {step: sum(1 for g in self.groups if g.step == step) for step in range(self.num_steps)}
+        for g in self.groups:
+            spent[g.pool] += g.cpu_per_item_s(g.batch or _cards_in(self, g)) + self.background.hop_s / groups_in[g.step]
+        spent[0] += self.background.client_s + self.background.main_s + self.background.hop_s   # the hop to main
+        return spent
 
     def bound_by_cores(self) -> bool:
         """Whether the host's cores, not any step's replicas, set the capacity: more CPU replicas add nothing."""
@@ -176,8 +201,8 @@ class SimPipeline:
         return {g.name: g.cpu_per_item_s(g.batch or _cards_in(self, g)) for g in self.groups}
 
     def cpu_per_item_s(self) -> float:
-        """CPU seconds the host spends per item: every group's, the client's and main's."""
-        return sum(self.cpu_by_group().values()) + self.background.client_s + self.background.main_s
+        """CPU seconds every pool together spends per item: every group's, the hops', the client's and main's."""
+        return sum(self.cpu_by_pool())
 
 
 def _cards_in(pipeline: SimPipeline, g: SimGroup) -> int:
@@ -199,7 +224,7 @@ class Prediction:
     mean_latency_ms: float
     busy: Mapping[str, float]           # group name -> mean busy fraction of its replicas
     items: int
-    cores_busy: float | None = None     # the host's cores' busy fraction over the run; None where not modelled
+    cores_busy: float | None = None     # the busiest pool's cores' busy fraction over the run; None where not modelled
 
     def percentile_ms(self, q: float) -> float:
         return self.latency_ms[q]
@@ -225,16 +250,17 @@ def pipeline_of(space: TuneSpace, candidate: Candidate, profiles: Mapping[Profil
     """The candidate as the simulation sees it: every group with its replicas and its profiled service.
 
     Each CPU replica computes on the thread share the harness would give it
-    in this candidate (rnb.pipeline.plan.thread_share over its CPU runners),
-    not the one of its profiling job; a "threads" keyword wins, as there.
+    in this candidate (rnb.pipeline.plan.thread_share over its CPU runners;
+    on Ray its node's CPU resource over the CPU runners on the node), not
+    the one of its profiling job; a "threads" keyword wins, as there.  On
+    Ray each group computes on its node label's pool of cores (bench.hosts).
     """
     plan = unit_plan(space)
     forms = forms_of(space, candidate)
     by_group: dict[tuple[str, str, str], list[Profile]] = {}   # the same group at other forms
     for profile in profiles.values():
         by_group.setdefault((profile.key.model, profile.key.keywords, profile.key.input_shapes), []).append(profile)
-    cpu_runners = sum(1 for g in space.groups for device in candidate.group(g.step, g.group).devices if device < 0)
-    share = thread_share(bench.cores.affinity, cpu_runners)
+    shares = _thread_shares(space, candidate, bench)
     groups = []
     used = []
     for g in space.groups:
@@ -249,6 +275,7 @@ def pipeline_of(space: TuneSpace, candidate: Candidate, profiles: Mapping[Profil
         settings = candidate.group(g.step, g.group)
         siblings = [p for p in by_group[(key.model, key.keywords, key.input_shapes)]
                     if (p.key.form.segments, p.key.form.splits, p.key.form.batch) == (form.segments, form.splits, form.batch)]
+        share = shares[_node_of(bench, group.node)]
         threads = int(group.model_kwargs.get("threads", share if settings.devices[0] < 0 else bench.cores.affinity))
         groups.append(SimGroup(
             name=g.name, step=g.step, devices=settings.devices, in_queue=group.in_queue, out_queues=group.out_queues,
@@ -256,10 +283,29 @@ def pipeline_of(space: TuneSpace, candidate: Candidate, profiles: Mapping[Profil
             splits=candidate.steps[g.step].segments, batch=settings.batch,
             timeout_s=float(group.model_kwargs.get("timeout_ms", 50.0)) / 1000.0 if settings.batch else POLL_S,
             merges=merges_segments(g.model), cpu_fraction=profile.cpu.fraction,
-            profiled_threads=max(1, profile.cpu.threads), threads=max(1, threads)))
+            profiled_threads=max(1, profile.cpu.threads), threads=max(1, threads),
+            pool=bench.hosts.pool_of(group.node) if bench.engine == "ray" else 0))
     background = Background(float(np.median([p.cpu.client_per_item_s for p in used])),
-                            float(np.median([p.cpu.main_per_item_s for p in used])))
-    return SimPipeline(tuple(groups), space.num_steps, bench.cores.usable, background)
+                            float(np.median([p.cpu.main_per_item_s for p in used])),
+                            float(np.median([p.cpu.daemons_per_hop_s for p in used])))
+    pools = (bench.hosts.cores if bench.engine == "ray" else ()) or (bench.cores.usable,)
+    return SimPipeline(tuple(groups), space.num_steps, pools[0], background, pools[1:])
+
+
+def _node_of(bench: Bench, node: str | None) -> str | None:
+    """A group's node label where the engine shares threads per node (Ray, a label whose CPUs are known)."""
+    return node if bench.engine == "ray" and bench.hosts.cpus_of(node) is not None else None
+
+
+def _thread_shares(space: TuneSpace, candidate: Candidate, bench: Bench) -> dict[str | None, int]:
+    """A CPU runner's thread share per node label (None: the host's), as the engine gives it."""
+    runners: dict[str | None, int] = {}
+    for g in space.groups:
+        node = _node_of(bench, space.config.steps[g.step].queue_groups[g.group].node)
+        runners[node] = runners.get(node, 0) + sum(1 for device in candidate.group(g.step, g.group).devices
+                                                   if device < 0)
+    return {node: thread_share(bench.hosts.cpus_of(node) or bench.cores.affinity, count)
+            for node, count in runners.items()}
 
 
 def _describe(form: Form) -> str:
@@ -373,7 +419,9 @@ class Simulation:
         self.sent = 0
         self.origins = itertools.count()
         self.devices: dict[int, _Device] = {}
-        self.cores = SharedCores(pipeline.cores, self.at, lambda: self.now) if pipeline.cores > 0 else None
+        # One SharedCores per pool; none where the cores are not modelled.
+        self.pools = ([SharedCores(cores, self.at, lambda: self.now) for cores in pipeline.pool_cores]
+                      if pipeline.cores > 0 else [])
         queues: dict[tuple[int, int | None], _Queue] = {}   # (step reading it, its out_queue index) -> queue
         self.queues = queues
         self.request_queue = queues.setdefault((0, None), _Queue())
@@ -421,9 +469,13 @@ class Simulation:
         item = self.sent
         self.sent += 1
         self.enqueued[item] = self.now
-        if self.cores is not None and self.pipeline.background.client_s > 0:
-            self.cores.queue("client", self.pipeline.background.client_s)
+        self.background(0, "client", self.pipeline.background.client_s)
         self.put(self.request_queue, _Job((item,)), None)
+
+    def background(self, pool: int, backlog: str, work_s: float) -> None:
+        """CPU work of a one-core process outside the runners (the client, main, Ray's daemons) on a pool."""
+        if self.pools and work_s > 0:
+            self.pools[pool].queue(backlog, work_s)
 
     # ------------------------------------------------------------ queues and replicas
 
@@ -455,6 +507,7 @@ class Simulation:
             if producer.outbox:
                 self.send(producer)
         g = replica.group
+        self.background(g.pool, "daemons", self.pipeline.background.hop_s * len(job.items))
         service = g.service
         if g.batch is not None:
             if not replica.pending:
@@ -493,12 +546,12 @@ class Simulation:
         replica.busy_s += seconds
         g = replica.group
         cpu_s = g.cpu_fraction * seconds
-        if self.cores is None or cpu_s <= 0:
+        if not self.pools or cpu_s <= 0:
             self.off_cpu(replica, seconds, out)
             return
         alone_s = cpu_s / g.profiled_threads    # what the CPU work took in the profile
         replica.computing = self.now
-        self.cores.run(cpu_s, g.threads, lambda: self.computed(replica, alone_s, max(0.0, seconds - alone_s), out))
+        self.pools[g.pool].run(cpu_s, g.threads, lambda: self.computed(replica, alone_s, max(0.0, seconds - alone_s), out))
 
     def computed(self, replica: _Replica, alone_s: float, rest_s: float, out: _Job | None) -> None:
         replica.busy_s += (self.now - replica.computing) - alone_s   # stretched (or, on more threads, shortened)
@@ -582,8 +635,8 @@ class Simulation:
             if math.isnan(self.finished[item]):
                 self.finished[item] = self.now
                 self.done += 1
-                if self.cores is not None and self.pipeline.background.main_s > 0:
-                    self.cores.queue("main", self.pipeline.background.main_s)
+                self.background(0, "main", self.pipeline.background.main_s)
+                self.background(0, "daemons", self.pipeline.background.hop_s)
                 if self.arrivals.kind == "closed" and self.sent < self.items:
                     self.arrive()
 
@@ -601,7 +654,7 @@ class Simulation:
         busy: dict[str, list[float]] = {}
         for replica in self.replicas:
             busy.setdefault(replica.group.name, []).append(min(1.0, replica.busy_s / elapsed))
-        cores_busy = None if self.cores is None else min(1.0, self.cores.used_s / (self.cores.cores * elapsed))
+        cores_busy = max((min(1.0, pool.used_s / (pool.cores * elapsed)) for pool in self.pools), default=None)
         return Prediction(self.arrivals, throughput, percentiles, float(latency.mean()) if latency.size else math.inf,
                           {name: sum(values) / len(values) for name, values in busy.items()}, int(done.sum()),
                           cores_busy)

@@ -44,9 +44,11 @@ from rnb.core.joblog import host
 from rnb.core.records import JsonObject
 from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.termination import POLL_S, Termination
+from rnb.engines.ray.cluster import DAEMON_SAMPLES
 from rnb.pipeline.config import merges_segments, parse_config
 from rnb.pipeline.plan import Placement, plan_runners, runner_name
 from rnb.tune.cores import HostCores, host_cores, with_others
+from rnb.tune.hosts import HostPools
 from rnb.tune.space import Candidate, GroupChoices, TuneSpace, digest
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,9 @@ MIN_CALLS = 5           # fewer measured calls than this make no distribution
 SAMPLE_INTERVAL_MS = 25
 # How profiles are read off their jobs; a cached profile read another way is measured again. 2: the first
 # call kept after the trimmed start no longer counts its wait behind the trimmed calls as service. 3: the CPU
-# that the runner, the harness's hops, the client and main spent, and the host's cores in the key.
-PROFILE_VERSION = 3
+# that the runner, the harness's hops, the client and main spent, and the host's cores in the key. 4: the CPU
+# of Ray's daemons per item and hop.
+PROFILE_VERSION = 4
 
 
 class ProfileError(RuntimeError):
@@ -112,6 +115,7 @@ class Bench:
     device: int = -1       # where the profiled runners go: -1, or the first GPU of the budget
     host: str = dataclasses.field(default_factory=host)
     cores: HostCores = dataclasses.field(default_factory=host_cores)
+    hosts: HostPools = HostPools()   # on Ray, which cores each node label's runners compute on
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,9 @@ class CpuUse:
     out of the profile's calls: they are the step's on free cores, and the
     estimator shares the cores again as each candidate would.  The others
     are per item of the job: the harness's own cost of a hop (a runner
-    whose model does nothing), the client's and main's; and the cores that
+    whose model does nothing), the client's and main's, and on Ray the
+    daemons' per item and hop (the job's hops: one into each step, one
+    to main); and the cores that
     other work on the host used while the job ran, recorded for the reader
     (the report shows it), not modelled: the kernel shares the cores
     fairly, so what others used beside a job is not what they would take
@@ -140,6 +146,7 @@ class CpuUse:
     hop_per_item_s: float = 0.0     # the sink's CPU per item (the feeder's on the final step): one hop and one call
     client_per_item_s: float = 0.0
     main_per_item_s: float = 0.0
+    daemons_per_hop_s: float = 0.0  # Ray's daemons on this host (raylet, GCS, agents) per item and hop
     others_cores: float = 0.0       # cores that other work on the host used, on average, while the job ran
 
 
@@ -497,7 +504,21 @@ def cpu_use(job: Job, position: int, kept: Sequence[Call], busy_s: float, thread
     hop = runner_name(position + 1, 0, 0) if position < job.num_steps - 1 else runner_name(0, 0, 0)
     return CpuUse(fraction=runner / busy_s, per_call_s=runner / len(kept), threads=threads, waited=waited,
                   hop_per_item_s=per_item(hop) if hop != name else 0.0, client_per_item_s=per_item("client"),
-                  main_per_item_s=per_item("main"), others_cores=others_cores)
+                  main_per_item_s=per_item("main"),
+                  daemons_per_hop_s=daemons_per_hop_s(samples, start, end, items, job.num_steps + 1),
+                  others_cores=others_cores)
+
+
+def daemons_per_hop_s(samples: pa.Table, start: float, end: float, items: int, hops: int) -> float:
+    """CPU seconds per item and hop of the Ray cluster's processes that a job sampled (0 on the local engine).
+
+    A daemon that started or stopped inside the window counts only where
+    its samples reach (cpu_spent).
+    """
+    daemons = {process for process in samples.column("process").to_pylist()
+               if process is not None and process.startswith(DAEMON_SAMPLES)}
+    spent = sum(cpu_spent(samples, daemon, start, end) or 0.0 for daemon in daemons)
+    return spent / max(1, items) / max(1, hops)
 
 
 # ---------------------------------------------------------------- the cache

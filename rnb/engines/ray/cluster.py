@@ -35,11 +35,13 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+import psutil
 
 LOOPBACK = "127.0.0.1"
 NAMESPACE = "rnb"            # the Ray namespace of every job's named actors
@@ -48,6 +50,8 @@ SIMULATED_OBJECT_STORE_BYTES = 200 * 2**20  # per simulated node (they share thi
 # For a Ray of the job's own: Ray's memory monitor would kill our actors when this machine's memory runs
 # short whoever uses it, where the local engine's processes would carry on; the job's own Ray does without.
 OWN_SYSTEM_CONFIG = {"memory_monitor_refresh_ms": 0}
+# samples.parquet's name prefix for the cluster's own processes on the driver's machine (raylets, the GCS, agents).
+DAEMON_SAMPLES = "ray-daemon:"
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +290,7 @@ def _simulated_cluster(labels: Sequence[str], gpu_labels: frozenset[str], machin
     """A head node (the driver's) and one node per label, all on 127.0.0.1, sharing this machine's cores."""
     from ray.cluster_utils import Cluster
 
-    cpus = max(1, len(os.sched_getaffinity(0)) // (len(labels) + 1))
+    cpus = simulated_node_cpus(len(labels))
     cluster = Cluster(initialize_head=True, head_node_args={
         "node_ip_address": LOOPBACK, "num_cpus": cpus, "object_store_memory": SIMULATED_OBJECT_STORE_BYTES,
         "num_gpus": 0, "include_dashboard": False, "_system_config": OWN_SYSTEM_CONFIG})
@@ -301,6 +305,28 @@ def _simulated_cluster(labels: Sequence[str], gpu_labels: frozenset[str], machin
     log.info("started a simulated Ray cluster on 127.0.0.1: a head node and %d labelled nodes (%s)",
              len(labels), ", ".join(labels))
     return cluster
+
+
+def daemons_here(session: str, ours: Collection[int]) -> list[tuple[str, int]]:
+    """The cluster's processes on this machine other than `ours`: (sample name, pid) of each.
+
+    They are what carries the job's items besides its actors: raylets with
+    their object stores, the GCS, the agents, the job's control actor and
+    idle workers.  Every one of them was started with the session's name
+    (Ray's --session-name flag), which tells them from another cluster's.
+    """
+    flag = f"--session-name={session}"
+    found = []
+    for process in psutil.process_iter(["pid", "name", "cmdline"]):
+        pid, cmdline = process.info["pid"], process.info["cmdline"] or ()
+        if pid not in ours and flag in cmdline:
+            found.append((f"{DAEMON_SAMPLES}{process.info['name']}:{pid}", pid))
+    return found
+
+
+def simulated_node_cpus(labels: int) -> int:
+    """The CPU resource of each node of a simulated cluster of a head and `labels` nodes: this machine's, shared."""
+    return max(1, len(os.sched_getaffinity(0)) // (labels + 1))
 
 
 def split_label(node: str) -> tuple[str, str]:

@@ -43,7 +43,7 @@ from rnb.engines.client import ClientSpec
 from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.engines.live import LiveProgress, progress_mode
 from rnb.engines.ray.actors import ACTOR_ENV, ClientActor, ControlState, JobControl, RayWiring, RunnerActor
-from rnb.engines.ray.cluster import JobRay, NodeInfo
+from rnb.engines.ray.cluster import JobRay, NodeInfo, daemons_here
 from rnb.engines.ray.placement import NodeChoice, Seat, seat_runners
 from rnb.engines.sampler import Sampler
 from rnb.engines.spool import TimingsSpool
@@ -238,13 +238,18 @@ class RayJob:
             self._start_runner(member, seat, by_name)
 
     def sample_here(self, sampler: Sampler) -> None:
-        """Sample the driver and the actors on its machine (the others' processes are out of its reach)."""
+        """Sample the driver, the actors on its machine and the cluster's processes there (raylets, the GCS):
+        the other machines' processes are out of its reach."""
         sampler.watch("main", os.getpid())
         here = ray.util.get_node_ip_address()
+        ours = {os.getpid()}
         for member in self.members:
             record = self.book[member.name]
             if record.node_ip == here and record.pid is not None:
+                ours.add(record.pid)
                 sampler.watch(member.name, record.pid)
+        for name, pid in daemons_here(ray.get_runtime_context().get_session_name(), ours):
+            sampler.watch(name, pid)
         sampler.start()
 
     def _seat_options(self, seat: Seat) -> dict[str, Any]:
