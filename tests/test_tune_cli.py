@@ -151,6 +151,8 @@ def as_from_a_terminal() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
+# The tests of these runs are marked serial: the tuner verifies a p99 bound on this host's cores, which another
+# pytest worker's jobs beside it made it miss (p99 320 ms at 131 req/s against 250 in three runs of three).
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     work = tmp_path_factory.mktemp("tune")
@@ -174,6 +176,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     return Runs(out, config, interrupted, kept, first, jobs, second, job_dirs(out), best)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_ctrl_c_stops_the_tuner_with_130_and_keeps_what_it_measured(runs: Runs) -> None:
@@ -190,6 +193,7 @@ def test_ctrl_c_stops_the_tuner_with_130_and_keeps_what_it_measured(runs: Runs) 
     assert len(list((runs.out / "profiles").glob("*.json"))) == 4
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_the_tuner_writes_a_best_config_that_runs_as_is(runs: Runs) -> None:
@@ -205,6 +209,7 @@ def test_the_tuner_writes_a_best_config_that_runs_as_is(runs: Runs) -> None:
     assert runs.first.stdout.splitlines()[-1] == f"wrote {runs.out / 'best.json'}, {runs.out / 'report.html'}"
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_every_candidate_is_in_the_parquet_with_its_prediction_and_what_was_measured(runs: Runs) -> None:
@@ -224,6 +229,7 @@ def test_every_candidate_is_in_the_parquet_with_its_prediction_and_what_was_meas
     assert Path(verified["job_log"]).is_dir() and verified["measured_peak_rate_per_s"] > 0
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_a_second_run_with_the_same_arguments_runs_no_job(runs: Runs) -> None:
@@ -233,6 +239,7 @@ def test_a_second_run_with_the_same_arguments_runs_no_job(runs: Runs) -> None:
     assert "(cached)" in runs.second.stderr
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.timeout(E2E_TIMEOUT_S)
@@ -250,6 +257,7 @@ def test_the_report_renders_in_a_browser_without_errors_or_fetches(runs: Runs) -
     assert (runs.out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_analyze_writes_the_same_page_for_one_job(runs: Runs, tmp_path: Path) -> None:
@@ -267,6 +275,7 @@ def test_analyze_writes_the_same_page_for_one_job(runs: Runs, tmp_path: Path) ->
     assert many.returncode == 2 and many.stderr.startswith("analyze: --html writes one job's page; ")
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_a_bound_no_candidate_meets_names_the_closest_measured_and_exits_1(runs: Runs, tmp_path: Path) -> None:
@@ -281,6 +290,7 @@ def test_a_bound_no_candidate_meets_names_the_closest_measured_and_exits_1(runs:
     assert len([job for job in job_dirs(out) if job.parent.name == "verify"]) == 1
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_the_estimator_replays_a_measured_job_from_its_own_calls(runs: Runs) -> None:
