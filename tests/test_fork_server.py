@@ -7,9 +7,14 @@ arguments hold more descriptors than the server takes is spawned afresh.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import resource
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from rnb import cli
@@ -60,3 +65,26 @@ def test_a_runner_given_more_shared_slots_than_the_fork_server_takes_is_spawned_
     assert [row["item_id"] for row in log.rows] == list(range(12))
     assert {row["forked"] for row in log.rows} == {0}
     assert log.children_left == []
+
+
+def test_a_process_that_leaves_waits_for_its_fork_server_so_its_children_cpu_counts_as_its_own():
+    """rusage of the children counts only the waited-for: the forked child's CPU reaches us through its server.
+
+    The child hashes (a builtin, so the script imports nothing heavy); the
+    same hashing here says how much CPU that is on this machine.
+    """
+    work = ("sha256", b"rnb", b"salt", 3_000_000)
+    began = time.process_time()
+    hashlib.pbkdf2_hmac(*work)
+    expected = time.process_time() - began
+    script = ("import hashlib\n"
+              "from rnb.engines.local.lifeline import children_context\n"
+              f"child = children_context().Process(target=hashlib.pbkdf2_hmac, args={work!r})\n"
+              "child.start()\n"
+              "child.join()\n")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert done.returncode == 0, done.stderr
+    own = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    assert own >= 0.8 * expected, (own, expected)

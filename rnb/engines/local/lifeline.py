@@ -39,15 +39,18 @@ and a forked child inherits the server's dispositions.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import faulthandler
 import multiprocessing
+import multiprocessing.forkserver
 import multiprocessing.reduction
 import multiprocessing.spawn
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
@@ -63,6 +66,8 @@ _stacks_file: IO[str] | None = None  # kept open for faulthandler, which writes 
 # What the fork server imports before forking anyone, where the main process has loaded it too: the imports
 # that cost a child most (torch about 2 s of CPU here, torchvision and torchcodec 1.5 s more).
 PRELOADED = ("torch", "torchvision", "torchcodec")
+STOP_WAIT_S = 10.0  # how long a process leaving waits for its fork server to go (one still importing finishes first)
+_stopped_at_exit = False
 
 
 def children_context() -> ForkServerContext:
@@ -71,9 +76,28 @@ def children_context() -> ForkServerContext:
     The preload takes effect when the server starts (at the first child of
     this process); later calls change nothing for a server already running.
     """
+    global _stopped_at_exit
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([name for name in PRELOADED if name in sys.modules])
+    if not _stopped_at_exit:
+        atexit.register(_stop_fork_server)
+        _stopped_at_exit = True
     return context
+
+
+def _stop_fork_server() -> None:
+    """At exit: stop this process's fork server and wait for it (at most STOP_WAIT_S).
+
+    A waited-for server's CPU, and that of the children it forked and
+    waited for, counts among this process's children (getrusage), as a
+    spawned child's did: what rnb.tune.cores counts as a job's own CPU.
+    multiprocessing keeps the server in a private global; its `_stop` is
+    what its own tests use.
+    """
+    server = multiprocessing.forkserver._forkserver
+    waiter = threading.Thread(target=server._stop, daemon=True)  # type: ignore[attr-defined]  # not in typeshed
+    waiter.start()
+    waiter.join(STOP_WAIT_S)
 
 
 @contextlib.contextmanager

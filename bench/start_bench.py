@@ -1,0 +1,53 @@
+"""P12: how long a job's child takes to start, forked from the fork server against spawned afresh.
+
+Each side starts one child exactly as the local engine does (a Lifeline
+first among its arguments, through `spawning_children`), which imports the
+runner's module, as a runner does, and then reports; the figure is the time
+from `start()` to that report.  The fork server's own start (its import of
+torch, once per main process) is left out of side A: one warm-up start pays
+it, as a job's first child does.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import time
+from multiprocessing.context import ForkServerContext, SpawnContext
+from multiprocessing.queues import Queue
+
+import torch  # noqa: F401 - the fork server preloads what this process has imported, as the main process of a job
+
+from bench.common import Effort, Goal, Row, measure_pair
+from rnb.engines.local.lifeline import Lifeline, children_context, run, spawning_children
+
+STARTS_PER_REP = 3
+
+
+def report_started(queue: Queue) -> None:
+    """The child: import what a runner imports, then say so."""
+    import rnb.engines.runner  # noqa: F401
+    queue.put(time.monotonic())
+
+
+def start_seconds(ctx: ForkServerContext | SpawnContext, queue: Queue) -> float:
+    """Mean seconds from start() to the child's report, over STARTS_PER_REP children started one after another."""
+    total = 0.0
+    for _ in range(STARTS_PER_REP):
+        began = time.monotonic()
+        child = ctx.Process(target=run, args=(Lifeline(), f"{__name__}.report_started", queue), daemon=True)
+        with spawning_children():
+            child.start()
+        total += queue.get(timeout=120) - began
+        child.join(30)
+    return total / STARTS_PER_REP
+
+
+def p12_child_start(effort: Effort) -> list[Row]:
+    forked, spawned = children_context(), multiprocessing.get_context("spawn")
+    replies = {"fork": forked.Queue(), "spawn": spawned.Queue()}
+    return [measure_pair(
+        "P12", "a child's start to its first message, importing the runner's modules: fork server / spawn",
+        Goal("<=", 0.25), ("fork server", "s", lambda: start_seconds(forked, replies["fork"])),
+        ("spawn", "s", lambda: start_seconds(spawned, replies["spawn"])), effort.reps,
+        note=f"{STARTS_PER_REP} children per rep, one after another; the bound is the fork itself (a few ms): "
+             "a spawned child imports torch before anything (about 2 s of CPU here), a forked one finds it "
+             "loaded; the server's own start is paid once per main process, in the warm-up")]
