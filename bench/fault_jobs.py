@@ -109,6 +109,30 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def job_children(pid: int) -> list[int]:
+    """The job's own children: the main process's and its fork server's, not the server or the resource tracker."""
+    found = []
+    for child in children(pid):
+        command = command_line(child)
+        if b"multiprocessing.forkserver" in command:
+            found += children(child)
+        elif b"resource_tracker" not in command:
+            found.append(child)
+    return found
+
+
+def fork_server_started(pid: int) -> bool:
+    """Whether the main process `pid` has started its fork server (the job's start-up has begun; no child yet)."""
+    return any(b"multiprocessing.forkserver" in command_line(child) for child in children(pid))
+
+
+def command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _inside(report: Path, mark: str, command: list[str]) -> int:
     """In the trial's namespace: a fresh /dev/shm, the job, then what it left there (one JSON line each)."""
     isolated = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4g", "tmpfs", "/dev/shm"],

@@ -46,7 +46,7 @@ from functools import partial
 from pathlib import Path
 
 from bench.fault_inputs import TOY, check_config, hand_made, mutants, remote_trial
-from bench.fault_jobs import HANG_S, MARK, SETTLE_S, JobRun, children, isolation_works, marked, run_job
+from bench.fault_jobs import HANG_S, MARK, SETTLE_S, JobRun, fork_server_started, isolation_works, job_children, marked, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = ("crash", "hold", "signal", "stall", "config", "remote", "memory")
@@ -105,10 +105,10 @@ def after_start(work: Path, delay_s: float = 1.0, timeout_s: float = 120.0) -> N
     time.sleep(delay_s)
 
 
-def during_start_up(pid: int, count: int = 3, timeout_s: float = 120.0) -> None:
-    """Wait until the main process has `count` children (resource tracker, client, runners): all still starting."""
+def during_start_up(pid: int, timeout_s: float = 120.0) -> None:
+    """Wait until the main process has started its fork server, which imports torch before forking any child."""
     deadline = time.time() + timeout_s
-    while len(children(pid)) < count and time.time() < deadline:
+    while not fork_server_started(pid) and time.time() < deadline:
         time.sleep(0.01)
 
 
@@ -123,8 +123,7 @@ def signal_at(work: Path, sig: int, to_group: bool, start_up: bool = False) -> C
 def kill_a_child(work: Path) -> Callable[[int, int], float]:
     def act(pid: int, group: int) -> float:
         after_start(work)
-        spawned = [p for p in children(pid) if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
-        os.kill(spawned[0], signal.SIGKILL)
+        os.kill(job_children(pid)[0], signal.SIGKILL)
         return time.time()
     return act
 
