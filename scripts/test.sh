@@ -3,7 +3,7 @@
 # A lint or type error fails the command before any test runs (docs/development.md says what is checked).
 # --quick (first argument) leaves out the tests marked slow: the edit-test loop; CI runs the whole suite.
 # pytest runs twice: the tests on two workers (pytest-xdist; each module's tests on one worker, the Ray
-# modules on one), then those marked serial, which measure the host's CPU, with the host to themselves.
+# modules on one: tests/conftest.py's scheduler), then those marked serial, which measure the host's CPU, with the host to themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 also=""
@@ -18,6 +18,6 @@ export RNB_WITH_NGINX=1 RNB_WITH_BROWSER=1
 .venv/bin/python -m mypy
 # Exit code 5 is pytest's "no test collected": arguments that select no test of one of the two runs.
 status=0
-.venv/bin/python -m pytest -n 2 --dist loadgroup -m "not serial$also" "$@" || { code=$?; [ $code = 5 ] || status=$code; }
+.venv/bin/python -m pytest -n 2 --dist loadscope -m "not serial$also" "$@" || { code=$?; [ $code = 5 ] || status=$code; }
 .venv/bin/python -m pytest -m "serial$also" "$@" || { code=$?; [ $code = 5 ] || status=$code; }
 exit $status

@@ -27,7 +27,7 @@ import pytest
 from bench.fault_jobs import MARK, marked
 from tests.ray_testing import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = Path(sys.executable).with_name("ray")

@@ -37,7 +37,7 @@ from rnb.tune.hosts import HostPools
 from tests.ray_testing import device_order_seen
 from tests.test_models import tiny_dataset
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 STOP_BOUND_S = 10.0   # the bound from a failure to the job's end

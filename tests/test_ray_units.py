@@ -20,9 +20,6 @@ from rnb.engines.ray.placement import RESOURCE_SLIVER, seat_runners
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.plan import plan_runners
 
-# With the other Ray modules on one pytest worker (scripts/test.sh): one Ray cluster at a time on the host.
-pytestmark = pytest.mark.xdist_group("ray")
-
 NODES = [
     NodeInfo("head", "127.0.0.1", {}, {"CPU": 2}),
     NodeInfo("a", "127.0.0.1", {"node": "loaders"}, {"CPU": 4}),
