@@ -222,3 +222,10 @@ def test_a_ray_address_without_the_ray_engine_is_exit_2_in_one_sentence(capsys):
         'command line: --ray-address: expected the Ray engine (--engine ray or the config\'s "run": {"engine": "ray"}), '
         "found the local engine")
 
+
+
+def test_a_ray_address_where_nothing_answers_is_exit_1_in_one_sentence_not_minutes_of_retries(capsys):
+    code = cli.main(["-c", "config/toy.json", "--engine", "ray", "--ray-address", "127.0.0.1:1", "-v", "4"])
+    assert code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "benchmark.py: could not reach the Ray cluster at 127.0.0.1:1: its GCS did not answer within 5 s")

@@ -13,21 +13,10 @@ the client and main run there.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from rnb.engines.ray.cluster import (
-    PROBE_TIMEOUT_S,
-    ClusterStartError,
-    JobRay,
-    NodeInfo,
-    gcs_accepts,
-    prepare,
-    resolve_address,
-    simulated_node_cpus,
-    split_label,
-)
+from rnb.engines.ray.cluster import JobRay, NodeInfo, prepare, resolve_address, simulated_node_cpus, split_label
 from rnb.pipeline.config import PipelineConfig
 
 
@@ -103,14 +92,9 @@ def cluster_pools(nodes: Sequence[NodeInfo], labels: Iterable[str | None], drive
 def running_cluster_pools(address: str, labels: Iterable[str | None], driver_cores: float) -> HostPools:
     """The pools of the cluster at `address`, asked of Ray once (a connection of a few seconds).
 
-    Its GCS is asked first: `ray.init` retries an address where nothing
-    answers for minutes (more than 5 here), which would hang the tuner
-    before it had measured anything.
+    `prepare` asks its GCS first (a ClusterStartError where nothing answers),
+    so a wrong address does not hang the tuner in `ray.init`'s retries.
     """
-    target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
-    if "://" not in target and gcs_accepts(target, None) is None:
-        raise ClusterStartError(f"could not reach the Ray cluster at {target}: its GCS did not answer within "
-                                f"{PROBE_TIMEOUT_S:g} s")
     prepare(address)
     import ray  # only now: prepare() sets what Ray reads when it is imported
 

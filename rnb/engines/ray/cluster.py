@@ -131,15 +131,17 @@ def use_token_as_the_cluster_wants(address: str | None) -> None:
     """Token mode on exactly when the cluster to join wants a token, and this driver's is the one it takes.
 
     A job that starts its own Ray, or joins the local one found by "auto",
-    is left to Ray; so is a cluster that cannot be asked (its GCS does not
-    answer: ray.init then says so).
+    is left to Ray.  A cluster whose GCS does not answer within
+    PROBE_TIMEOUT_S is a ClusterStartError now: `ray.init` would retry such
+    an address for minutes, saying nothing.
     """
     target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
     if not target or "://" in target:
         return
     open_to_all = gcs_accepts(target, None)
     if open_to_all is None:
-        return
+        raise ClusterStartError(f"could not reach the Ray cluster at {target}: its GCS did not answer within "
+                                f"{PROBE_TIMEOUT_S:g} s")
     if open_to_all:
         os.environ.setdefault(AUTH_MODE_ENV, "disabled")  # the cluster has no authentication to turn off
         return
