@@ -67,7 +67,6 @@ _stacks_file: IO[str] | None = None  # kept open for faulthandler, which writes 
 # that cost a child most (torch about 2 s of CPU here, torchvision and torchcodec 1.5 s more).
 PRELOADED = ("torch", "torchvision", "torchcodec")
 STOP_WAIT_S = 10.0  # how long a process leaving waits for its fork server to go (one still importing finishes first)
-_stopped_at_exit = False
 
 
 def children_context() -> ForkServerContext:
@@ -76,17 +75,13 @@ def children_context() -> ForkServerContext:
     The preload takes effect when the server starts (at the first child of
     this process); later calls change nothing for a server already running.
     """
-    global _stopped_at_exit
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([name for name in PRELOADED if name in sys.modules])
-    if not _stopped_at_exit:
-        atexit.register(_stop_fork_server)
-        _stopped_at_exit = True
     return context
 
 
 def _stop_fork_server() -> None:
-    """At exit: stop this process's fork server and wait for it (at most STOP_WAIT_S).
+    """At exit: stop this process's fork server, if it started one, and wait for it (at most STOP_WAIT_S).
 
     A waited-for server's CPU, and that of the children it forked and
     waited for, counts among this process's children (getrusage), as a
@@ -98,6 +93,9 @@ def _stop_fork_server() -> None:
     waiter = threading.Thread(target=server._stop, daemon=True)  # type: ignore[attr-defined]  # not in typeshed
     waiter.start()
     waiter.join(STOP_WAIT_S)
+
+
+atexit.register(_stop_fork_server)  # a process that never started a server has nothing to stop: `_stop` returns
 
 
 @contextlib.contextmanager
