@@ -495,7 +495,12 @@ def logged_mode(args: Mapping[str, object]) -> LoadMode:
     The keys decide, as they did for the job; `load_mode`, which meta.json
     also holds, is for a reader, and a log from before it was written has none.
     """
-    return mode_of(_settings({key: args[key] for key in DEFAULTS if args.get(key) is not None}))
+    return mode_of(logged_settings(args))
+
+
+def logged_settings(args: Mapping[str, object]) -> LoadSettings:
+    """The load settings of a logged job, from the load keys of its meta.json `args`: what its client offered."""
+    return _settings({key: args[key] for key in DEFAULTS if args.get(key) is not None})
 
 
 def _settings(values: Mapping[str, object]) -> LoadSettings:

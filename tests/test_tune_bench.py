@@ -1,6 +1,7 @@
 """bench/tune_bench.py itself: what its rows count, how its grid is bracketed, with no job run."""
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from bench import tune_bench
 from bench.common import Effort, Goal
 from bench.run import BENCHMARKS
 from bench.tune_bench import CPU_EXAMPLE, EXAMPLE, TuneRun, grid_of, measure_grid, ratio_row
-from rnb.tune.estimate import Estimator
+from rnb.load import LoadSettings, mode_of
+from rnb.tune.estimate import Arrivals, Estimator
 from rnb.tune.profile import Bench
 from rnb.tune.report import BEST, CANDIDATES
 from rnb.tune.space import Candidate, TuneSpace
@@ -138,3 +140,13 @@ def test_a_tuner_s_choice_is_written_as_its_short_label_with_the_batcher_s_batch
     (tmp_path / BEST).write_text(json.dumps({"pipeline": [{"queue_groups": [group]} for group in steps]}))
     assert tune_bench._chosen(TuneRun(300.0, 162.2, tmp_path, 0)) == "3 | b2 | 2 | 1 at 162.2"
     assert tune_bench._chosen(TuneRun(300.0, 0.0, tmp_path / "absent", 1)) == "none (exit 1)"
+
+
+def test_t3_predicts_a_poisson_job_s_p99_with_the_arrivals_its_client_drew() -> None:
+    # meta.json's args of a Poisson job of T3c: its client sent request k at the k-th due time of its seed's draw.
+    args = {"videos": 300, "mean_interval_ms": 8.0, "seed": 5, "warmup": 20, "queue_size": 50000, "engine": "local"}
+    load = LoadSettings(mean_interval_ms=8.0)
+    client = tuple(arrival.due_s for arrival in itertools.islice(mode_of(load).arrivals(load, 5), 300))
+    assert tune_bench.job_arrivals(args, 300) == Arrivals("trace", times=client)
+    assert tune_bench.job_arrivals({**args, "seed": 6}, 300).times != client
+    assert tune_bench.job_arrivals({"videos": 600, "mean_interval_ms": 0.0, "seed": 0}, 600) == Arrivals("bulk")

@@ -1,6 +1,10 @@
 """The tuner's estimator against queueing cases worked out by hand (no processes, no clocks)."""
 from __future__ import annotations
 
+import itertools
+import random
+
+import numpy as np
 import pytest
 
 from rnb.load import LoadSettings
@@ -145,9 +149,31 @@ def test_one_camera_stream_at_30_fps_into_a_40_ms_step_is_predicted_late_on_ever
 
 
 def test_every_benchmark_load_mode_has_its_simulated_arrivals() -> None:
-    assert Arrivals.of_load(LoadSettings(mean_interval_ms=4), 0, 10) == Arrivals.poisson(250.0)
+    poisson = Arrivals.of_load(LoadSettings(mean_interval_ms=4), 0, 10)
+    assert poisson.kind == "trace" and len(poisson.times) == 10 and list(poisson.times) == sorted(poisson.times)
     assert Arrivals.of_load(LoadSettings(mean_interval_ms=0), 0, 10) == Arrivals("bulk")
     assert Arrivals.of_load(LoadSettings(concurrency=3), 0, 10) == Arrivals("closed", concurrency=3)
     scheduled = Arrivals.of_load(LoadSettings(rate_schedule="100@10s"), 0, 50)
     assert scheduled.kind == "trace" and len(scheduled.times) == 50 and list(scheduled.times) == sorted(scheduled.times)
 
+
+
+def test_a_poisson_load_is_simulated_with_the_arrivals_its_client_draws_from_its_seed() -> None:
+    # The client sends request k at the k-th due time of rnb.load's draw: gaps of random.Random(seed).expovariate.
+    # The p99 of a few hundred items depends on that draw as much as on the pipeline, so a prediction to hold
+    # against a job must offer the job's own draw, not another of the same rate.
+    gaps = random.Random(7)
+    due = list(itertools.accumulate(gaps.expovariate(250.0) for _ in range(5)))
+    arrivals = Arrivals.of_load(LoadSettings(mean_interval_ms=4), 7, 5)
+    assert arrivals.kind == "trace" and arrivals.times == pytest.approx(due)
+    # One deterministic step of 6 ms at 75% load: item k leaves at max(its arrival, item k-1's departure) + 6 ms,
+    # so every latency, and their p99, follows from the due times by hand.
+    drawn = random.Random(3)
+    times = list(itertools.accumulate(drawn.expovariate(125.0) for _ in range(300)))
+    departed, latencies = 0.0, []
+    for arrived in times:
+        departed = max(arrived, departed) + 0.006
+        latencies.append((departed - arrived) * 1000.0)
+    prediction = simulate(chain(ms(6)), Arrivals.of_load(LoadSettings(mean_interval_ms=8), 3, 300), items=300, warmup=0)
+    assert prediction.latency_ms[99.0] == pytest.approx(float(np.percentile(latencies, 99.0)), rel=1e-9)
+    assert prediction.mean_latency_ms == pytest.approx(float(np.mean(latencies)), rel=1e-9)
