@@ -306,7 +306,7 @@ def job_arrivals(args: Mapping[str, object], items: int) -> Arrivals:
     The p99 of the few hundred items of a row's Poisson job depends on its
     draw of arrivals as much as on the model: over ten draws of the
     estimator's own, one config's predicted p99 ranged from 33 to 62 ms
-    (docs/tuner.md, "T3c as measured here").  Offering the job's own draw
+    (docs/tuner.md, Phase 2).  Offering the job's own draw
     leaves the model's error.
     """
     seed = args.get("seed")
