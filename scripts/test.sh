@@ -19,5 +19,9 @@ export RNB_WITH_NGINX=1 RNB_WITH_BROWSER=1
 # Exit code 5 is pytest's "no test collected": arguments that select no test of one of the two runs.
 status=0
 .venv/bin/python -m pytest -n 2 --dist loadscope -m "not serial$also" "$@" || { code=$?; [ $code = 5 ] || status=$code; }
-.venv/bin/python -m pytest -m "serial$also" "$@" || { code=$?; [ $code = 5 ] || status=$code; }
+# Without arguments the serial run collects only the modules that mark tests serial: collecting every module
+# imports every library again, about 10 s.
+serial=("$@")
+[ $# -gt 0 ] || mapfile -t serial < <(grep -l "mark\.serial" tests/test_*.py)
+.venv/bin/python -m pytest -m "serial$also" "${serial[@]}" || { code=$?; [ $code = 5 ] || status=$code; }
 exit $status
