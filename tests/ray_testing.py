@@ -1,4 +1,4 @@
-"""The Ray cluster of the test session: a head and labelled nodes, all on 127.0.0.1 (ray.cluster_utils.Cluster).
+"""The Ray cluster a test module shares: a head and labelled nodes, all on 127.0.0.1 (ray.cluster_utils.Cluster).
 
 Starting Ray costs tens of seconds on a small machine, so one cluster serves
 every Ray test of a module; each job creates its own actors and must remove
