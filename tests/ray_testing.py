@@ -35,8 +35,9 @@ OBJECT_STORE_BYTES = 150 * 2**20  # per node: the tests' tensors are small, and 
 NETS_GPUS = 1  # a GPU Ray is told the "nets" node has: there is none, which the GPU checks must find
 CLUSTER_DEVICE_ORDER = "FASTEST_FIRST"  # what a worker of the cluster sees unless the driver sets its own
 # A killed raylet refuses each check at once, so it is declared dead after 5 periods; a live one, however loaded,
-# still has Ray's 10 s per check.
-SYSTEM_CONFIG = {**OWN_SYSTEM_CONFIG, "health_check_period_ms": 500}
+# still has Ray's 10 s per check.  No worker is started ahead for this test process, the first driver: its tasks
+# run on other nodes, and each job's actors get workers of their own.
+SYSTEM_CONFIG = {**OWN_SYSTEM_CONFIG, "health_check_period_ms": 500, "prestart_worker_first_driver": False}
 
 
 @dataclass
