@@ -1,7 +1,7 @@
 """The Ray engine on a real Ray cluster of simulated nodes on 127.0.0.1 (tests/ray_testing.py).
 
 Jobs run as `benchmark.py --engine ray --ray-address ...` processes against
-the session's cluster: items finish exactly once, runners land on the nodes
+the module's cluster: items finish exactly once, runners land on the nodes
 their group's label names, outputs equal the local engine's item for item,
 failures end the job with exit 1 within the stop bound and leave no actor,
 and what the cluster cannot host is exit 2 in one sentence.  The cluster's
