@@ -354,7 +354,7 @@ def test_the_final_step_ships_counted_cards_in_batches_and_holds_none_back(monke
         messages = []
         while True:
             try:
-                messages.append([card.item_id for card in plumbing.results.get(timeout=1).cards])
+                messages.append([card.item_id for card in plumbing.results.get(timeout=0.2).cards])
             except queue.Empty:
                 return messages
 
