@@ -101,7 +101,7 @@ def test_ctrl_c_exits_130_and_keeps_the_finished_items(tmp_path, job_log):
     try:
         started = job.stderr.readline()  # the main process announces the start gate opening
         assert started.startswith("benchmark.py: started "), started
-        time.sleep(1)  # some items finish (one every 20 ms)
+        time.sleep(0.5)  # some items finish (one every 20 ms)
         job.send_signal(signal.SIGINT)
         interrupted = time.time()
         out, err = job.communicate(timeout=60)

@@ -10,7 +10,6 @@ import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from models.toy import SyntheticFrames
 from rnb import cli
@@ -20,6 +19,7 @@ from rnb.core.termination import Termination
 from rnb.core.timecard import TimeCard, as_cards
 from rnb.engines import transport as transport_module
 from rnb.engines.buffers import LocalBuffers
+from rnb.engines.local.lifeline import children_context
 from rnb.engines.local.plumbing import Plumbing, SharedSlot, SlotFlag, TerminationFlag
 from rnb.engines.local.ring import RING_BYTES, RingQueue
 from rnb.engines.local.transport import LocalTransport, LocalWiring
@@ -28,7 +28,9 @@ from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.plan import Placement
 from rnb.pipeline.sources import open_source
 
-CTX = mp.get_context("spawn")
+# Children fork from the fork server the jobs use (started once per process, torch loaded), not spawned afresh:
+# a spawned child would import torch again, seconds of CPU each.
+CTX = children_context()
 
 
 class CountingPaths:
@@ -151,7 +153,7 @@ def test_slot_flag_wakes_a_producer_waiting_in_another_process_and_times_out_whe
     setter = CTX.Process(target=_set_after, args=(flag, 0.3))
     setter.start()
     try:
-        assert flag.wait(120) is True and flag.is_set()  # a spawned child may take long to start
+        assert flag.wait(120) is True and flag.is_set()  # a child may take long to start on a loaded machine
     finally:
         setter.join(10)
     assert setter.exitcode == 0
@@ -174,7 +176,7 @@ def test_ring_queue_wakes_a_consumer_in_another_process_and_keeps_order_and_capa
     sender = CTX.Process(target=_put_after, args=(ring, 0.3, sent))
     sender.start()
     try:
-        got = Signal.from_wire(ring.get(timeout=120))  # a spawned child may take long to start
+        got = Signal.from_wire(ring.get(timeout=120))  # a child may take long to start on a loaded machine
     finally:
         sender.join(10)
     assert (got.step, got.group, got.instance, got.slot, got.non_tensors, got.time_card.item_id) == (1, 0, 2, 3, {"n": 4}, 5)
@@ -237,7 +239,7 @@ def test_a_process_killed_holding_a_ring_lock_holds_nobody_up_past_the_end_of_th
     lock = ring._wlock if side == "write" else ring._rlock
     holder = CTX.Process(target=_hold_the_lock, args=(lock,))
     holder.start()
-    deadline = time.monotonic() + 120  # a spawned child may take long to start
+    deadline = time.monotonic() + 120  # a child may take long to start on a loaded machine
     while lock.acquire(False):
         lock.release()
         assert time.monotonic() < deadline
@@ -352,7 +354,7 @@ def test_the_final_step_ships_counted_cards_in_batches_and_holds_none_back(monke
         messages = []
         while True:
             try:
-                messages.append([card.item_id for card in plumbing.results.get(timeout=1).cards])
+                messages.append([card.item_id for card in plumbing.results.get(timeout=0.2).cards])
             except queue.Empty:
                 return messages
 

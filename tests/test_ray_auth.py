@@ -50,7 +50,10 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
     temp = Path(tempfile.mkdtemp(prefix="rnbray-", dir="/tmp"))
     port = free_port()
     mark = uuid.uuid4().hex
-    env = {**os.environ, "HOME": str(home), MARK: mark}
+    # On SIGTERM, `ray start --block` first asks the GCS to drain its node, for up to this many seconds (default
+    # 30); the GCS got the same SIGTERM (one process group), and where it has gone first, as on a loaded machine,
+    # the call is never answered and the teardown waited all 30 s.
+    env = {**os.environ, "HOME": str(home), MARK: mark, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_AUTH_MODE", None)
     started = subprocess.Popen([str(RAY), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",

@@ -1,7 +1,7 @@
 """The Ray engine on a real Ray cluster of simulated nodes on 127.0.0.1 (tests/ray_testing.py).
 
 Jobs run as `benchmark.py --engine ray --ray-address ...` processes against
-the session's cluster: items finish exactly once, runners land on the nodes
+the module's cluster: items finish exactly once, runners land on the nodes
 their group's label names, outputs equal the local engine's item for item,
 failures end the job with exit 1 within the stop bound and leave no actor,
 and what the cluster cannot host is exit 2 in one sentence.  The cluster's
@@ -87,6 +87,34 @@ def labels_of(meta: dict) -> dict[str, str | None]:
     nodes = meta["engine"]["nodes"]
     labels = {p["name"]: nodes[p["node"]]["labels"].get("node") for p in meta["processes"]}
     return {name: label for name, label in labels.items() if name.startswith(("step0", "step1"))}
+
+
+def test_the_shipped_two_node_config_runs_here_on_a_simulated_cluster_and_predicts_as_the_local_engine_does(
+        tmp_path, job_log):
+    """config/ray-two-nodes.json with a digest step after its network: the job starts and stops its own cluster.
+
+    First in the module, before the module's cluster starts, so that cluster's daemons do not compete with it."""
+    dataset = tiny_dataset(tmp_path / "tiny")
+    document = json.loads((REPO / "config" / "ray-two-nodes.json").read_text())
+    network = document["pipeline"][1]
+    network.update(num_shared_tensors=2, threads=1)
+    network["queue_groups"][0]["out_queues"] = [0]
+    document["pipeline"].append({"model": "tests.fixture_models.Digest", "queue_groups": [{"gpus": [-1], "in_queue": 0}]})
+    config = write(tmp_path / "episodes.json", document)
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    job = benchmark(["-c", config, "--engine", "ray", "-v", "6", "--dataset", str(dataset),
+                     "--log-dir", str(tmp_path / "ray")], env=env)
+    _, err = job.communicate(timeout=JOB_TIMEOUT_S)
+    assert job.returncode == 0, err
+    assert cli.main(["-c", config, "-v", "6", "--dataset", str(dataset), "--log-dir", str(tmp_path / "local")]) == 0
+    on_ray, local = job_log(tmp_path / "ray"), job_log(tmp_path / "local")
+    assert on_ray.meta["engine"]["cluster"] == "simulated"
+    assert [row["item_id"] for row in on_ray.rows] == list(range(6))
+    # (bytes_fetched is not compared: it depends on which replica's cache an item met)
+    for key in ("episode", "digest", "frames_decoded"):
+        assert [row[key] for row in on_ray.rows] == [row[key] for row in local.rows], key
+    assert labels_of(on_ray.meta) == {"step0-g0-r0": "loaders", "step0-g0-r1": "loaders", "step1-g0-r0": "nets"}
+    assert [p["pid"] for p in on_ray.meta["processes"] if Path(f"/proc/{p['pid']}").exists()] == []
 
 
 def test_toy_pipeline_across_labelled_nodes_finishes_every_item_once_as_the_local_engine_does(
@@ -268,32 +296,6 @@ def test_what_the_cluster_cannot_host_is_exit_2_in_one_sentence(ray_cluster, tmp
     assert code == 2
     assert err.strip().splitlines()[-1].startswith(f"{config}: {sentence}")
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
-
-
-def test_the_shipped_two_node_config_runs_here_on_a_simulated_cluster_and_predicts_as_the_local_engine_does(
-        tmp_path, job_log):
-    """config/ray-two-nodes.json with a digest step after its network: the job starts and stops its own cluster."""
-    dataset = tiny_dataset(tmp_path / "tiny")
-    document = json.loads((REPO / "config" / "ray-two-nodes.json").read_text())
-    network = document["pipeline"][1]
-    network.update(num_shared_tensors=2, threads=1)
-    network["queue_groups"][0]["out_queues"] = [0]
-    document["pipeline"].append({"model": "tests.fixture_models.Digest", "queue_groups": [{"gpus": [-1], "in_queue": 0}]})
-    config = write(tmp_path / "episodes.json", document)
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    job = benchmark(["-c", config, "--engine", "ray", "-v", "6", "--dataset", str(dataset),
-                     "--log-dir", str(tmp_path / "ray")], env=env)
-    _, err = job.communicate(timeout=JOB_TIMEOUT_S)
-    assert job.returncode == 0, err
-    assert cli.main(["-c", config, "-v", "6", "--dataset", str(dataset), "--log-dir", str(tmp_path / "local")]) == 0
-    on_ray, local = job_log(tmp_path / "ray"), job_log(tmp_path / "local")
-    assert on_ray.meta["engine"]["cluster"] == "simulated"
-    assert [row["item_id"] for row in on_ray.rows] == list(range(6))
-    # (bytes_fetched is not compared: it depends on which replica's cache an item met)
-    for key in ("episode", "digest", "frames_decoded"):
-        assert [row[key] for row in on_ray.rows] == [row[key] for row in local.rows], key
-    assert labels_of(on_ray.meta) == {"step0-g0-r0": "loaders", "step0-g0-r1": "loaders", "step1-g0-r0": "nets"}
-    assert [p["pid"] for p in on_ray.meta["processes"] if Path(f"/proc/{p['pid']}").exists()] == []
 
 
 @pytest.mark.parametrize("k", [2, 20])

@@ -25,7 +25,10 @@ from rnb.analysis import analyze_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SLOW_IMPORTS = Path(__file__).resolve().parent / "slow_imports"
-IMPORT_DELAY_S = 8.0  # how long each child spends "importing torch" in the start-up tests
+IMPORT_DELAY_S = 8.0  # how long each child spends "importing torch" while the test kills the main process
+# The same while Ctrl-C lands: ample for the test to act inside it, and all waited out, as the job waits for its
+# fork server to finish importing before it exits.
+INTERRUPTED_IMPORT_DELAY_S = 4.0
 
 
 def write_config(tmp_path: Path, document: dict) -> str:
@@ -102,7 +105,7 @@ def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, tar
     # -q: no start-up lines, so stderr's first line is the start.
     job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "100000", "-mi", "20", "--warmup", "0", "-q")
     assert job.stderr.readline().startswith("benchmark.py: started "), "the job never started"
-    time.sleep(1)  # some items finish
+    time.sleep(0.5)  # some items finish (one every 20 ms)
     (os.kill if target == "main" else os.killpg)(job.pid, signal.SIGTERM)
     out, err = finish(job)
     assert job.returncode == 143, err
@@ -116,7 +119,8 @@ def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, tar
 
 
 def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_path):
-    job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0", import_delay_s=IMPORT_DELAY_S)
+    job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0",
+                          import_delay_s=INTERRUPTED_IMPORT_DELAY_S)
     wait_for_fork_server(job, mark)  # still importing torch: no child is forked yet
     os.killpg(job.pid, signal.SIGINT)
     out, err = finish(job)
