@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -12,8 +14,8 @@ from rnb import cli
 from rnb.core.messages import Request, Results
 from rnb.core.termination import Termination
 from rnb.core.timecard import TimeCard
-from rnb.engines.ray.actors import JobControl
 from rnb.engines.ray.cluster import NodeInfo, is_loopback_address, resolve_address, split_label, use_loopback_if_local
+from rnb.engines.ray.control import JobControl
 from rnb.engines.ray.driver import measure_offset, paths_every_node_sees
 from rnb.engines.ray.handoffs import Courier, Outbox, Parcel
 from rnb.engines.ray.placement import RESOURCE_SLIVER, seat_runners
@@ -214,6 +216,14 @@ def test_the_job_control_ends_at_the_target_dated_by_the_last_accepted_cards_cou
     state = control.collect()
     assert state.reason == Termination.TARGET_REACHED and state.raised_at == 12.0
     assert [card.item_id for card in state.cards] == [2] and control.finished == 3
+
+
+def test_the_job_control_and_every_message_it_takes_import_no_torch():
+    """Its actor's process imports what unpickling its class and its calls' arguments needs: no torch there."""
+    probe = ("import sys, rnb.engines.ray.control, rnb.core.messages; "
+             "print(sorted(name for name in ('torch', 'ray') if name in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
 
 
 def test_a_ray_address_without_the_ray_engine_is_exit_2_in_one_sentence(capsys):

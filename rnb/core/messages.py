@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rnb.core.model import NonTensors
 from rnb.core.timecard import Cards, TimeCard
+
+if TYPE_CHECKING:   # torch, which rnb.core.model imports, is not needed to read a message (Ray's JobControl has none)
+    from rnb.core.model import NonTensors
 
 # TimeCard's own rebuild from the flat state it pickles as (its __reduce__): a card's wire form is that state.
 _REBUILD_CARD: Callable[..., TimeCard] = TimeCard(0).__reduce__()[0]

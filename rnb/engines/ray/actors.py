@@ -1,6 +1,6 @@
 """The Ray engine's side on the cluster: the job's actors and the transports the shared loops run on.
 
-    JobControl (on the driver's node): the termination flag, the finished count, what the driver collects
+    JobControl (on the driver's node; rnb.engines.ray.control): the flag, the finished count, what the driver collects
     ClientActor ──push(Request)──▶ RunnerActor, step 0 ──push(Handoff, tensors)──▶ RunnerActor, step 1 ...
                                                    final step ──finish(cards)──▶ JobControl ──halt──▶ every actor
 
@@ -35,7 +35,7 @@ from typing import Any
 import ray
 import torch
 
-from rnb.core.messages import Exited, Failed, Handoff, Request, Results, Status
+from rnb.core.messages import Exited, Failed, Handoff, Request, Status
 from rnb.core.model import NonTensors
 from rnb.core.progress import Progress, empty_cells
 from rnb.core.stages import StepEvents
@@ -64,81 +64,6 @@ class Whereabouts:
     node_id: str
     pid: int
     gpu_ids: tuple[str, ...]   # the GPUs Ray gave it (its CUDA_VISIBLE_DEVICES)
-
-
-@dataclass(frozen=True)
-class ControlState:
-    """What the driver takes from JobControl at each look: the flag, and what came in since the last look."""
-
-    reason: Termination
-    raised_at: float
-    statuses: tuple[Status, ...]
-    cards: tuple[TimeCard, ...]
-
-
-class JobControl:
-    """The job's shared state on Ray (a plain actor: one call at a time, in the order each caller sent them).
-
-    It lives on the driver's node, so the time it stamps on the flag is on
-    the driver's clock.  At the target the flag's time, the end of the job,
-    is when the final step counted the last item it accepted (its stamp
-    `counted`, on the driver's clock too), as the local engine raises its
-    flag at the count: the cards may have waited a little on their way here.
-    """
-
-    def __init__(self, target: int, counted: str) -> None:
-        self.target = target
-        self.counted = counted
-        self.last_counted = 0.0
-        self.finished = 0
-        self.reason = Termination.RUNNING
-        self.raised_at = 0.0
-        self.statuses: list[Status] = []
-        self.cards: list[TimeCard] = []
-        self.members: list[Any] = []
-        self.client: Any = None
-
-    def attach(self, members: Sequence[Any], client_actor: Any) -> None:
-        """The actors to halt when the job ends, and the client to tell of finished items (closed loop) or None."""
-        self.members, self.client = list(members), client_actor
-        if self.reason != Termination.RUNNING:
-            self._halt_all()
-
-    def stop(self, reason: Termination, at: float | None = None) -> None:
-        """The first reason wins; every actor is told to halt.  The flag's time is `at`, or now."""
-        if self.reason == Termination.RUNNING:
-            self.reason, self.raised_at = Termination(reason), time.time() if at is None else at
-            self._halt_all()
-
-    def _halt_all(self) -> None:
-        for member in self.members:
-            member.halt.remote()
-
-    def finish(self, results: Results) -> None:
-        """Final step: count cards towards the target (those past it are dropped); stop at the target."""
-        cards = results.cards
-        accepted = cards[: max(0, self.target - self.finished)]
-        self.finished += len(accepted)
-        self.cards.extend(accepted)
-        self.last_counted = max([self.last_counted, *(card.event(self.counted) or 0.0 for card in accepted)])
-        if self.client is not None:
-            self.client.release.remote(len(cards))
-        if self.finished >= self.target:
-            self.stop(Termination.TARGET_REACHED, self.last_counted)
-
-    def drop(self, count: int) -> None:
-        """The client dropped `count` frames (streams under the drop policy): they count towards the target."""
-        self.finished = min(self.target, self.finished + count)
-        if self.finished >= self.target:
-            self.stop(Termination.TARGET_REACHED)
-
-    def report(self, status: Status) -> None:
-        self.statuses.append(status)
-
-    def collect(self) -> ControlState:
-        state = ControlState(self.reason, self.raised_at, tuple(self.statuses), tuple(self.cards))
-        self.statuses, self.cards = [], []
-        return state
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,9 @@ from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
 from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.engines.live import LiveProgress, progress_mode
-from rnb.engines.ray.actors import ACTOR_ENV, ClientActor, ControlState, JobControl, RayWiring, RunnerActor
+from rnb.engines.ray.actors import ACTOR_ENV, ClientActor, RayWiring, RunnerActor
 from rnb.engines.ray.cluster import JobRay, NodeInfo, daemons_here
+from rnb.engines.ray.control import ControlState, JobControl
 from rnb.engines.ray.placement import NodeChoice, Seat, seat_runners
 from rnb.engines.sampler import Sampler
 from rnb.engines.spool import TimingsSpool
