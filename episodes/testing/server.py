@@ -28,6 +28,7 @@ from pathlib import Path
 from episodes.testing.network import NetworkProfile, free_port, slow_link, stop_process
 
 DEBIAN_NGINX = "/usr/sbin/nginx"   # where Debian's package puts it, on root's PATH but not always on a user's
+LOG_SETTLE_S = 0.05  # how long a count of the access log must hold still before it is believed
 
 
 def nginx_binary() -> str | None:
@@ -69,7 +70,21 @@ class NginxServer:
     access_log: Path
 
     def requests(self, path_part: str) -> int:
-        """How many requests so far had `path_part` in their request line."""
+        """How many requests so far had `path_part` in their request line.
+
+        nginx logs a request after its response has gone, so a client can
+        have the answer before the line is written: the count is read until
+        two reads LOG_SETTLE_S apart agree.
+        """
+        count = self._count(path_part)
+        while True:
+            time.sleep(LOG_SETTLE_S)
+            again = self._count(path_part)
+            if again == count:
+                return count
+            count = again
+
+    def _count(self, path_part: str) -> int:
         if not self.access_log.exists():
             return 0
         return sum(path_part in line for line in self.access_log.read_text().splitlines())
