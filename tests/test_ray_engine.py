@@ -28,7 +28,7 @@ import torch
 from rnb import cli
 from rnb.engines.job import RunArgs
 from rnb.engines.ray import driver as ray_driver
-from rnb.engines.ray.cluster import DAEMON_SAMPLES, JobRay
+from rnb.engines.ray.cluster import DAEMON_SAMPLES, NAMESPACE, JobRay
 from rnb.engines.ray.placement import seat_runners
 from rnb.load import LoadSettings
 from rnb.pipeline.config import ConfigError, parse_config
@@ -141,6 +141,26 @@ def test_toy_pipeline_across_labelled_nodes_finishes_every_item_once_as_the_loca
     sampled = set(pq.read_table(ray_log.dir / "samples.parquet").column("process").to_pylist())
     daemons = sorted(name.split(":")[1] for name in sampled if name and name.startswith(DAEMON_SAMPLES))
     assert daemons.count("raylet") == 3 and "gcs_server" in daemons, sorted(sampled - {None})
+
+
+def test_the_leftover_check_lists_a_job_s_live_actor_and_not_once_it_is_killed(ray_cluster) -> None:
+    """Every Ray test ends on `alive_actors(job) == []`: it must be able to see an actor that is left."""
+    @ray.remote(num_cpus=0)
+    class Idle:
+        def ping(self) -> int:
+            return 1
+
+    job = "leftover-check"
+    left = Idle.options(name=f"{job}/step0-g0-r0", namespace=NAMESPACE).remote()
+    elsewhere = Idle.options(name=f"{job}/other-namespace").remote()   # the test process's namespace, not the jobs'
+    assert ray.get([left.ping.remote(), elsewhere.ping.remote()], timeout=JOB_TIMEOUT_S) == [1, 1]
+    assert ray_cluster.alive_actors(job) == [f"{job}/step0-g0-r0"]
+    for actor in (left, elsewhere):
+        ray.kill(actor)
+    deadline = time.time() + 60
+    while ray_cluster.alive_actors(job) and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray_cluster.alive_actors(job) == []
 
 
 def test_the_tuner_finds_every_node_of_the_cluster_on_this_host_one_pool_of_its_cores(ray_cluster) -> None:
