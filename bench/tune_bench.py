@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from bench.common import Effort, Goal, Row, Side
 from rnb.analysis.jobs import JobRow, ValidityRules, read_job, summarize_job
 from rnb.analysis.sweep import RunOutcome, run_benchmark
-from rnb.load import logged_settings
+from rnb.load import logged_seed, logged_settings
 from rnb.tune.estimate import Arrivals, Estimator
 from rnb.tune.hosts import hosts_of
 from rnb.tune.profile import SAMPLE_INTERVAL_MS, Bench, ProfileCache, plan_profiles, profile_all
@@ -309,8 +309,7 @@ def job_arrivals(args: Mapping[str, object], items: int) -> Arrivals:
     (docs/tuner.md, Phase 2).  Offering the job's own draw
     leaves the model's error.
     """
-    seed = args.get("seed")
-    return Arrivals.of_load(logged_settings(args), seed if isinstance(seed, int) else 0, items)
+    return Arrivals.of_load(logged_settings(args), logged_seed(args), items)
 
 
 def _number(row: JobRow, column: str) -> float:

@@ -424,8 +424,7 @@ class Schedule(LoadMode):
         schedule = str(args.get("rate_schedule"))
         cycle_s = sum(span.seconds for span in parse_schedule(schedule))
         warmup = int(_number(args, "warmup")) if math.isfinite(_number(args, "warmup")) else 0
-        seed = int(_number(args, "seed")) if math.isfinite(_number(args, "seed")) else 0
-        due = (arrival.due_s or 0.0 for arrival in self.arrivals(LoadSettings(rate_schedule=schedule), seed))
+        due = (arrival.due_s or 0.0 for arrival in self.arrivals(LoadSettings(rate_schedule=schedule), logged_seed(args)))
         first = next(itertools.islice(due, warmup, None))
         needed = warmup + 1 + sum(1 for _ in itertools.takewhile(lambda when: when < first + cycle_s, due))
         if requests >= needed:
@@ -501,6 +500,12 @@ def logged_mode(args: Mapping[str, object]) -> LoadMode:
 def logged_settings(args: Mapping[str, object]) -> LoadSettings:
     """The load settings of a logged job, from the load keys of its meta.json `args`: what its client offered."""
     return _settings({key: args[key] for key in DEFAULTS if args.get(key) is not None})
+
+
+def logged_seed(args: Mapping[str, object]) -> int:
+    """The seed a logged job's client drew its arrivals from (0, the default, where meta.json has none)."""
+    seed = _number(args, "seed")
+    return int(seed) if math.isfinite(seed) else 0
 
 
 def _settings(values: Mapping[str, object]) -> LoadSettings:
