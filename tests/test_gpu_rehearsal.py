@@ -97,13 +97,16 @@ def test_the_json_is_rewritten_after_every_line_and_closed_at_the_end(rehearsal:
 def test_the_hung_step_is_killed_at_the_deadline_with_every_process_it_started(rehearsal: Rehearsal) -> None:
     hangs = rehearsal.step("hangs")
     match = re.fullmatch(r"Overrun: the hanging stand-in \(and its grandchild, started (\d+)\) ran past the deadline "
-                         r"\([\d.]+ s away when the wait began\): killed with its process group \(pids (\d+), (\d+)\)",
+                         r"\(([\d.]+) s away when the wait began\): killed with its process group \(pids (\d+), (\d+)\)",
                          hangs["figure"])
     assert match, hangs["figure"]
-    grandchild, *killed = (int(pid) for pid in match.groups())
+    grandchild, away, *killed = match.groups()
     assert killed[1] == grandchild
+    # It waited all that was left until the checks' deadline, and no longer.  The steps' seconds place that deadline
+    # only roughly: on a loaded host the moments between steps (a line printed, the JSON written) took 1.4 s once.
+    assert hangs["seconds"] >= float(away) - 0.1
     waited = sum(rehearsal.step(name)["seconds"] for name in ("seam", "dies", "hangs"))
-    assert CHECKS_END_S - 1.0 <= waited < CHECKS_END_S + 5.0  # it waited for the checks' deadline, and no longer
+    assert CHECKS_END_S - 3.0 <= waited < CHECKS_END_S + 5.0
     mark = f"{gpu_rehearsal.MARK}{rehearsal.pid}"
     left = [process.pid for process in psutil.process_iter(["cmdline", "status"])
             if mark in (process.info["cmdline"] or []) and process.info["status"] != psutil.STATUS_ZOMBIE]
