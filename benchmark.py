@@ -16,7 +16,7 @@ import sys
 if __name__ == "__main__":
     # Imported here, not above: every spawned child imports this file again (as __mp_main__) before
     # anything else, and must not import torch before it has tied its life to this process's
-    # (rnb.engines.local.lifeline).
-    from rnb.cli import main
+    # (rnb.engines.local.lifeline).  rnb.launch starts the fork server before the command imports torch.
+    from rnb.launch import main
 
     sys.exit(main())

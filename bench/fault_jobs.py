@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,9 +122,27 @@ def job_children(pid: int) -> list[int]:
     return found
 
 
-def fork_server_started(pid: int) -> bool:
-    """Whether the main process `pid` has started its fork server (the job's start-up has begun; no child yet)."""
-    return any(b"multiprocessing.forkserver" in command_line(child) for child in children(pid))
+def waiting_for_fork_server(pid: int) -> bool:
+    """Whether the main process `pid` is at its first child: its fork server runs and its stop handlers are set.
+
+    The server starts before the main process imports anything (rnb.launch),
+    so its running alone says nothing of where the main process is; the stop
+    handlers, set just before the first child starts, do: a process that
+    catches SIGTERM shows it in its SigCgt mask (Python leaves SIGTERM at
+    its default).
+    """
+    started = any(b"multiprocessing.forkserver" in command_line(child) for child in children(pid))
+    return started and catches(pid, signal.SIGTERM)
+
+
+def catches(pid: int, number: int) -> bool:
+    """Whether process `pid` has a handler of its own for signal `number` (/proc's SigCgt mask)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    found = re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.MULTILINE)
+    return found is not None and bool(int(found.group(1), 16) >> (number - 1) & 1)
 
 
 def command_line(pid: int) -> bytes:

@@ -46,7 +46,17 @@ from functools import partial
 from pathlib import Path
 
 from bench.fault_inputs import TOY, check_config, hand_made, mutants, remote_trial
-from bench.fault_jobs import HANG_S, MARK, SETTLE_S, JobRun, fork_server_started, isolation_works, job_children, marked, run_job
+from bench.fault_jobs import (
+    HANG_S,
+    MARK,
+    SETTLE_S,
+    JobRun,
+    isolation_works,
+    job_children,
+    marked,
+    run_job,
+    waiting_for_fork_server,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = ("crash", "hold", "signal", "stall", "config", "remote", "memory")
@@ -106,9 +116,9 @@ def after_start(work: Path, delay_s: float = 1.0, timeout_s: float = 120.0) -> N
 
 
 def during_start_up(pid: int, timeout_s: float = 120.0) -> None:
-    """Wait until the main process has started its fork server, which imports torch before forking any child."""
+    """Wait until the main process is at its first child, waiting for its fork server to import torch."""
     deadline = time.time() + timeout_s
-    while not fork_server_started(pid) and time.time() < deadline:
+    while not waiting_for_fork_server(pid) and time.time() < deadline:
         time.sleep(0.01)
 
 

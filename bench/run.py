@@ -107,6 +107,11 @@ def p12_child_start(effort: Effort, space: Workspace) -> list[Row]:
     return p12_child_start(effort)
 
 
+def p12j_job_start(effort: Effort, space: Workspace) -> list[Row]:
+    from bench.start_bench import p12j_job_start
+    return p12j_job_start(effort)
+
+
 def _floor(name: str) -> Callable[[Effort, Workspace], list[Row]]:
     def run(effort: Effort, space: Workspace) -> list[Row]:
         from bench.access_bench import datasets, vga_datasets
@@ -147,6 +152,7 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P10r": _access("P10r"),
     "P11": _access("P11"),
     "P12": p12_child_start,
+    "P12j": p12j_job_start,
     "P9": _harness("p9_ray_sleeping_steps"),
     "P9h": _harness("p9_ray_per_hop"),
     "T1": _tune("t1"),

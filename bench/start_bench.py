@@ -1,4 +1,5 @@
-"""P12: how long a job's child takes to start, forked from the fork server against spawned afresh.
+"""P12: how long a job's child takes to start, forked from the fork server against spawned afresh; P12j: a
+whole short job with the server started first against at the first child.
 
 Each side starts one child exactly as the local engine does (a Lifeline
 first among its arguments, through `spawning_children`), which imports the
@@ -10,9 +11,13 @@ it, as a job's first child does.
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
+import tempfile
 import time
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.queues import Queue
+from pathlib import Path
 
 import torch  # noqa: F401 - the fork server preloads what this process has imported, as the main process of a job
 
@@ -20,6 +25,7 @@ from bench.common import Effort, Goal, Row, measure_pair
 from rnb.engines.local.lifeline import Lifeline, children_context, run, spawning_children
 
 STARTS_PER_REP = 3
+REPO = Path(__file__).resolve().parents[1]
 
 
 def report_started(queue: Queue) -> None:
@@ -51,3 +57,26 @@ def p12_child_start(effort: Effort) -> list[Row]:
         note=f"{STARTS_PER_REP} children per rep, one after another; the bound is the fork itself (a few ms): "
              "a spawned child imports torch before anything (about 2 s of CPU here), a forked one finds it "
              "loaded; the server's own start is paid once per main process, in the warm-up")]
+
+
+# A whole command started by hand without rnb.launch: the fork server starts at the job's first child, as before.
+SERVER_AT_FIRST_CHILD = "import sys; from rnb.cli import main; sys.exit(main())"
+
+
+def job_seconds(command: list[str], log_dir: Path) -> float:
+    """Wall seconds of one short toy job, from exec to exit."""
+    began = time.monotonic()
+    subprocess.run([*command, "-c", str(REPO / "config" / "toy.json"), "-v", "10", "-mi", "0", "--warmup", "0",
+                    "--log-dir", str(log_dir), "-q"], cwd=REPO, check=True, capture_output=True, timeout=300)
+    return time.monotonic() - began
+
+
+def p12j_job_start(effort: Effort) -> list[Row]:
+    logs = Path(tempfile.mkdtemp(prefix="rnb-P12j-"))
+    return [measure_pair(
+        "P12j", "a short toy job from exec to exit: fork server started first (benchmark.py) / at the first child",
+        Goal("<=", 0.8), ("server first", "s", lambda: job_seconds([sys.executable, "benchmark.py"], logs)),
+        ("at first child", "s", lambda: job_seconds([sys.executable, "-c", SERVER_AT_FIRST_CHILD], logs)),
+        effort.reps,
+        note="10 items of config/toy.json; the bound is the job less the server's import of torch (about 2 s "
+             "here), which with the server started first runs on the second core beside the main process's own")]

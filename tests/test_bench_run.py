@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -153,3 +154,13 @@ def test_p12_times_children_started_both_ways_to_their_own_report():
         began = time.monotonic()
         seconds = start_seconds(context, context.Queue())
         assert 0 < seconds <= time.monotonic() - began
+
+
+@pytest.mark.slow
+def test_p12j_times_a_whole_job_each_way_and_each_job_finishes_its_items(tmp_path: Path) -> None:
+    from bench.start_bench import SERVER_AT_FIRST_CHILD, job_seconds
+    for command in ([sys.executable, "benchmark.py"], [sys.executable, "-c", SERVER_AT_FIRST_CHILD]):
+        began = time.monotonic()
+        assert 0 < job_seconds(command, tmp_path / "logs") <= time.monotonic() - began
+    jobs = sorted((tmp_path / "logs").iterdir())
+    assert [pq.read_table(job / "timings.parquet").num_rows for job in jobs] == [10, 10]

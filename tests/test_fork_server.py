@@ -7,17 +7,22 @@ arguments hold more descriptors than the server takes is spawned afresh.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from rnb import cli
+from rnb.launch import starts_local_children
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,3 +93,62 @@ def test_a_process_that_leaves_waits_for_its_fork_server_so_its_children_cpu_cou
     assert done.returncode == 0, done.stderr
     own = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     assert own >= 0.8 * expected, (own, expected)
+
+
+def test_only_a_command_for_a_job_on_this_host_starts_its_fork_server_early() -> None:
+    assert starts_local_children([]) and starts_local_children(["-c", "config/toy.json", "-mi", "3"])
+    assert starts_local_children(["-c", "ray", "--engine", "local"])  # "ray" as another flag's value
+    for flags in (["-h"], ["--help"], ["-c", "x.json", "--check"], ["--engine", "ray", "-c", "x.json"],
+                  ["-c", "x.json", "--engine=ray"]):
+        assert not starts_local_children(flags), flags
+
+
+# Run in a fresh interpreter: start the server early, import `extra`, then fork a child that reports, before it
+# imports anything, what it already has and whose child it is.
+EARLY_SCRIPT = """
+import multiprocessing.forkserver, os, sys
+from rnb.engines.local.lifeline import children_context, start_fork_server
+start_fork_server()
+early = multiprocessing.forkserver._forkserver._forkserver_pid
+assert early is not None and "torch" not in sys.modules  # running before this process imported torch
+import torch{extra}
+report = "import os, sys; open({out!r}, 'w').write(repr(({names!r}, [n in sys.modules for n in {names!r}], os.getppid())))"
+child = children_context().Process(target=exec, args=(report,))
+child.start()
+child.join()
+print(early, os.path.exists(f"/proc/{{early}}"))
+"""
+
+
+@pytest.mark.parametrize("extra", ["", ", torchvision"])
+def test_an_early_fork_server_serves_a_job_of_torch_alone_and_is_replaced_for_one_that_loaded_torchvision(
+        tmp_path: Path, extra: str) -> None:
+    out = tmp_path / "child.txt"
+    names = ("torch", "torchvision")
+    script = EARLY_SCRIPT.format(extra=extra, out=str(out), names=names)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    early, early_alive = done.stdout.split()
+    _, loaded, parent = ast.literal_eval(out.read_text())
+    if extra:  # a new server, preloading torchvision too; the early one is gone
+        assert loaded == [True, True] and parent != int(early) and early_alive == "False"
+    else:      # forked from the early server, which preloaded torch alone
+        assert loaded == [True, False] and parent == int(early)
+
+
+def test_a_main_process_killed_after_starting_its_server_early_leaves_no_shared_memory() -> None:
+    """multiprocessing's resource tracker outlives the killed process and removes what it had registered."""
+    script = ("import os, signal\n"
+              "from multiprocessing import shared_memory\n"
+              "from rnb.engines.local.lifeline import start_fork_server\n"
+              "start_fork_server()\n"
+              "segment = shared_memory.SharedMemory(create=True, size=4096)\n"
+              "print(segment.name, flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    segment = Path("/dev/shm") / done.stdout.strip().lstrip("/")
+    deadline = time.monotonic() + 30
+    while segment.exists() and time.monotonic() < deadline:  # once the server, the pipe's other holder, has left
+        time.sleep(0.1)
+    assert not segment.exists()

@@ -19,6 +19,7 @@ ALLOWED: dict[str, set[str]] = {
                  "rnb.console", "rnb.flags", "rnb.load", "rnb.cli"},
     "rnb.cli": {"rnb.core", "rnb.pipeline", "rnb.engines", "rnb.engines.local", "rnb.engines.ray", "rnb.analysis",
                 "rnb.console", "rnb.flags", "rnb.load"},
+    "rnb.launch": {"rnb.engines.local", "rnb.cli"},
     "rnb.console": set(),
     "rnb.flags": set(),
     "rnb.load": {"rnb.flags"},

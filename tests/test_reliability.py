@@ -20,15 +20,17 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from bench.fault_jobs import MARK, isolation_works, marked
+from bench.fault_jobs import MARK, children, isolation_works, marked, waiting_for_fork_server
 from rnb.analysis import analyze_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SLOW_IMPORTS = Path(__file__).resolve().parent / "slow_imports"
-IMPORT_DELAY_S = 8.0  # how long each child spends "importing torch" while the test kills the main process
-# The same while Ctrl-C lands: ample for the test to act inside it, and all waited out, as the job waits for its
-# fork server to finish importing before it exits.
-INTERRUPTED_IMPORT_DELAY_S = 4.0
+# How long the fork server spends "importing torch" while the test kills the main process.  It starts as the main
+# process does (rnb.launch), so this covers the main process's own start (2-3 s here) and the test's act after it.
+IMPORT_DELAY_S = 10.0
+# The same while Ctrl-C lands: all waited out, as the job waits for its fork server to finish importing before it
+# exits.
+INTERRUPTED_IMPORT_DELAY_S = 8.0
 
 
 def write_config(tmp_path: Path, document: dict) -> str:
@@ -53,12 +55,15 @@ def start_job(tmp_path: Path, config: str, *argv: str, import_delay_s: float = 0
     return job, mark
 
 
-def wait_for_fork_server(job: subprocess.Popen, mark: str, timeout_s: float = 60.0) -> None:
-    """Until the job's fork server runs (importing torch, slowly: no child is forked before it has)."""
+def wait_for_the_fork_server_to_be_waited_for(job: subprocess.Popen, mark: str, timeout_s: float = 60.0) -> None:
+    """Until the job's main process is at its first child while its fork server is still importing torch, slowly:
+    no child is forked before it has."""
     deadline = time.time() + timeout_s
-    while not any(b"multiprocessing.forkserver" in _command_line(pid) for pid in marked(mark)):
-        assert time.time() < deadline and job.poll() is None, "the job never started its fork server"
+    while not waiting_for_fork_server(job.pid):
+        assert time.time() < deadline and job.poll() is None, "the job never reached its first child"
         time.sleep(0.05)
+    (server,) = [pid for pid in marked(mark) if b"multiprocessing.forkserver" in _command_line(pid)]
+    assert children(server) == [], "a child was forked already"
 
 
 def _command_line(pid: int) -> bytes:
@@ -121,7 +126,7 @@ def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, tar
 def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_path):
     job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0",
                           import_delay_s=INTERRUPTED_IMPORT_DELAY_S)
-    wait_for_fork_server(job, mark)  # still importing torch: no child is forked yet
+    wait_for_the_fork_server_to_be_waited_for(job, mark)
     os.killpg(job.pid, signal.SIGINT)
     out, err = finish(job)
     assert job.returncode == 130, err
@@ -133,8 +138,7 @@ def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_pat
 
 def test_children_of_a_killed_main_exit_at_once_even_while_importing(tmp_path, capsys):
     job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0", import_delay_s=IMPORT_DELAY_S)
-    wait_for_fork_server(job, mark)
-    time.sleep(0.5)  # well inside the fork server's slow import of torch
+    wait_for_the_fork_server_to_be_waited_for(job, mark)
     job.kill()
     killed = time.time()
     finish(job)

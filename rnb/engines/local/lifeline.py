@@ -46,6 +46,7 @@ import faulthandler
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.reduction
+import multiprocessing.resource_tracker
 import multiprocessing.spawn
 import os
 import signal
@@ -66,17 +67,50 @@ _stacks_file: IO[str] | None = None  # kept open for faulthandler, which writes 
 # What the fork server imports before forking anyone, where the main process has loaded it too: the imports
 # that cost a child most (torch about 2 s of CPU here, torchvision and torchcodec 1.5 s more).
 PRELOADED = ("torch", "torchvision", "torchcodec")
+EARLY_PRELOAD = ("torch",)  # what a server started before the main process's imports preloads (`start_fork_server`)
+_started_early = False  # whether this process's running fork server is the one `start_fork_server` started
 STOP_WAIT_S = 10.0  # how long a process leaving waits for its fork server to go (one still importing finishes first)
+
+
+def start_fork_server() -> None:
+    """Start this process's fork server now, importing torch while this process imports its own.
+
+    Started at the first child, the server imported torch only after the
+    main process had imported it and checked the config: every job started
+    about 2 s later than it needed to, on an idle host with two cores.
+    Started first, it preloads torch alone, since what else the job uses
+    is not known yet; `children_context` replaces it where the main process
+    has since loaded more of PRELOADED.
+    """
+    global _started_early
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(EARLY_PRELOAD))
+    # The server starts multiprocessing's resource tracker first, unless it runs: started here it would be a child
+    # of spawning_children's, which dies with this process, leaving every shared segment of a killed job behind.
+    multiprocessing.resource_tracker.ensure_running()
+    with spawning_children():
+        multiprocessing.forkserver.ensure_running()
+    _started_early = True
 
 
 def children_context() -> ForkServerContext:
     """The context every child starts in: forked from a server that has imported what this process uses of PRELOADED.
 
     The preload takes effect when the server starts (at the first child of
-    this process); later calls change nothing for a server already running.
+    this process); later calls change nothing for a server already running,
+    except the first after `start_fork_server`: a job whose main process
+    loaded torchvision or torchcodec stops the early server (its import ran
+    beside the main process's, so the job starts no later than it would
+    have) and its first child starts one that preloads them too, so that no
+    child imports them on its own.
     """
+    global _started_early
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([name for name in PRELOADED if name in sys.modules])
+    wanted = [name for name in PRELOADED if name in sys.modules]
+    if _started_early and not set(wanted) <= set(EARLY_PRELOAD):
+        multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]  # not in typeshed
+    _started_early = False
+    context.set_forkserver_preload(wanted)
     return context
 
 
