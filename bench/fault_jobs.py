@@ -131,8 +131,12 @@ def waiting_for_fork_server(pid: int) -> bool:
     catches SIGTERM shows it in its SigCgt mask (Python leaves SIGTERM at
     its default).
     """
-    started = any(b"multiprocessing.forkserver" in command_line(child) for child in children(pid))
-    return started and catches(pid, signal.SIGTERM)
+    return fork_server_of(pid) is not None and catches(pid, signal.SIGTERM)
+
+
+def fork_server_of(pid: int) -> int | None:
+    """The pid of the main process `pid`'s fork server; None before it has started one."""
+    return next((child for child in children(pid) if b"multiprocessing.forkserver" in command_line(child)), None)
 
 
 def catches(pid: int, number: int) -> bool:

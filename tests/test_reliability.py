@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from bench.fault_jobs import MARK, children, isolation_works, marked, waiting_for_fork_server
+from bench.fault_jobs import MARK, children, fork_server_of, isolation_works, marked, waiting_for_fork_server
 from rnb.analysis import analyze_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,22 +55,15 @@ def start_job(tmp_path: Path, config: str, *argv: str, import_delay_s: float = 0
     return job, mark
 
 
-def wait_for_the_fork_server_to_be_waited_for(job: subprocess.Popen, mark: str, timeout_s: float = 60.0) -> None:
+def wait_for_the_fork_server_to_be_waited_for(job: subprocess.Popen, timeout_s: float = 60.0) -> None:
     """Until the job's main process is at its first child while its fork server is still importing torch, slowly:
     no child is forked before it has."""
     deadline = time.time() + timeout_s
     while not waiting_for_fork_server(job.pid):
         assert time.time() < deadline and job.poll() is None, "the job never reached its first child"
         time.sleep(0.05)
-    (server,) = [pid for pid in marked(mark) if b"multiprocessing.forkserver" in _command_line(pid)]
-    assert children(server) == [], "a child was forked already"
-
-
-def _command_line(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+    server = fork_server_of(job.pid)
+    assert server is not None and children(server) == [], "a child was forked already"
 
 
 def finish(job: subprocess.Popen, timeout_s: float = 120.0) -> tuple[str, str]:
@@ -126,7 +119,7 @@ def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, tar
 def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_path):
     job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0",
                           import_delay_s=INTERRUPTED_IMPORT_DELAY_S)
-    wait_for_the_fork_server_to_be_waited_for(job, mark)
+    wait_for_the_fork_server_to_be_waited_for(job)
     os.killpg(job.pid, signal.SIGINT)
     out, err = finish(job)
     assert job.returncode == 130, err
@@ -138,7 +131,7 @@ def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_pat
 
 def test_children_of_a_killed_main_exit_at_once_even_while_importing(tmp_path, capsys):
     job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0", import_delay_s=IMPORT_DELAY_S)
-    wait_for_the_fork_server_to_be_waited_for(job, mark)
+    wait_for_the_fork_server_to_be_waited_for(job)
     job.kill()
     killed = time.time()
     finish(job)
