@@ -152,3 +152,19 @@ def test_a_main_process_killed_after_starting_its_server_early_leaves_no_shared_
     while segment.exists() and time.monotonic() < deadline:  # once the server, the pipe's other holder, has left
         time.sleep(0.1)
     assert not segment.exists()
+
+
+def test_a_process_that_leaves_before_its_first_child_kills_its_early_server_rather_than_wait_for_it() -> None:
+    """The server's torch import made to take 60 s (tests/slow_imports), as a config that fails its checks leaves:
+    the exit hook kills the unused server; waiting (at most STOP_WAIT_S) would leave it importing for nobody."""
+    script = ("import os, multiprocessing.forkserver\n"
+              "from rnb.engines.local import lifeline\n"
+              "lifeline.start_fork_server()\n"
+              "server = multiprocessing.forkserver._forkserver._forkserver_pid\n"
+              "lifeline._stop_fork_server()\n"
+              "print(os.path.exists(f'/proc/{server}'))\n")
+    env = {**os.environ, "RNB_TEST_IMPORT_DELAY_S": "60",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "slow_imports"), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]

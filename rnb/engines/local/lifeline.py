@@ -121,9 +121,13 @@ def _stop_fork_server() -> None:
     waited for, counts among this process's children (getrusage), as a
     spawned child's did: what rnb.tune.cores counts as a job's own CPU.
     multiprocessing keeps the server in a private global; its `_stop` is
-    what its own tests use.
+    what its own tests use.  A server started early that no child has used
+    (a config that failed its checks, a job sent to Ray) is killed first:
+    waiting would only let it finish importing torch for nobody.
     """
     server = multiprocessing.forkserver._forkserver
+    if _started_early and server._forkserver_pid is not None:  # type: ignore[attr-defined]  # not in typeshed
+        os.kill(server._forkserver_pid, signal.SIGKILL)  # type: ignore[attr-defined]
     waiter = threading.Thread(target=server._stop, daemon=True)  # type: ignore[attr-defined]  # not in typeshed
     waiter.start()
     waiter.join(STOP_WAIT_S)
