@@ -1,6 +1,7 @@
 """The tuner's estimator against queueing cases worked out by hand (no processes, no clocks)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -177,3 +178,22 @@ def test_a_poisson_load_is_simulated_with_the_arrivals_its_client_draws_from_its
     prediction = simulate(chain(ms(6)), Arrivals.of_load(LoadSettings(mean_interval_ms=8), 3, 300), items=300, warmup=0)
     assert prediction.latency_ms[99.0] == pytest.approx(float(np.percentile(latencies, 99.0)), rel=1e-9)
     assert prediction.mean_latency_ms == pytest.approx(float(np.mean(latencies)), rel=1e-9)
+
+
+def test_each_hop_s_latency_adds_to_every_item_s_time_and_not_to_the_throughput() -> None:
+    # Two steps of 8 and 12 ms, one at a time (a closed loop of one): 20 ms; two hops of 5 ms (client -> step 0,
+    # step 0 -> step 1) make 30 ms. In bulk the latency only delays the items: step 1 still sets 1 item per 12 ms.
+    hops = dataclasses.replace(chain(ms(8), ms(12)), delivery_s=0.005)
+    assert simulate(hops, Arrivals("closed", concurrency=1), items=200).latency_ms[50.0] == pytest.approx(30.0)
+    assert simulate(hops, Arrivals("bulk"), items=2000, warmup=0).throughput_items_per_s == pytest.approx(
+        1000 / 12, rel=0.005)
+
+
+def test_a_slot_freed_by_a_reply_one_hop_later_bounds_a_producer_of_few_slots() -> None:
+    # A 1 ms producer and consumer, a 4 ms hop each way: a slot handed over comes back 4 (to the consumer, which
+    # takes it at once) + 4 (the reply) = 8 ms later, by when the producer's next output waits for it. So each
+    # slot carries one item per 8 ms: 125 items/s with one slot, 375 with three, whatever the steps could do.
+    for slots, rate in ((1, 125.0), (3, 375.0)):
+        pipeline = dataclasses.replace(chain(ms(1), ms(1), slots=slots), delivery_s=0.004, release_s=0.004)
+        prediction = simulate(pipeline, Arrivals("bulk"), items=3000, warmup=0)
+        assert prediction.throughput_items_per_s == pytest.approx(rate, rel=0.01), slots

@@ -8,10 +8,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from rnb.core.stages import StepEvents
 from rnb.engines.ray.cluster import DAEMON_SAMPLES
 from rnb.engines.sampler import SCHEMA
 from rnb.tune.cores import HostCores
-from rnb.tune.profile import Call, CpuUse, Form, Profile, ProfileCache, ProfileKey, cpu_spent, daemons_per_hop_s, occupancy
+from rnb.tune.profile import (
+    Call,
+    CpuUse,
+    Form,
+    Profile,
+    ProfileCache,
+    ProfileKey,
+    cpu_spent,
+    daemons_per_hop_s,
+    occupancy,
+    sink_hop_s,
+)
 
 
 def call(arrived: float, taken: float, started: float, finished: float, handed_over: float, slot_wait: float = 0.0,
@@ -56,7 +68,8 @@ def test_a_batcher_s_holding_calls_are_kept_apart_from_the_call_that_hands_the_b
 
 def test_the_cache_returns_a_profile_only_under_its_own_key(tmp_path: Path) -> None:
     key = ProfileKey("m.M", "{}", Form(4), "null", "cpu", "local", "host", HostCores(2, None))
-    profile = Profile(key, (0.01, 0.012), (), (0.009, 0.011), 100, 2**20, None, "job", CpuUse(0.9, 0.01, 1, 2e-4, 1e-4, 3e-4))
+    profile = Profile(key, (0.01, 0.012), (), (0.009, 0.011), 100, 2**20, None, "job", CpuUse(0.9, 0.01, 1, 2e-4, 1e-4, 3e-4),
+                      hop_latency_s=0.004)
     cache = ProfileCache(tmp_path)
     cache.put(profile)
     assert cache.get(key) == profile
@@ -111,3 +124,13 @@ def test_ray_s_daemons_are_read_per_item_and_hop_from_every_process_sampled_as_o
     samples = pa.Table.from_pylist(rows, schema=SCHEMA)
     assert daemons_per_hop_s(samples, 10.0, 11.0, 100, 4) == pytest.approx(0.3 / 100 / 4)
     assert daemons_per_hop_s(samples.filter(pc.field("process") == "step0-g0-r0"), 10.0, 11.0, 100, 4) == 0.0
+
+
+def test_the_hop_into_the_sink_is_the_median_gap_between_the_hand_over_and_the_sink_s_take() -> None:
+    # A three-step profiling job (feeder, measured step, sink): the sink took items 2, 3, 30 and 4 ms after the
+    # measured step handed them over (the 30 a hiccup the median leaves out), and one item it never took.
+    timings = pa.table({"item_id": [0, 1, 2, 3, 4], "handed1": [1.0, 2.0, 3.0, 4.0, 5.0],
+                        "runner2_start": [1.002, 2.003, 3.030, 4.004, float("nan")]}).rename_columns(
+        ["item_id", StepEvents(1).handed_over, StepEvents(2).arrived])
+    assert sink_hop_s(timings, 3) == pytest.approx(0.0035)
+    assert sink_hop_s(timings.drop_columns([StepEvents(2).arrived]), 3) == 0.0

@@ -19,7 +19,11 @@ profile's CPU fraction of its occupancy) stretch when more work computes
 than the host has cores.  On Ray each pool of cores (one host, or the hosts
 one node label spans: rnb.tune.hosts) is shared so on its own, with the CPU
 that Ray's daemons spend per item and hop as background on the pool of the
-hop's receiving end.
+hop's receiving end.  A hop also takes time: an item reaches the next
+queue one hop's latency after its hand-over (as profiled: the profiling
+job's hop into its sink, tenths of a millisecond on the local engine,
+milliseconds on Ray), and on Ray the producer's slot is free again only
+once the take has come back as the call's reply, another hop later.
 
 Why a small event loop of our own and not simpy: the model needs five kinds
 of event and no process abstraction, and each candidate's peak rate takes a
@@ -157,6 +161,8 @@ class SimPipeline:
     cores: float = 0.0                # the host's usable cores; 0: not modelled (every call keeps its profiled time)
     background: Background = Background()
     other_pools: tuple[float, ...] = ()   # usable cores of pools 1, 2, ...: other hosts of a Ray cluster
+    delivery_s: float = 0.0           # from a hand-over until the next step can take the item: one hop's latency
+    release_s: float = 0.0            # from a take until the producer's slot is free again (Ray: the call's reply)
 
     def capacity_per_s(self) -> float:
         """Items per second no load can exceed: the least of each step's summed replica capacity and the cores'.
@@ -293,7 +299,10 @@ def pipeline_of(space: TuneSpace, candidate: Candidate, profiles: Mapping[Profil
                             float(np.median([p.cpu.main_per_item_s for p in used])),
                             float(np.median([p.cpu.daemons_per_hop_s for p in used])))
     pools = (bench.hosts.cores if bench.engine == "ray" else ()) or (bench.cores.usable,)
-    return SimPipeline(tuple(groups), space.num_steps, pools[0], background, pools[1:])
+    hops = [p.hop_latency_s for p in used if p.hop_latency_s > 0]
+    delivery = float(np.median(hops)) if hops else 0.0
+    return SimPipeline(tuple(groups), space.num_steps, pools[0], background, pools[1:], delivery,
+                       delivery if bench.engine == "ray" else 0.0)
 
 
 def _node_of(bench: Bench, node: str | None) -> str | None:
@@ -474,7 +483,7 @@ class Simulation:
         self.sent += 1
         self.enqueued[item] = self.now
         self.background(0, "client", self.pipeline.background.client_s)
-        self.put(self.request_queue, _Job((item,)), None)
+        self.hand_over(self.request_queue, _Job((item,)), None)
 
     def background(self, pool: int, backlog: str, work_s: float) -> None:
         """CPU work of a one-core process outside the runners (the client, main, Ray's daemons) on a pool."""
@@ -482,6 +491,13 @@ class Simulation:
             self.pools[pool].queue(backlog, work_s)
 
     # ------------------------------------------------------------ queues and replicas
+
+    def hand_over(self, queue: _Queue, job: _Job, producer: _Replica | None) -> None:
+        """The item reaches the queue one hop's latency later (at once where none was measured)."""
+        if self.pipeline.delivery_s > 0:
+            self.at(self.now + self.pipeline.delivery_s, self.put, queue, job, producer)
+        else:
+            self.put(queue, job, producer)
 
     def put(self, queue: _Queue, job: _Job, producer: _Replica | None) -> None:
         if queue.waiting:
@@ -507,9 +523,10 @@ class Simulation:
         replica.state = CALLING
         replica.token += 1
         if producer is not None:   # the consumer copied the input out: the producer's slot is free again
-            producer.free += 1
-            if producer.outbox:
-                self.send(producer)
+            if self.pipeline.release_s > 0:
+                self.at(self.now + self.pipeline.release_s, self.release, producer)
+            else:
+                self.release(producer)
         g = replica.group
         self.background(g.pool, "daemons", self.pipeline.background.hop_s * len(job.items))
         service = g.service
@@ -533,6 +550,11 @@ class Simulation:
             del replica.merging[job.origin]
             job = _Job(job.items)
         self.call(replica, self.emit_time(service, len(job.items), len(service.partial)), job)
+
+    def release(self, producer: _Replica) -> None:
+        producer.free += 1
+        if producer.outbox:
+            self.send(producer)
 
     def sample(self, values: Sequence[float]) -> float:
         return values[int(self.random.random() * len(values))]
@@ -613,7 +635,7 @@ class Simulation:
             replica.free -= 1
             queue = replica.outs[replica.rr % len(replica.outs)]
             replica.rr += 1
-            self.put(queue, replica.outbox.popleft(), replica)
+            self.hand_over(queue, replica.outbox.popleft(), replica)
         if replica.state == BLOCKED and not replica.outbox:
             self.go_idle(replica)
 

@@ -64,8 +64,8 @@ SAMPLE_INTERVAL_MS = 25
 # How profiles are read off their jobs; a cached profile read another way is measured again. 2: the first
 # call kept after the trimmed start no longer counts its wait behind the trimmed calls as service. 3: the CPU
 # that the runner, the harness's hops, the client and main spent, and the host's cores in the key. 4: the CPU
-# of Ray's daemons per item and hop.
-PROFILE_VERSION = 4
+# of Ray's daemons per item and hop. 5: the latency of the hop from the measured step to the sink.
+PROFILE_VERSION = 5
 
 
 class ProfileError(RuntimeError):
@@ -163,6 +163,7 @@ class Profile:
     peak_device_bytes: int | None  # what NVML saw the runner hold on its GPU (its CUDA context included)
     job_dir: str
     cpu: CpuUse = CpuUse()
+    hop_latency_s: float = 0.0     # its job's hop into the sink (sink_hop_s); 0 where the sink does not follow it
 
     @property
     def mean_emit_s(self) -> float:
@@ -183,7 +184,8 @@ class Profile:
         return Profile(key=ProfileKey(**key), emit_s=tuple(data["emit_s"]), held_s=tuple(data["held_s"]),
                        inside_s=tuple(data["inside_s"]), output_bytes=int(data["output_bytes"]),
                        peak_rss_bytes=data["peak_rss_bytes"], peak_device_bytes=data["peak_device_bytes"],
-                       job_dir=str(data["job_dir"]), cpu=CpuUse(**data["cpu"]))
+                       job_dir=str(data["job_dir"]), cpu=CpuUse(**data["cpu"]),
+                       hop_latency_s=float(data["hop_latency_s"]))
 
 
 @dataclass(frozen=True)
@@ -445,7 +447,8 @@ def read_profile(job: Job, key: ProfileKey, position: int, cards: int | None = N
     cpu = cpu_use(job, position, replica[cut: len(replica) - cut], sum(emit) + sum(held), threads, others_cores)
     alone = 1.0 - cpu.waited
     return Profile(key, tuple(alone * emit[i] for i in kept), tuple(alone * s for s in held),
-                   tuple(alone * inside[i] for i in kept), _slot_bytes(job, placement), rss, device, str(job.path), cpu)
+                   tuple(alone * inside[i] for i in kept), _slot_bytes(job, placement), rss, device, str(job.path), cpu,
+                   sink_hop_s(job.timings, job.num_steps) if position == job.num_steps - 2 else 0.0)
 
 
 def _placement(job: Job, position: int) -> Placement:
@@ -519,6 +522,24 @@ def daemons_per_hop_s(samples: pa.Table, start: float, end: float, items: int, h
                if process is not None and process.startswith(DAEMON_SAMPLES)}
     spent = sum(cpu_spent(samples, daemon, start, end) or 0.0 for daemon in daemons)
     return spent / max(1, items) / max(1, hops)
+
+
+def sink_hop_s(timings: pa.Table, num_steps: int) -> float:
+    """The median time from a profiling job's hand-over to its sink (its last step) to the sink's take.
+
+    The sink does nothing, so it waits for each item rather than the item
+    for it: what is left is the hop itself.  On the local engine that is
+    a queue in shared memory (tenths of a millisecond); on Ray an actor
+    call, milliseconds on a busy host, which the estimator adds to every
+    hop (rnb.tune.estimate).
+    """
+    handed, taken = StepEvents(num_steps - 2).handed_over, StepEvents(num_steps - 1).arrived
+    if handed not in timings.column_names or taken not in timings.column_names:
+        return 0.0
+    gaps = (timings.column(taken).to_numpy(zero_copy_only=False).astype(float)
+            - timings.column(handed).to_numpy(zero_copy_only=False).astype(float))
+    gaps = gaps[~np.isnan(gaps)]
+    return max(0.0, float(np.median(gaps))) if gaps.size else 0.0
 
 
 # ---------------------------------------------------------------- the cache
