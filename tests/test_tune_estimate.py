@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rnb.load import LoadSettings
-from rnb.tune.estimate import POLL_S, Arrivals, Service, SimGroup, SimPipeline, Simulation, peak_rate, simulate
+from rnb.tune.estimate import POLL_S, Arrivals, Background, Service, SimGroup, SimPipeline, Simulation, peak_rate, simulate
 
 
 def chain(*services: Service, replicas: tuple[int, ...] = (), slots: int = 10, batch_at: dict[int, int] | None = None,
@@ -197,3 +197,18 @@ def test_a_slot_freed_by_a_reply_one_hop_later_bounds_a_producer_of_few_slots() 
         pipeline = dataclasses.replace(chain(ms(1), ms(1), slots=slots), delivery_s=0.004, release_s=0.004)
         prediction = simulate(pipeline, Arrivals("bulk"), items=3000, warmup=0)
         assert prediction.throughput_items_per_s == pytest.approx(rate, rel=0.01), slots
+
+
+def test_on_ray_an_item_that_finds_its_consumer_idle_costs_a_call_of_its_own_and_a_backlog_shares_calls() -> None:
+    # Steps that sleep 2 ms, one core, 1 ms of CPU per actor call of its own. One request at a time: both
+    # consumers are idle at each delivery, so an item costs two calls and the client's side of the first:
+    # 3 ms of CPU per 4 ms item. In bulk the second step (3 ms) is always behind: its items ride in shared
+    # calls (rnb.engines.ray.handoffs) and only the first request found step 0 idle.
+    def pipeline(*services: Service) -> SimPipeline:
+        return dataclasses.replace(chain(*services), cores=1.0, background=Background(call_s=0.001))
+
+    one_at_a_time = simulate(pipeline(ms(2), ms(2)), Arrivals("closed", concurrency=1), items=400, warmup=0)
+    assert one_at_a_time.cores_busy == pytest.approx(0.75, rel=0.01)
+    assert one_at_a_time.latency_ms[50.0] == pytest.approx(4.0)   # the calls' CPU runs beside the steps
+    backlog = simulate(pipeline(ms(2), ms(3)), Arrivals("bulk"), items=400, warmup=0)
+    assert backlog.cores_busy is not None and backlog.cores_busy < 0.01

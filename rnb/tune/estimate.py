@@ -147,11 +147,13 @@ class SimGroup:
 @dataclass(frozen=True)
 class Background:
     """CPU seconds per item of the processes outside the steps: the client (per request) and main (per result),
-    and per item and hop (`hop_s`) Ray's daemons (raylet, GCS), on the pool of the hop's receiving end."""
+    and per item and hop (`hop_s`) Ray's daemons (raylet, GCS), on the pool of the hop's receiving end; on Ray
+    also `call_s`, what an actor call of its own costs the process it reaches (and the client, making it)."""
 
     client_s: float = 0.0
     main_s: float = 0.0
     hop_s: float = 0.0
+    call_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -297,7 +299,8 @@ def pipeline_of(space: TuneSpace, candidate: Candidate, profiles: Mapping[Profil
             pool=bench.hosts.pool_of(group.node) if bench.engine == "ray" else 0))
     background = Background(float(np.median([p.cpu.client_per_item_s for p in used])),
                             float(np.median([p.cpu.main_per_item_s for p in used])),
-                            float(np.median([p.cpu.daemons_per_hop_s for p in used])))
+                            float(np.median([p.cpu.daemons_per_hop_s for p in used])),
+                            float(np.median([p.cpu.hop_per_item_s for p in used])) if bench.engine == "ray" else 0.0)
     pools = (bench.hosts.cores if bench.engine == "ray" else ()) or (bench.cores.usable,)
     hops = [p.hop_latency_s for p in used if p.hop_latency_s > 0]
     delivery = float(np.median(hops)) if hops else 0.0
@@ -501,10 +504,27 @@ class Simulation:
 
     def put(self, queue: _Queue, job: _Job, producer: _Replica | None) -> None:
         if queue.waiting:
-            self.take(queue.waiting.popleft(), job, producer)
+            consumer = queue.waiting.popleft()
+            self.own_call(consumer, producer)
+            self.take(consumer, job, producer)
         else:
             queue.jobs.append((job, producer))
             queue.most = max(queue.most, len(queue.jobs))
+
+    def own_call(self, consumer: _Replica, producer: _Replica | None) -> None:
+        """On Ray an item that finds its consumer idle went in an actor call of its own: its CPU on both ends.
+
+        A profiling job queues every request at once, so the measured step
+        took its inputs several to a call (rnb.engines.ray.handoffs) and its
+        profile holds a share of a call per item; a consumer that keeps up
+        takes one call per item.  The caller's side is in a step's profile
+        already (its sink kept up); the client's is not.
+        """
+        call_s = self.pipeline.background.call_s
+        if call_s > 0:
+            self.background(consumer.group.pool, "calls", call_s)
+            if producer is None:
+                self.background(0, "client", call_s)
 
     def go_idle(self, replica: _Replica) -> None:
         """A replica free for its next input: the oldest waiting one, else it waits (and may flush)."""
