@@ -218,12 +218,17 @@ def test_the_job_control_ends_at_the_target_dated_by_the_last_accepted_cards_cou
     assert [card.item_id for card in state.cards] == [2] and control.finished == 3
 
 
-def test_the_job_control_and_every_message_it_takes_import_no_torch():
+@pytest.mark.parametrize(("modules", "absent"), [
+    ("rnb.engines.ray.control, rnb.core.messages", "[]"),
+    # The actors' handles it is attached: Ray loads an actor's class, importing its module, to unpickle its handle
+    # (once, that imported torch: 2 s of CPU, and the JobControl took no call meanwhile).
+    ("rnb.engines.ray.control, rnb.core.messages, rnb.engines.ray.actors", "['ray']"),
+], ids=["its_class_and_messages", "the_handles_of_its_actors"])
+def test_the_job_control_and_everything_it_unpickles_import_no_torch(modules, absent):
     """Its actor's process imports what unpickling its class and its calls' arguments needs: no torch there."""
-    probe = ("import sys, rnb.engines.ray.control, rnb.core.messages; "
-             "print(sorted(name for name in ('torch', 'ray') if name in sys.modules))")
+    probe = f"import sys, {modules}; print(sorted(name for name in ('torch', 'ray') if name in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+    assert (done.returncode, done.stdout.strip()) == (0, absent), done.stderr
 
 
 def test_a_ray_address_without_the_ray_engine_is_exit_2_in_one_sentence(capsys):

@@ -1,4 +1,4 @@
-"""The Ray engine's side on the cluster: the job's actors and the transports the shared loops run on.
+"""The Ray engine's side on the cluster: the job's actors (their transports: rnb.engines.ray.transports).
 
     JobControl (on the driver's node; rnb.engines.ray.control): the flag, the finished count, what the driver collects
     ClientActor ──push(Request)──▶ RunnerActor, step 0 ──push(Handoff, tensors)──▶ RunnerActor, step 1 ...
@@ -17,6 +17,11 @@ local engine.  Of a queue's consumers, a producer hands each item to the one
 with the fewest of its items still untaken, so replicas that share an input
 queue share its work.  Every call an actor makes, hand-offs, finished cards
 and reports, goes through its courier thread (rnb.engines.ray.handoffs).
+
+This module imports no torch, nor anything that does, at module level: a
+process that receives an actor's handle loads the actor's class, and the
+JobControl holds every actor's handle (to halt them).  What a loop needs is
+imported by the actor's `run`, in its own process.
 """
 from __future__ import annotations
 
@@ -30,31 +35,22 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-import torch
 
-from rnb.core.messages import Exited, Failed, Handoff, Request, Status
-from rnb.core.model import NonTensors
 from rnb.core.progress import Progress, empty_cells
-from rnb.core.stages import StepEvents
-from rnb.core.termination import POLL_S, Termination
-from rnb.core.timecard import Cards, TimeCard, as_cards, now, set_clock_offset
-from rnb.engines import client
-from rnb.engines.buffers import LocalBuffers
-from rnb.engines.participant import run_and_report
-from rnb.engines.ray.handoffs import Courier, Outbox, Parcel
-from rnb.engines.runner import Runner
-from rnb.engines.stall import Look, cpu_seconds, demand_seconds
-from rnb.engines.streams import step_zero_non_tensors
-from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
-from rnb.pipeline.gpus import DEVICE_ORDER
-from rnb.pipeline.plan import Placement
+from rnb.core.termination import Termination
+from rnb.core.timecard import set_clock_offset
 
-# Ray's own zero-copy path for CPU tensors: the consumer reads them straight out of the object store; and
-# CUDA numbering GPUs as NVML does, so that the index Ray puts in CUDA_VISIBLE_DEVICES is the GPU it checked.
-ACTOR_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1", **DEVICE_ORDER}
+if TYPE_CHECKING:
+    import torch
+
+    from rnb.engines.client import ClientSpec
+    from rnb.engines.ray.handoffs import Parcel
+    from rnb.engines.ray.transports import RayParticipant
+    from rnb.engines.stall import Look
+    from rnb.pipeline.plan import Placement
 
 
 @dataclass(frozen=True)
@@ -118,6 +114,8 @@ class _Member:
         those started since (torch's, which compute its calls), not of those
         that were there when the loop began.
         """
+        from rnb.engines.stall import Look, cpu_seconds, demand_seconds
+
         if self.loop_thread is None:
             return Look(None if self.progress is None else self.progress.read(), 0.0)
         return Look(None if self.progress is None else self.progress.read(), cpu_seconds(os.getpid(), self.loop_thread),
@@ -130,9 +128,11 @@ class _Member:
             file.seek(0)
             return file.read()
 
-    async def _in_thread(self, transport: _RayParticipant, work: Callable[[], None],
+    async def _in_thread(self, transport: RayParticipant, work: Callable[[], None],
                          device: torch.device | None = None) -> int:
         """Run the loop in a thread of its own, then wait for the calls its courier still holds (its last words)."""
+        from rnb.engines.participant import run_and_report
+
         def run() -> int:
             self.loop_thread = threading.get_native_id()
             self.ray_threads = frozenset(int(name) for name in os.listdir("/proc/self/task")) - {self.loop_thread}
@@ -141,43 +141,6 @@ class _Member:
             return code
 
         return await asyncio.get_running_loop().run_in_executor(None, run)
-
-
-class _RayParticipant:
-    """What the client's and the runners' Ray transports do alike (rnb.engines.transport.Participant).
-
-    Its reports and its stop go through the courier, behind the hand-offs
-    and cards posted before them: a Failed arrives before the stop it
-    causes, an Exited after every card counted.
-    """
-
-    def __init__(self, member: _Member, name: str) -> None:
-        self.member = member
-        self.name = name
-        self.courier = Courier(self._call_failed)
-
-    @property
-    def stopped(self) -> bool:
-        return self.member.halted.is_set()
-
-    def stop(self, reason: Termination) -> None:
-        self.member.halted.set()
-        self.courier.post(lambda: self.member.control.stop.remote(reason))
-
-    def report(self, status: Status) -> None:
-        self.courier.post(lambda: self.member.control.report.remote(status))
-
-    def _call_failed(self, error: BaseException) -> None:
-        """A call the courier could not make (on its thread): this participant failed, and the job ends."""
-        self.member.halted.set()
-        self.member.control.report.remote(Failed(self.name, f"{type(error).__name__}: {error}"))
-        self.member.control.stop.remote(Termination.PROCESS_FAILED)
-
-    def wait_for_start(self) -> bool:
-        while not self.member.started.wait(POLL_S):
-            if self.stopped:
-                return False
-        return not self.stopped
 
 
 @dataclass(frozen=True)
@@ -236,92 +199,16 @@ class RunnerActor(_Member):
 
     async def run(self, spec: Placement, wiring: RayWiring) -> int:
         """The runner loop, until the job ends; 0 ok, 1 failed (reported to the control as Failed)."""
+        from rnb.engines.ray.transports import RayTransport
+        from rnb.engines.runner import Runner
+
         transport = RayTransport(spec, wiring, self)
-        return await self._in_thread(transport, lambda: Runner(spec, transport).run(), torch.device(spec.device))
+        return await self._in_thread(transport, lambda: Runner(spec, transport).run(), transport.device)
 
 
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-class RayTransport(_RayParticipant):
-    """A runner's transport (rnb.engines.transport.Transport) over actor calls and Ray's object store."""
-
-    def __init__(self, spec: Placement, wiring: RayWiring, member: RunnerActor) -> None:
-        super().__init__(member, spec.name)
-        self.spec = spec
-        self.wiring = wiring
-        self.inbox = member.inbox
-        self.device = torch.device(spec.device)
-        self.events = StepEvents(spec.step)
-        self.inputs = LocalBuffers(torch.device(spec.input_device))
-        # Each out_queue's consumers have a run of numbers of their own in the outbox, from first[queue].
-        self.first = [sum(len(c) for c in wiring.consumers[:q]) for q in range(len(wiring.consumers))]
-        targets = [actor for consumers in wiring.consumers for actor in consumers]
-        self.outbox = Outbox(len(targets), lambda c, parcels: targets[c].push.remote(parcels), self.courier)
-        self.finished = FinishedCards(lambda results: self.courier.post(lambda: member.control.finish.remote(results)))
-        assert member.progress is not None
-        self.progress = member.progress
-
-    def _sync(self) -> None:
-        if self.inputs.on_cuda:
-            torch.cuda.current_stream(self.device).synchronize()
-
-    def receive(self, timeout: float) -> Input | None:
-        try:
-            arrival = self.inbox.get(timeout=timeout)
-        except queue.Empty:
-            self.finished.send()  # the input is idle: a final step sends the cards it holds
-            return None
-        arrived = now()
-        message = arrival.parcel.opened()
-        if isinstance(message, Request):
-            arrival.taken()
-            return Input((), step_zero_non_tensors(message), message.card, arrived)
-        # Copied out so the object store's copy can go, as a shared slot is released on the local engine.
-        tensors = tuple(self.inputs.shaped(i, t).copy_(t, non_blocking=self.inputs.on_cuda)
-                        for i, t in enumerate(arrival.parcel.tensors))
-        self._sync()
-        arrival.taken()
-        return Input(tensors, message.non_tensors, message.time_card, arrived)
-
-    def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: NonTensors, time_card: Cards) -> bool:
-        if not self.outbox.wait_below(self.wiring.num_slots, lambda: self.stopped):
-            return False
-        cards = as_cards(time_card)
-        for card in cards:
-            card.record(self.events.slot_acquired)
-        # The producer's own copies (Parcel): CUDA tensors go out through host memory (the copy waits for this
-        # runner's stream), as the object store holds CPU tensors; a CPU output may be the model's buffer.
-        payload = tuple(t.clone() if t.device.type == "cpu" else t.to("cpu") for t in tensors)
-        consumers, first = self.wiring.consumers[queue_index], self.first[queue_index]
-        chosen = self.outbox.least_loaded(range(first, first + len(consumers)))
-        for card in cards:
-            card.record(self.events.handed_over)
-        message = Handoff(self.spec.step, self.spec.group, self.spec.instance, non_tensors, time_card)
-        self.outbox.put(chosen, Parcel.of(message, payload))
-        return True
-
-    def finish(self, cards: tuple[TimeCard, ...]) -> bool:
-        """Count at the JobControl, which ends the job itself at the target: always False here.
-
-        Counted cards gather and go in one call once RESULTS_BATCH are held
-        or the oldest has waited RESULTS_WAIT_S (FinishedCards), as a call
-        per item would cost as much as a hop; the JobControl dates the end
-        by the cards' own count, not by their arrival.  A closed loop's
-        client waits for each count to send its next request, so there
-        they go as soon as the input is empty.
-        """
-        self.finished.add(cards)
-        if len(self.finished) >= RESULTS_BATCH or (self.wiring.count_at_once and self.inbox.empty()):
-            self.finished.send()
-        return False
-
-    def report(self, status: Status) -> None:
-        if isinstance(status, Exited):  # a runner's last word comes after every card it counted
-            self.finished.send()
-        super().report(status)
 
 
 class ClientActor(_Member):
@@ -336,42 +223,9 @@ class ClientActor(_Member):
         if self.in_flight is not None:
             self.in_flight.release(count)
 
-    async def run(self, spec: client.ClientSpec, step0: tuple[Any, ...], queue_size: int) -> int:
+    async def run(self, spec: ClientSpec, step0: tuple[Any, ...], queue_size: int) -> int:
+        from rnb.engines.client import generate
+        from rnb.engines.ray.transports import RayClientTransport
+
         transport = RayClientTransport(self, step0, queue_size)
-        return await self._in_thread(transport, lambda: client.generate(spec, transport))
-
-
-class RayClientTransport(_RayParticipant):
-    """The client's transport (rnb.engines.transport.ClientTransport): requests as calls to step-0 runners.
-
-    The request queue of the local engine holds at most -qs requests; here
-    that bound is on the requests sent but not yet taken by any step-0 runner.
-    """
-
-    def __init__(self, member: ClientActor, step0: tuple[Any, ...], queue_size: int) -> None:
-        super().__init__(member, "client")
-        self.in_flight = member.in_flight
-        self.queue_size = queue_size
-        self.outbox = Outbox(len(step0), lambda c, parcels: step0[c].push.remote(parcels), self.courier)
-
-    def wait_for_room(self) -> bool:
-        if self.in_flight is not None:
-            while not self.in_flight.acquire(timeout=POLL_S):
-                if self.stopped:
-                    return False
-        return not self.stopped
-
-    def submit(self, request: Request) -> bool:
-        if self.outbox.total >= self.queue_size:
-            self.stop(Termination.REQUEST_QUEUE_FULL)
-            return False
-        chosen = self.outbox.least_loaded(range(len(self.outbox.counts)))
-        self.outbox.put(chosen, Parcel.of(request))
-        return True
-
-    def waiting(self) -> int:
-        return self.outbox.total
-
-    def drop(self, count: int) -> bool:
-        self.courier.post(lambda: self.member.control.drop.remote(count))
-        return self.stopped
+        return await self._in_thread(transport, lambda: generate(spec, transport))

@@ -42,7 +42,7 @@ from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
 from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.engines.live import LiveProgress, progress_mode
-from rnb.engines.ray.actors import ACTOR_ENV, ClientActor, RayWiring, RunnerActor
+from rnb.engines.ray.actors import ClientActor, RayWiring, RunnerActor
 from rnb.engines.ray.cluster import JobRay, NodeInfo, daemons_here
 from rnb.engines.ray.control import ControlState, JobControl
 from rnb.engines.ray.placement import NodeChoice, Seat, seat_runners
@@ -51,11 +51,14 @@ from rnb.engines.spool import TimingsSpool
 from rnb.engines.stall import JobWatch, Look, Stall, kept_stacks, stacks_file, stall_error
 from rnb.pipeline.config import ConfigError, PipelineConfig
 from rnb.pipeline.dataset_source import KINDS
-from rnb.pipeline.gpus import GpuRequestError, busy_notes, check_assigned_gpu
+from rnb.pipeline.gpus import DEVICE_ORDER, GpuRequestError, busy_notes, check_assigned_gpu
 from rnb.pipeline.plan import Placement
 
 log = logging.getLogger(__name__)
 
+# Ray's own zero-copy path for CPU tensors: the consumer reads them straight out of the object store; and
+# CUDA numbering GPUs as NVML does, so that the index Ray puts in CUDA_VISIBLE_DEVICES is the GPU it checked.
+ACTOR_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1", **DEVICE_ORDER}
 PLACE_TIMEOUT_S = 120.0   # an actor or GPU bundle not placed by then will not be: the cluster lacks room
 GRACE_S = 4.0             # how long halted actors get to finish on their own before they are killed
 STALLED_GRACE_S = 1.0     # ... when the job stalled: those not stuck leave within a poll interval

@@ -1,0 +1,181 @@
+"""The Ray actors' transports: the shared loops' side of actor calls (rnb.engines.transport's protocols on Ray).
+
+Apart from the actor classes (rnb.engines.ray.actors), which import none
+of this at module level: every process that holds an actor handle loads
+its class, the JobControl's among them, and a class whose module imported
+torch would make each of them import it (about 2 s of CPU, during which a
+plain actor such as the JobControl takes no call).  A runner's or the
+client's `run` imports this module in its own process.
+"""
+from __future__ import annotations
+
+import queue
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rnb.core.messages import Exited, Failed, Handoff, Request, Status
+from rnb.core.model import NonTensors
+from rnb.core.stages import StepEvents
+from rnb.core.termination import POLL_S, Termination
+from rnb.core.timecard import Cards, TimeCard, as_cards, now
+from rnb.engines.buffers import LocalBuffers
+from rnb.engines.ray.handoffs import Courier, Outbox, Parcel
+from rnb.engines.streams import step_zero_non_tensors
+from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
+from rnb.pipeline.plan import Placement
+
+if TYPE_CHECKING:
+    from rnb.engines.ray.actors import ClientActor, RayWiring, RunnerActor, _Member
+
+
+class RayParticipant:
+    """What the client's and the runners' Ray transports do alike (rnb.engines.transport.Participant).
+
+    Its reports and its stop go through the courier, behind the hand-offs
+    and cards posted before them: a Failed arrives before the stop it
+    causes, an Exited after every card counted.
+    """
+
+    def __init__(self, member: _Member, name: str) -> None:
+        self.member = member
+        self.name = name
+        self.courier = Courier(self._call_failed)
+
+    @property
+    def stopped(self) -> bool:
+        return self.member.halted.is_set()
+
+    def stop(self, reason: Termination) -> None:
+        self.member.halted.set()
+        self.courier.post(lambda: self.member.control.stop.remote(reason))
+
+    def report(self, status: Status) -> None:
+        self.courier.post(lambda: self.member.control.report.remote(status))
+
+    def _call_failed(self, error: BaseException) -> None:
+        """A call the courier could not make (on its thread): this participant failed, and the job ends."""
+        self.member.halted.set()
+        self.member.control.report.remote(Failed(self.name, f"{type(error).__name__}: {error}"))
+        self.member.control.stop.remote(Termination.PROCESS_FAILED)
+
+    def wait_for_start(self) -> bool:
+        while not self.member.started.wait(POLL_S):
+            if self.stopped:
+                return False
+        return not self.stopped
+
+
+class RayTransport(RayParticipant):
+    """A runner's transport (rnb.engines.transport.Transport) over actor calls and Ray's object store."""
+
+    def __init__(self, spec: Placement, wiring: RayWiring, member: RunnerActor) -> None:
+        super().__init__(member, spec.name)
+        self.spec = spec
+        self.wiring = wiring
+        self.inbox = member.inbox
+        self.device = torch.device(spec.device)
+        self.events = StepEvents(spec.step)
+        self.inputs = LocalBuffers(torch.device(spec.input_device))
+        # Each out_queue's consumers have a run of numbers of their own in the outbox, from first[queue].
+        self.first = [sum(len(c) for c in wiring.consumers[:q]) for q in range(len(wiring.consumers))]
+        targets = [actor for consumers in wiring.consumers for actor in consumers]
+        self.outbox = Outbox(len(targets), lambda c, parcels: targets[c].push.remote(parcels), self.courier)
+        self.finished = FinishedCards(lambda results: self.courier.post(lambda: member.control.finish.remote(results)))
+        assert member.progress is not None
+        self.progress = member.progress
+
+    def _sync(self) -> None:
+        if self.inputs.on_cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def receive(self, timeout: float) -> Input | None:
+        try:
+            arrival = self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            self.finished.send()  # the input is idle: a final step sends the cards it holds
+            return None
+        arrived = now()
+        message = arrival.parcel.opened()
+        if isinstance(message, Request):
+            arrival.taken()
+            return Input((), step_zero_non_tensors(message), message.card, arrived)
+        # Copied out so the object store's copy can go, as a shared slot is released on the local engine.
+        tensors = tuple(self.inputs.shaped(i, t).copy_(t, non_blocking=self.inputs.on_cuda)
+                        for i, t in enumerate(arrival.parcel.tensors))
+        self._sync()
+        arrival.taken()
+        return Input(tensors, message.non_tensors, message.time_card, arrived)
+
+    def send(self, queue_index: int, tensors: tuple[torch.Tensor, ...], non_tensors: NonTensors, time_card: Cards) -> bool:
+        if not self.outbox.wait_below(self.wiring.num_slots, lambda: self.stopped):
+            return False
+        cards = as_cards(time_card)
+        for card in cards:
+            card.record(self.events.slot_acquired)
+        # The producer's own copies (Parcel): CUDA tensors go out through host memory (the copy waits for this
+        # runner's stream), as the object store holds CPU tensors; a CPU output may be the model's buffer.
+        payload = tuple(t.clone() if t.device.type == "cpu" else t.to("cpu") for t in tensors)
+        consumers, first = self.wiring.consumers[queue_index], self.first[queue_index]
+        chosen = self.outbox.least_loaded(range(first, first + len(consumers)))
+        for card in cards:
+            card.record(self.events.handed_over)
+        message = Handoff(self.spec.step, self.spec.group, self.spec.instance, non_tensors, time_card)
+        self.outbox.put(chosen, Parcel.of(message, payload))
+        return True
+
+    def finish(self, cards: tuple[TimeCard, ...]) -> bool:
+        """Count at the JobControl, which ends the job itself at the target: always False here.
+
+        Counted cards gather and go in one call once RESULTS_BATCH are held
+        or the oldest has waited RESULTS_WAIT_S (FinishedCards), as a call
+        per item would cost as much as a hop; the JobControl dates the end
+        by the cards' own count, not by their arrival.  A closed loop's
+        client waits for each count to send its next request, so there
+        they go as soon as the input is empty.
+        """
+        self.finished.add(cards)
+        if len(self.finished) >= RESULTS_BATCH or (self.wiring.count_at_once and self.inbox.empty()):
+            self.finished.send()
+        return False
+
+    def report(self, status: Status) -> None:
+        if isinstance(status, Exited):  # a runner's last word comes after every card it counted
+            self.finished.send()
+        super().report(status)
+
+
+class RayClientTransport(RayParticipant):
+    """The client's transport (rnb.engines.transport.ClientTransport): requests as calls to step-0 runners.
+
+    The request queue of the local engine holds at most -qs requests; here
+    that bound is on the requests sent but not yet taken by any step-0 runner.
+    """
+
+    def __init__(self, member: ClientActor, step0: tuple[Any, ...], queue_size: int) -> None:
+        super().__init__(member, "client")
+        self.in_flight = member.in_flight
+        self.queue_size = queue_size
+        self.outbox = Outbox(len(step0), lambda c, parcels: step0[c].push.remote(parcels), self.courier)
+
+    def wait_for_room(self) -> bool:
+        if self.in_flight is not None:
+            while not self.in_flight.acquire(timeout=POLL_S):
+                if self.stopped:
+                    return False
+        return not self.stopped
+
+    def submit(self, request: Request) -> bool:
+        if self.outbox.total >= self.queue_size:
+            self.stop(Termination.REQUEST_QUEUE_FULL)
+            return False
+        chosen = self.outbox.least_loaded(range(len(self.outbox.counts)))
+        self.outbox.put(chosen, Parcel.of(request))
+        return True
+
+    def waiting(self) -> int:
+        return self.outbox.total
+
+    def drop(self, count: int) -> bool:
+        self.courier.post(lambda: self.member.control.drop.remote(count))
+        return self.stopped
