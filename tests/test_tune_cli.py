@@ -56,6 +56,7 @@ def job_dirs(out: Path) -> list[Path]:
      "command line: --target-rate: expected the items/s that --objective devices must serve, found none"),
     (["--cpu-slots", "3", "--percentile", "100"], "command line: --percentile: expected a number > 0 and < 100, found 100"),
     (["--cpu-slots", "3", "--top", "0"], "command line: --top: expected an integer >= 1, found 0"),
+    (["--cpu-slots", "3", "--verify-repeats", "0"], "command line: --verify-repeats: expected an integer >= 1, found 0"),
     (["--cpu-slots", "x"], "command line: --cpu-slots: expected an integer >= 0, found 'x'"),
     (["--cpu-slots", "3", "-b", "0,2"], "command line: -b/--batch_size: expected comma-separated integers >= 1, found '0,2'"),
     # Nothing listens on port 1: asked where its nodes are, the cluster is refused at once, not retried for minutes.

@@ -114,6 +114,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="bisection steps per finalist after its two ends (default 3)")
     parser.add_argument("--verify-seconds", type=flags.number(0, above=True), default=3.0, metavar="S",
                         help="a verification job's length in seconds of requests at its rate (default 3)")
+    parser.add_argument("--verify-repeats", type=flags.integer(1), default=1, metavar="N",
+                        help="jobs per verified rate, on a host whose speed drifts: their majority decides, stopping "
+                             "once it is decided (default 1)")
     parser.add_argument("--warmup", type=flags.integer(0), default=20, metavar="N",
                         help="warm-up items of each verification job (default 20)")
     add_job_rules(parser)
@@ -209,7 +212,8 @@ def _tune(args: argparse.Namespace) -> int:
     streams = StreamGoal.of(space, args.fps, args.streams_bound, args.deadline_ms) if args.objective == "streams" else None
     bound_ms = args.latency_bound_ms if streams is None else streams.deadline_ms
     settings = VerifySettings(bound_ms, args.percentile, args.engine, args.verify_steps,
-                              args.verify_seconds, args.warmup, rules, args.max_reruns, args.timeout, extra)
+                              args.verify_seconds, args.warmup, rules, args.max_reruns, args.timeout, extra,
+                              args.verify_repeats)
     goal = Goal("throughput" if streams is not None else args.objective, args.target_rate)
     mode = choose_mode(space, args.search)
     seconds: dict[str, float] = {}
@@ -245,7 +249,7 @@ def _tune(args: argparse.Namespace) -> int:
         return 1
     winner = winner_of(verified, space, goal)
     request = Request(str(args.config), space.budget.describe(), goal, bound_ms, args.percentile, mode,
-                      args.engine)
+                      args.engine, args.verify_repeats)
     outcome = Outcome(request, found, tuple(verified), winner, tuple(_labelled(space, bench, args, profiles)), seconds)
     write_report(out, space, outcome, settings)
     print(_summary(space, outcome, out))
@@ -307,7 +311,7 @@ def _verify(space: TuneSpace, chosen: Sequence[Evaluated], out: Path, settings: 
     """The finalists measured in rank order; with the throughput objective, one predicted to serve less than
     half of what an earlier finalist measured is left out (it cannot win, and slow rates make long jobs)."""
     verified: list[Verified] = []
-    per = 2 + settings.max_steps
+    per = (2 + settings.max_steps) * settings.repeats
     with tqdm(total=per * len(chosen), desc="rnb-tune: verify", unit=" runs", file=sys.stderr) as bar:
         for evaluated in chosen:
             measured = max((v.rate for v in verified), default=0.0)
@@ -320,7 +324,7 @@ def _verify(space: TuneSpace, chosen: Sequence[Evaluated], out: Path, settings: 
             done = verify(space, evaluated.candidate, evaluated.rate or evaluated.estimate.capacity_per_s * 0.5, out,
                           settings, output, lambda trial: bar.update(), widen)
             verified.append(done)
-            bar.n = max(bar.n, per * len(verified) - per + len(done.trials))
+            bar.n = max(bar.n, per * len(verified))
             bar.refresh()
     return verified
 

@@ -51,6 +51,7 @@ class Request:
     percentile: float
     search: str
     engine: str
+    verify_repeats: int = 1   # jobs per verified rate (their majority decides)
 
 
 @dataclass(frozen=True)
@@ -394,7 +395,9 @@ def report_page(space: TuneSpace, outcome: Outcome, rows: Sequence[TableRow], ru
                       + (f" (target {request.goal.target_rate:g} items/s)" if request.goal.target_rate else "")
                       + f"; search {request.search}; engine {request.engine}."),
             paragraph(f"{len(found.evaluated)} candidates predicted, {len(found.pruned)} pruned, "
-                      f"{len(outcome.verified)} verified; " + ", ".join(
+                      f"{len(outcome.verified)} verified"
+                      + (f" (each rate by the majority of up to {request.verify_repeats} jobs; its median job is "
+                         "shown)" if request.verify_repeats > 1 else "") + "; " + ", ".join(
                           f"{phase} {seconds:.0f} s" for phase, seconds in outcome.seconds.items()) + ".", "note")]
     winner = outcome.winner
     if winner is not None and winner.best is not None:

@@ -7,6 +7,12 @@ too short runs again longer; one that missed its target counts as over the
 bound).  The search starts around the predicted peak: from 60% to 115% of
 it, and goes lower (or higher) once if both ends fail (or pass).
 
+On a host whose speed drifts (a shared VM: here one Ray job's p99 was 97
+ms and the next one's, same config, rate and arrivals, 174 ms), one job
+per rate lets a lucky or unlucky minute decide.  With `repeats` N a rate
+runs up to N jobs and their majority decides, stopping as soon as it is
+decided (two that agree of three); the rate's trial is its median job.
+
 Every measured trial is written to DIR/verify/<candidate>/trials.json as it
 lands, and the search consults that file before it runs a job, so a second
 run with the same arguments, or one after a Ctrl-C, repeats no job that
@@ -45,6 +51,7 @@ class VerifySettings:
     max_reruns: int = 3
     timeout_s: float | None = None
     extra_args: tuple[str, ...] = ()         # more benchmark flags (e.g. --ray-address)
+    repeats: int = 1                         # jobs per rate: their majority decides, their median is its trial
 
     @property
     def digest(self) -> str:
@@ -81,26 +88,37 @@ def videos_for(rate_per_s: float, settings: VerifySettings) -> int:
 
 
 class TrialLog:
-    """DIR/verify/<candidate>-<settings>/trials.json: every trial measured for one finalist, by its -mi."""
+    """DIR/verify/<candidate>-<settings>/trials.json: every job measured for one finalist, by its -mi."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.trials: dict[str, Trial] = {}
+        self.jobs: dict[str, list[Trial]] = {}
         if path.is_file():
             for row in json.loads(path.read_text()):
                 latency = math.inf if row["latency_ms"] is None else float(row["latency_ms"])
-                self.trials[row["mean_interval_ms"]] = Trial(float(row["rate_per_s"]), latency,
-                                                             Path(row["job_dir"]) if row["job_dir"] else None)
+                self.jobs.setdefault(row["mean_interval_ms"], []).append(
+                    Trial(float(row["rate_per_s"]), latency, Path(row["job_dir"]) if row["job_dir"] else None))
 
-    def get(self, rate_per_s: float) -> Trial | None:
-        return self.trials.get(format_interval(1000.0 / rate_per_s))
+    def get(self, rate_per_s: float) -> list[Trial]:
+        return self.jobs.get(format_interval(1000.0 / rate_per_s), [])
 
     def add(self, trial: Trial) -> None:
-        self.trials[format_interval(trial.mean_interval_ms)] = trial
+        self.jobs.setdefault(format_interval(trial.mean_interval_ms), []).append(trial)
         write_json_atomic(self.path, [
             {"mean_interval_ms": mi, "rate_per_s": t.rate_per_s,
              "latency_ms": None if math.isinf(t.latency_ms) else t.latency_ms,
-             "job_dir": None if t.job_dir is None else str(t.job_dir)} for mi, t in self.trials.items()])
+             "job_dir": None if t.job_dir is None else str(t.job_dir)} for mi, ts in self.jobs.items() for t in ts])
+
+
+def decided(jobs: Sequence[Trial], repeats: int, bound_ms: float) -> bool:
+    """Whether a rate's jobs settle it: `repeats` of them ran, or more than half of `repeats` agree."""
+    passed = sum(job.latency_ms < bound_ms for job in jobs)
+    return len(jobs) >= repeats or max(passed, len(jobs) - passed) > repeats // 2
+
+
+def median_job(jobs: Sequence[Trial]) -> Trial:
+    """A rate's trial: its median job by latency (of two, the slower), so its verdict is the majority's."""
+    return sorted(jobs, key=lambda job: job.latency_ms)[len(jobs) // 2]
 
 
 def verify(space: TuneSpace, candidate: Candidate, predicted_rate: float, root: Path, settings: VerifySettings,
@@ -125,13 +143,13 @@ def verify(space: TuneSpace, candidate: Candidate, predicted_rate: float, root: 
                              output=output)
 
     def measure(rate_per_s: float) -> Trial:
-        known = trials.get(rate_per_s)
-        if known is not None:
-            return known
-        trial = measure_valid(run, rate_per_s, settings.percentile, settings.rules, settings.max_reruns)
-        trials.add(trial)
-        progress(trial)
-        return trial
+        jobs = list(trials.get(rate_per_s))
+        while not jobs or not decided(jobs, settings.repeats, settings.bound_ms):
+            job = measure_valid(run, rate_per_s, settings.percentile, settings.rules, settings.max_reruns)
+            trials.add(job)
+            jobs.append(job)
+            progress(job)
+        return median_job(jobs)
 
     def bracket(low: float, high: float) -> tuple[Trial | None, Trial | None, tuple[Trial, ...]]:
         result = bisect_rate(measure, low, high, settings.bound_ms, settings.max_steps)
