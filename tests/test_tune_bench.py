@@ -12,7 +12,7 @@ import pytest
 from bench import tune_bench
 from bench.common import Effort, Goal
 from bench.run import BENCHMARKS
-from bench.tune_bench import CPU_EXAMPLE, EXAMPLE, TuneRun, grid_of, measure_grid, ratio_row
+from bench.tune_bench import CPU_EXAMPLE, EXAMPLE, TuneRun, grid_of, measure_grid, near_best_peak, ratio_row
 from rnb.load import LoadSettings, mode_of
 from rnb.tune.estimate import Arrivals, Estimator
 from rnb.tune.profile import Bench
@@ -150,3 +150,23 @@ def test_t3_predicts_a_poisson_job_s_p99_with_the_arrivals_its_client_drew() -> 
     assert tune_bench.job_arrivals(args, 300) == Arrivals("trace", times=client)
     assert tune_bench.job_arrivals({**args, "seed": 6}, 300).times != client
     assert tune_bench.job_arrivals({"videos": 600, "mean_interval_ms": 0.0, "seed": 0}, 600) == Arrivals("bulk")
+
+
+def test_near_best_peak_keeps_the_points_predicted_within_the_fraction_and_skips_those_whose_capacity_cannot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    space = tune_bench.example_space(EXAMPLE)
+    estimator = Estimator(space, hand_profiles(space, BENCH), BENCH, tune_bench.BOUND_MS, 99.0, items=600)
+    loaders = [space.candidate({(0, 0): n, (2, 0): 1, (3, 0): 1}, {(1, 0): 8}) for n in (1, 2, 3, 4)]
+    simulated: list[Candidate] = []
+    peak = estimator.peak
+
+    def counted(candidate: Candidate) -> object:
+        simulated.append(candidate)
+        return peak(candidate)
+
+    monkeypatch.setattr(estimator, "peak", counted)
+    # about 120 loader items/s each: capacities 120, 241, 361 and 437 (the network at batch 8); peaks under the
+    # bound none (one loader cannot fill batches of 8 in time), 205, 354 and 428
+    assert near_best_peak(estimator, loaders, 0.25) == loaders[2:]
+    assert simulated == [loaders[3], loaders[2]]   # 2 loaders' capacity, 241/s, cannot reach 0.75 x 428
+    assert near_best_peak(estimator, loaders, 0.9) == loaders[1:]   # a point that meets the bound at no rate is out
