@@ -249,7 +249,7 @@ def _tune(args: argparse.Namespace) -> int:
         return 1
     winner = winner_of(verified, space, goal)
     request = Request(str(args.config), space.budget.describe(), goal, bound_ms, args.percentile, mode,
-                      args.engine, args.verify_repeats)
+                      args.engine)
     outcome = Outcome(request, found, tuple(verified), winner, tuple(_labelled(space, bench, args, profiles)), seconds)
     write_report(out, space, outcome, settings)
     print(_summary(space, outcome, out))

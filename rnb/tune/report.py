@@ -51,7 +51,6 @@ class Request:
     percentile: float
     search: str
     engine: str
-    verify_repeats: int = 1   # jobs per verified rate (their majority decides)
 
 
 @dataclass(frozen=True)
@@ -359,7 +358,7 @@ def write_report(out: Path, space: TuneSpace, outcome: Outcome, settings: Verify
     rows = candidate_rows(space, found, outcome.verified, rules)
     write_parquet_atomic(out / CANDIDATES, rows_to_table(rows))
     write_plot_png(out / PLOT, space, found, outcome.verified, outcome.winner, outcome.request.bound_ms)
-    html_text = report_page(space, outcome, rows, rules)
+    html_text = report_page(space, outcome, rows, settings)
     partial = out / (REPORT + ".partial")
     partial.write_text(html_text, encoding="utf-8")
     os.replace(partial, out / REPORT)
@@ -386,7 +385,8 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def report_page(space: TuneSpace, outcome: Outcome, rows: Sequence[TableRow], rules: ValidityRules) -> str:
+def report_page(space: TuneSpace, outcome: Outcome, rows: Sequence[TableRow], settings: VerifySettings) -> str:
+    rules = settings.rules
     request = outcome.request
     found = outcome.search
     q = request.percentile
@@ -396,8 +396,8 @@ def report_page(space: TuneSpace, outcome: Outcome, rows: Sequence[TableRow], ru
                       + f"; search {request.search}; engine {request.engine}."),
             paragraph(f"{len(found.evaluated)} candidates predicted, {len(found.pruned)} pruned, "
                       f"{len(outcome.verified)} verified"
-                      + (f" (each rate by the majority of up to {request.verify_repeats} jobs; its median job is "
-                         "shown)" if request.verify_repeats > 1 else "") + "; " + ", ".join(
+                      + (f" (each rate by the majority of up to {settings.repeats} jobs; its median job is "
+                         "shown)" if settings.repeats > 1 else "") + "; " + ", ".join(
                           f"{phase} {seconds:.0f} s" for phase, seconds in outcome.seconds.items()) + ".", "note")]
     winner = outcome.winner
     if winner is not None and winner.best is not None:
