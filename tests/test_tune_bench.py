@@ -18,7 +18,8 @@ from rnb.tune.estimate import Arrivals, Estimator
 from rnb.tune.profile import Bench
 from rnb.tune.report import BEST, CANDIDATES
 from rnb.tune.space import Candidate, TuneSpace
-from rnb.tune.verify import Verified
+from rnb.analysis.sweep import Trial, bisect_rate
+from rnb.tune.verify import HIGH, LOW, Verified
 from tests.tune_support import hand_profiles
 
 BENCH = Bench("cpu", "local", host="test-host")
@@ -80,6 +81,26 @@ def test_the_grid_is_bracketed_around_each_point_s_predicted_peak_and_its_direct
     # One loader cannot fill batches of 8 in time: no rate meets the bound, and the bracket sits at half its capacity.
     assert estimator.peak(minimal).rate_per_s is None
     assert centres[minimal] == pytest.approx(0.5 * estimator.peak(minimal).capacity_per_s)
+
+
+@pytest.mark.parametrize(("engine", "goal"), [("local", tune_bench.T1_GOAL), ("ray", tune_bench.T4_GOAL)])
+def test_each_side_s_bisection_finds_a_peak_closer_than_the_margin_of_its_row_s_goal(engine: str, goal: float) -> None:
+    """A sharp knee anywhere in the first bracket: the peak found misses it by less than 1 - goal, and with one
+    step fewer some knee is missed by more (what let the rungs of two predictions decide T1c)."""
+    predicted = 200.0
+
+    def worst_miss(steps: int) -> float:
+        misses = []
+        for knee in [predicted * (LOW + (HIGH - LOW) * i / 97) for i in range(1, 97)]:
+            result = bisect_rate(lambda rate: Trial(rate, 50.0 if rate < knee else 150.0), LOW * predicted,
+                                 HIGH * predicted, tune_bench.BOUND_MS, steps)
+            assert result.best is not None and result.best.rate_per_s < knee
+            misses.append(1.0 - result.best.rate_per_s / knee)
+        return max(misses)
+
+    steps = tune_bench.verify_steps(engine)
+    assert tune_bench._settings(engine, Effort.of(True)).max_steps == steps
+    assert worst_miss(steps) < 1.0 - goal < worst_miss(steps - 1)
 
 
 def test_quick_keeps_the_full_budget_points_of_sleeping_steps_and_every_point_of_computing_ones() -> None:
