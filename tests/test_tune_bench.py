@@ -121,11 +121,12 @@ def _tuner_out(out: Path, rows: list[tuple[str, list[int], float | None, float, 
     for index, (label, gpus, predicted, verified, tried) in enumerate(rows):
         config = out / f"finalist-{index}.json"
         config.write_text(json.dumps({"description": "finalist", "pipeline": [{"queue_groups": [{"gpus": gpus}]}]}))
-        table.append({"short_label": label, "verified": True, "config_path": str(config),
+        table.append({"key": f"finalist{index}", "short_label": label, "verified": True, "config_path": str(config),
                       "predicted_peak_rate_per_s": predicted, "measured_peak_rate_per_s": verified,
                       "verify_trials": json.dumps([{"rate_per_s": rate, "latency_ms": 90.0, "job_dir": None}
                                                    for rate in tried])})
-    table.append({"short_label": "1", "verified": False, "config_path": None, "predicted_peak_rate_per_s": 50.0,
+    table.append({"key": "unverified", "short_label": "1", "verified": False, "config_path": None,
+                  "predicted_peak_rate_per_s": 50.0,
                   "measured_peak_rate_per_s": None, "verify_trials": None})
     pq.write_table(pa.Table.from_pylist(table), out / CANDIDATES)
     if best is not None:
@@ -154,6 +155,13 @@ def test_t4e_has_no_figure_when_the_tuner_chose_nothing_or_predicted_no_rate(tmp
     unpredicted = _tuner_out(tmp_path / "unpredicted", [("3", [-1] * 3, None, 100.0, [100.0])], best=[-1] * 3)
     row = tune_bench.chosen_error_row("T4e", unpredicted)
     assert row.ratio is None and row.note == "3: verified at 100 req/s, predicted to meet the bound at no rate"
+
+
+def test_t4_s_grid_takes_the_keys_of_every_finalist_the_tuner_verified(tmp_path: Path) -> None:
+    run = _tuner_out(tmp_path, [("4", [-1] * 4, 150.0, 101.0, [101.0]), ("3", [-1] * 3, 120.0, 100.0, [100.0])],
+                     best=[-1] * 3)
+    assert tune_bench.finalist_keys(run) == ["finalist0", "finalist1"]
+    assert tune_bench.finalist_keys(TuneRun(300.0, 0.0, tmp_path / "absent", 1)) == []
 
 
 def test_a_tuner_s_choice_is_written_as_its_short_label_with_the_batcher_s_batch(tmp_path: Path) -> None:
@@ -191,3 +199,6 @@ def test_near_best_peak_keeps_the_points_predicted_within_the_fraction_and_skips
     assert near_best_peak(estimator, loaders, 0.25) == loaders[2:]
     assert simulated == [loaders[3], loaders[2]]   # 2 loaders' capacity, 241/s, cannot reach 0.75 x 428
     assert near_best_peak(estimator, loaders, 0.9) == loaders[1:]   # a point that meets the bound at no rate is out
+    # the tuner's finalists are measured too, wherever their prediction puts them
+    assert near_best_peak(estimator, loaders, 0.25, frozenset({loaders[0].key, loaders[3].key})) == [
+        loaders[0], loaders[2], loaders[3]]
