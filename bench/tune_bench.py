@@ -191,9 +191,10 @@ def _grid(engine: str, quick: bool, config: Path, within: float | None, rep: int
     locally.  Without the finalists the grid's window, drawn from its own
     profiles, left out the point the tuner chose and measured best (T4 read
     1.48 on 2026-12-03: the tuner's 118.9 req/s over a grid whose points
-    mostly met the bound at no rate).  On Ray every point is a candidate, not only those that
-    use the whole budget: its hops compute, so a replica more can cost (a
-    run of 3 | b4 | 1 | 1 measured 219 req/s where 3 | b4 | 2 | 1 measured 198).
+    mostly met the bound at no rate).  On Ray every point is a candidate,
+    not only those that use the whole budget: its hops compute, so a
+    replica more can cost (a run of 3 | b4 | 1 | 1 measured 219 req/s where
+    3 | b4 | 2 | 1 measured 198).
     Required, not defaulted: the cache keys a call by how it was written.
     """
     effort = Effort.of(quick)
