@@ -218,6 +218,26 @@ def test_the_job_control_ends_at_the_target_dated_by_the_last_accepted_cards_cou
     assert [card.item_id for card in state.cards] == [2] and control.finished == 3
 
 
+def test_the_job_control_ends_at_the_deadline_and_counts_only_cards_counted_before_it_whenever_they_come():
+    control = JobControl(100, "runner1_finish")
+
+    def cards(*counted_at: float) -> Results:
+        made = [TimeCard(int(at * 10), str(at)) for at in counted_at]
+        for card, at in zip(made, counted_at):
+            card.record("runner1_finish", at)
+        return Results(tuple(made))
+
+    control.end_at(20.0)
+    control.finish(cards(18.0, 19.0))
+    before = control.collect()
+    assert (before.reason, [card.item_id for card in before.cards]) == (Termination.RUNNING, [180, 190])
+    control.finish(cards(19.5, 20.5))   # the driver's watch has not looked yet: the late card still ends the job
+    control.finish(cards(19.9, 21.0))   # on its way when the flag went up: counted before the deadline or not at all
+    state = control.collect()
+    assert (state.reason, state.raised_at, state.late) == (Termination.MAX_DURATION, 20.0, 2)
+    assert [card.item_id for card in state.cards] == [195, 199] and control.finished == 4
+
+
 @pytest.mark.parametrize(("modules", "absent"), [
     ("rnb.engines.ray.control, rnb.core.messages", "[]"),
     # The actors' handles it is attached: Ray loads an actor's class, importing its module, to unpickle its handle

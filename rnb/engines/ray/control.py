@@ -24,6 +24,7 @@ class ControlState:
     raised_at: float
     statuses: tuple[Status, ...]
     cards: tuple[TimeCard, ...]
+    late: int = 0   # cards the final step counted after the flag's time: not counted here
 
 
 class JobControl:
@@ -34,6 +35,8 @@ class JobControl:
     is when the final step counted the last item it accepted (its stamp
     `counted`, on the driver's clock too), as the local engine raises its
     flag at the count: the cards may have waited a little on their way here.
+    At the maximum duration the flag's time is the deadline itself, and a
+    card counted after the flag's time is not counted, however soon it comes.
     """
 
     def __init__(self, target: int, counted: str) -> None:
@@ -43,8 +46,10 @@ class JobControl:
         self.finished = 0
         self.reason = Termination.RUNNING
         self.raised_at = 0.0
+        self.deadline: float | None = None
         self.statuses: list[Status] = []
         self.cards: list[TimeCard] = []
+        self.late = 0
         self.members: list[Any] = []
         self.client: Any = None
 
@@ -53,6 +58,11 @@ class JobControl:
         self.members, self.client = list(members), client_actor
         if self.reason != Termination.RUNNING:
             self._halt_all()
+
+    def end_at(self, deadline: float) -> None:
+        """The maximum duration ends the job at `deadline` (on the driver's clock), whoever sees it first: the
+        driver's watch, or the final step counting a card after it."""
+        self.deadline = deadline
 
     def stop(self, reason: Termination, at: float | None = None) -> None:
         """The first reason wins; every actor is told to halt.  The flag's time is `at`, or now."""
@@ -67,6 +77,12 @@ class JobControl:
     def finish(self, results: Results) -> None:
         """Final step: count cards towards the target (those past it are dropped); stop at the target."""
         cards = results.cards
+        if self.deadline is not None and any((card.event(self.counted) or 0.0) > self.deadline for card in cards):
+            self.stop(Termination.MAX_DURATION, self.deadline)
+        if self.reason != Termination.RUNNING:
+            in_time = tuple(card for card in cards if (card.event(self.counted) or 0.0) <= self.raised_at)
+            self.late += len(cards) - len(in_time)
+            cards = in_time
         accepted = cards[: max(0, self.target - self.finished)]
         self.finished += len(accepted)
         self.cards.extend(accepted)
@@ -86,6 +102,6 @@ class JobControl:
         self.statuses.append(status)
 
     def collect(self) -> ControlState:
-        state = ControlState(self.reason, self.raised_at, tuple(self.statuses), tuple(self.cards))
-        self.statuses, self.cards = [], []
+        state = ControlState(self.reason, self.raised_at, tuple(self.statuses), tuple(self.cards), self.late)
+        self.statuses, self.cards, self.late = [], [], 0
         return state

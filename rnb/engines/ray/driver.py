@@ -145,6 +145,7 @@ class RayJob:
     start: float | None = None
     stall: Stall | None = None                          # the stall that ended the job, if one did
     looked_at: float = 0.0
+    late: int = 0                                       # cards counted after the flag's time (JobControl's late)
     live: LiveProgress = field(default_factory=lambda: LiveProgress((), 0, "off"))  # what stderr shows; run() sets it
 
     def reserve_gpus(self, bundles: Sequence[NodeChoice], allow_busy: bool) -> list[GpuRecord]:
@@ -191,6 +192,8 @@ class RayJob:
             if self.wait_until(lambda: len(self.book.ready) == len(self.members)):
                 self.start = self.start_together(job)
                 self.watch.started(self.start)
+                if (deadline := self.watch.deadline()) is not None:
+                    self.control.end_at.remote(deadline)
                 self.follow()
         except (RuntimeError, ray.exceptions.RayError) as error:  # placement timed out, an actor could not start
             if not self.interrupted.is_set():
@@ -354,7 +357,7 @@ class RayJob:
         if self.start is None:
             found = self.watch.start_up(self.book, {m.name: m.seen.cpu_s for m in self.members if m.seen}, now)
         elif self.watch.over_time(now):
-            self.raise_flag(Termination.MAX_DURATION)
+            self.raise_flag(Termination.MAX_DURATION, self.watch.deadline())
             return
         else:
             seen = [(m.name, m.seen) for m in self.members if m.seen and m.seen.progress]
@@ -407,7 +410,8 @@ class RayJob:
                     ray.kill(member.actor, no_restart=True)
 
     def counted(self) -> int | None:
-        """Items the final step's runners counted, as their latest looks said (at most -v); None before the start."""
+        """Items the final step's runners counted in time, as their latest looks said, less those counted after the
+        flag's time (at most -v); None before the start."""
         if self.start is None:
             return None
         last = max(s.placement.step for s in self.seats)
@@ -415,7 +419,7 @@ class RayJob:
         looks = [m.seen.progress for m in self.members if m.name in finals and m.seen is not None]
         if len(looks) < len(finals) or None in looks:
             return None
-        return min(self.args.videos, sum(look.left for look in looks if look is not None))
+        return min(self.args.videos, sum(look.left for look in looks if look is not None) - self.late)
 
     def poll(self, timeout: float = POLL_S) -> None:
         runs = {m.run: m for m in self._running()}
@@ -428,10 +432,11 @@ class RayJob:
         elif self.spool is not None and self.spool.writes.first is not None:  # the log directory refused a write
             self.raise_flag(Termination.LOG_FAILED)
 
-    def raise_flag(self, reason: Termination) -> None:
-        """Have the JobControl raise the flag (the first reason wins) and halt everyone; then look."""
+    def raise_flag(self, reason: Termination, at: float | None = None) -> None:
+        """Have the JobControl raise the flag (the first reason wins), dated `at` or when it does, and halt
+        everyone; then look."""
         if self.state is None or self.state.reason == Termination.RUNNING:
-            self.control.stop.remote(reason)
+            self.control.stop.remote(reason, at)
             self.collect()
 
     def collect(self) -> None:
@@ -448,6 +453,7 @@ class RayJob:
         self.state = state
         assert self.spool is not None  # a job collects only once it runs
         self.spool.add(state.cards)
+        self.late += state.late
         for status in state.statuses:
             self.book.on_status(status)
 
