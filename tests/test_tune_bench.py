@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import socket
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,6 +18,7 @@ from bench.tune_bench import CPU_EXAMPLE, EXAMPLE, TuneRun, grid_of, measure_gri
 from rnb.analysis.sweep import Trial, bisect_rate
 from rnb.load import LoadSettings, mode_of
 from rnb.tune.estimate import Arrivals, Estimator
+from rnb.tune.hosts import hosts_of
 from rnb.tune.profile import Bench
 from rnb.tune.report import BEST, CANDIDATES
 from rnb.tune.space import Candidate, TuneSpace
@@ -202,3 +205,16 @@ def test_near_best_peak_keeps_the_points_predicted_within_the_fraction_and_skips
     # the tuner's finalists are measured too, wherever their prediction puts them
     assert near_best_peak(estimator, loaders, 0.25, frozenset({loaders[0].key, loaders[3].key})) == [
         loaders[0], loaders[2], loaders[3]]
+
+
+def test_t4_s_jobs_share_one_simulated_cluster_of_its_labels_on_this_host_whose_address_they_get_only_inside(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    space = tune_bench.example_space(tune_bench.ray_example(tmp_path))
+    with tune_bench.ray_address_of_every_job(["loaders", "nets"]) as address:
+        assert os.environ["RAY_ADDRESS"] == address and address.startswith("127.0.0.1:")
+        pools = hosts_of(space.config, "ray", None, 2.0)   # asks the running cluster, as rnb-tune does
+    assert "RAY_ADDRESS" not in os.environ
+    assert (dict(pools.pools), pools.cores) == ({"loaders": 0, "nets": 0}, (2.0,))
+    with socket.socket() as probe:   # its GCS is gone with it
+        assert probe.connect_ex(("127.0.0.1", int(address.rpartition(":")[2]))) != 0

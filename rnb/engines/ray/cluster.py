@@ -288,6 +288,23 @@ def _stderr_kept_in(said: list[str]) -> Iterator[None]:
             said.append(kept.read().decode(errors="replace"))
 
 
+@contextlib.contextmanager
+def shared_simulated_cluster(labels: Sequence[str]) -> Iterator[str]:
+    """The simulated cluster a job with these node labels would start, kept for every job run inside: its address
+    (give it as --ray-address or RAY_ADDRESS).
+
+    Jobs that each start their own spend some 10 s of a 2-core machine on
+    it, and run their first seconds beside a Ray still starting its own
+    processes; jobs that share one, as on a real cluster, measure neither.
+    """
+    use_loopback_if_local(None)
+    cluster = _simulated_cluster(labels, frozenset(), 0)
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
 def _simulated_cluster(labels: Sequence[str], gpu_labels: frozenset[str], machine_gpus: int) -> Any:
     """A head node (the driver's) and one node per label, all on 127.0.0.1, sharing this machine's cores."""
     from ray.cluster_utils import Cluster
