@@ -159,8 +159,8 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "T2": _tune("t2"),
     "T3": _tune("t3"),
     "T3c": _tune("t3c"),
-    "T1c": _tune("t1c"),
     "T4": _tune("t4"),
+    "T1s": _tune("t1s"),
     "S1": _streams("s1"),
     "S2": _streams("s2"),
 }

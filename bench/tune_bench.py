@@ -1,18 +1,18 @@
 """Tuner benchmarks: T1 (does rnb-tune find the best?), T2 (how much cheaper than measuring the grid?),
 T3 (how far off are the estimator's predictions?), T4 (T1 on the Ray engine) and T4e (the estimator's error
-for the candidate the tuner chose there), and T1c and T3c, T1 and T3 on steps that compute on the CPU.
+for the candidate the tuner chose there), T1s (T1 on steps that sleep) and T3c (T3 on steps that compute).
 
-T1 to T4 run on config/tune-example.json (steps that sleep), T1c and T3c on
-config/tune-cpu-example.json (steps that compute), each with a budget of 6
-CPU slots and a p99 bound of 100 ms; both optima are worked out by hand in
-docs/tuner.md.  The grid is measured with the tuner's own verification (the
+T1, T2 and T3c run on config/tune-cpu-example.json (steps that compute on
+the CPU), T1s, T3 and T4 on config/tune-example.json (steps that sleep),
+each with a budget of 6 CPU slots and a p99 bound of 100 ms; both optima
+are worked out by hand in docs/tuner.md.  The grid is measured with the tuner's own verification (the
 sweep's bisection over the Poisson rate, VALID jobs only), each point
 bracketed around its predicted peak as the tuner brackets a finalist, so a
-grid point and a finalist are measured alike.  T1 and T1c repeat each side
+grid point and a finalist are measured alike.  T1 and T1s repeat each side
 TUNE_REPS times and give the spread of the ratio, so that a "met" can be
 told from the noise.
 
-    python bench/run.py --only T1,T2,T3,T3c,T1c,T4 [--quick]
+    python bench/run.py --only T1,T2,T3,T3c,T4,T1s [--quick]
 """
 from __future__ import annotations
 
@@ -52,13 +52,13 @@ SLOTS = 6
 BOUND_MS = 100.0
 PERCENTILE = 99.0
 T3_CONFIGS = 8
-TUNE_REPS = 3            # tuner runs and grid measurements per side of T1 and T1c
+TUNE_REPS = 3            # tuner runs and grid measurements per side of T1 and T1s
 # T3c's configs of the CPU example: replica counts from 1 to more than this machine's 2 cores.
 T3C_REPLICAS: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (1, 2), (3, 1), (2, 2), (4, 2))
 # The Ray variant of the example: loaders on nodes labelled loaders, the rest on nets (a simulated
 # two-node cluster on this machine).
 RAY_NODES = ("loaders", "nets", "nets", "nets")
-T1_GOAL = 0.95          # T1's and T1c's goal: the tuner's verified best / the grid's
+T1_GOAL = 0.95          # T1's and T1s's goal: the tuner's verified best / the grid's
 T4_GOAL = 0.90          # T4's: the same on Ray
 T4_QUICK_WITHIN = 0.25   # T4 --quick measures the points predicted within 25% of the best (T3: errors of 2-5%)
 # Jobs per verified rate on Ray, both sides alike: one Ray job's p99 moved from 97 to 174 ms between two runs of the
@@ -277,20 +277,23 @@ def _chosen(run: TuneRun) -> str:
             + f" at {run.rate_per_s:.4g}")
 
 
-def t1(effort: Effort, config: Path = EXAMPLE) -> list[Row]:
-    return [_t1_row("T1", "local", effort, config, f"rnb-tune's verified best under p99 < {BOUND_MS:g} ms / the best "
-                    f"of the measured grid ({SLOTS} CPU slots, config/tune-example.json)", Goal(">=", T1_GOAL))]
+def t1(effort: Effort) -> list[Row]:
+    return [_t1_row("T1", "local", effort, CPU_EXAMPLE, f"rnb-tune's verified best under p99 < {BOUND_MS:g} ms / the "
+                    f"best of the measured grid ({SLOTS} CPU slots, config/tune-cpu-example.json: steps that compute "
+                    "on the CPU)", Goal(">=", T1_GOAL))]
 
 
-def t1c(effort: Effort) -> list[Row]:
-    return [_t1_row("T1c", "local", effort, CPU_EXAMPLE, f"T1 on steps that compute on the CPU ({SLOTS} CPU slots, "
-                    "config/tune-cpu-example.json)", Goal(">=", T1_GOAL))]
+def t1s(effort: Effort) -> list[Row]:
+    return [_t1_row("T1s", "local", effort, EXAMPLE, f"T1 on steps that sleep ({SLOTS} CPU slots, "
+                    "config/tune-example.json)", Goal(">=", T1_GOAL))]
 
 
-def t2(effort: Effort, config: Path = EXAMPLE) -> list[Row]:
+def t2(effort: Effort, config: Path = CPU_EXAMPLE) -> list[Row]:
+    """The quick tuner's wall time against the whole grid's, the grid T1 measures first (its repetition 0)."""
     quick_run = _tuner("local", "quick", effort.quick, config, 0)
     grid_seconds, rates, _ = _grid("local", effort.quick, config, None, 0, frozenset())
-    what = "wall time of rnb-tune --search quick (profiling included) / of measuring the whole grid"
+    what = ("wall time of rnb-tune --search quick (profiling included) / of measuring the whole grid "
+            f"({config.relative_to(REPO)})")
     if not quick_run.found:
         return [Row("T2", what, Goal("<=", 0.25), note=(
             f"the quick tuner exited {quick_run.returncode} with {quick_run.rate_per_s:.4g} req/s: it found and "

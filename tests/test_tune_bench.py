@@ -89,7 +89,7 @@ def test_the_grid_is_bracketed_around_each_point_s_predicted_peak_and_its_direct
 @pytest.mark.parametrize(("engine", "goal"), [("local", tune_bench.T1_GOAL), ("ray", tune_bench.T4_GOAL)])
 def test_each_side_s_bisection_finds_a_peak_closer_than_the_margin_of_its_row_s_goal(engine: str, goal: float) -> None:
     """A sharp knee anywhere in the first bracket: the peak found misses it by less than 1 - goal, and with one
-    step fewer some knee is missed by more (what let the rungs of two predictions decide T1c)."""
+    step fewer some knee is missed by more (what let the rungs of two predictions decide T1 on the CPU example)."""
     predicted = 200.0
 
     def worst_miss(steps: int) -> float:
@@ -114,7 +114,28 @@ def test_quick_keeps_the_full_budget_points_of_sleeping_steps_and_every_point_of
 
 
 def test_the_rows_are_registered_with_bench_run() -> None:
-    assert {"T1", "T1c", "T2", "T3", "T3c", "T4"} <= set(BENCHMARKS)
+    assert {"T1", "T1s", "T2", "T3", "T3c", "T4"} <= set(BENCHMARKS)
+
+
+def test_t1_and_t2_measure_the_cpu_example_and_t2_takes_t1_s_first_grid_measurement(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """T2's grid is the very call T1's repetition 0 makes: functools.cache measures it once for both."""
+    space = tune_bench.example_space(CPU_EXAMPLE)
+    grids: list[tuple[object, ...]] = []
+
+    def grid(*args: object) -> tuple[float, dict[Candidate, float], TuneSpace]:
+        grids.append(args)
+        return 600.0, {space.minimal({}): 180.0}, space
+
+    monkeypatch.setattr(tune_bench, "_tuner", lambda *args: TuneRun(150.0, 175.0, tmp_path, 0))
+    monkeypatch.setattr(tune_bench, "_grid", grid)
+    (tmp_path / "best.json").write_text(json.dumps({"pipeline": [{"queue_groups": [{"gpus": [-1] * 2}]},
+                                                                 {"queue_groups": [{"gpus": [-1]}]}]}))
+    t1, = tune_bench.t1(Effort.of(True))
+    t2, = tune_bench.t2(Effort.of(True))
+    assert "config/tune-cpu-example.json" in t1.what and "config/tune-cpu-example.json" in t2.what
+    assert grids == [("local", True, CPU_EXAMPLE, None, rep, frozenset()) for rep in range(3)] + [grids[0]]
+    assert (t1.ratio, t2.ratio) == (pytest.approx(175.0 / 180.0), pytest.approx(0.25))
 
 
 def _tuner_out(out: Path, rows: list[tuple[str, list[int], float | None, float, list[float]]], best: list[int] | None) -> TuneRun:
