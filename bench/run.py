@@ -6,18 +6,23 @@ Each figure is a ratio A/B against the baseline a user would otherwise pick,
 the median of at least 5 paired, interleaved repetitions with its min and
 max (see bench/common.py).  `--quick` keeps 5 repetitions and makes each one
 short.  Exit codes: 0 every selected benchmark ran (met or not), 1 one of
-them failed to run (its row says why), 2 bad arguments.
+them failed to run (its row says why), 2 bad arguments.  Each benchmark's
+rows go to stderr, and to the JSON file ("complete": false until the
+end), as soon as it is done: a run stopped after hours keeps what it
+measured.  SIGTERM ends a run as Ctrl-C does, through its cleanup (the
+servers and clusters it started).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import functools
+import signal
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -181,14 +186,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_benchmarks(names: list[str], effort: Effort) -> tuple[list[Row], bool]:
-    """Rows of the named benchmarks in order, and whether all of them ran; a failure becomes its row's note."""
+def run_benchmarks(names: list[str], effort: Effort,
+                   measured: Callable[[Sequence[Row]], None] = lambda rows: None) -> tuple[list[Row], bool]:
+    """Rows of the named benchmarks in order, and whether all of them ran; a failure becomes its row's note.
+    Each benchmark's rows go to stderr once it is done, and every row so far to `measured`."""
     rows: list[Row] = []
     all_ran = True
     with contextlib.ExitStack() as stack:
         space = Workspace(stack, effort)
         for name in names:
-            started = time.perf_counter()
+            started, done = time.perf_counter(), len(rows)
             print(f"bench/run.py: {name} ...", file=sys.stderr, flush=True)
             try:
                 rows += BENCHMARKS[name](effort, space)
@@ -197,21 +204,33 @@ def run_benchmarks(names: list[str], effort: Effort) -> tuple[list[Row], bool]:
                 traceback.print_exc(file=sys.stderr)
                 rows.append(Row(name, "did not run", None, note=f"failed: {type(error).__name__}: {error}"))
             print(f"bench/run.py: {name} took {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+            print(table_text(rows[done:]), file=sys.stderr, flush=True)
+            measured(rows)
     return rows, all_ran
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from rnb.core import joblog
+    signal.signal(signal.SIGTERM, _end_as_interrupted)
     effort = Effort.of(args.quick)
     started = time.time()
-    rows, all_ran = run_benchmarks(args.only or list(BENCHMARKS), effort)
+
+    def keep(rows: Sequence[Row], complete: bool = False) -> None:
+        if args.json is not None:
+            context = {"started": started, "seconds": time.time() - started, "complete": complete,
+                       "host": joblog.host(), "versions": joblog.versions(),
+                       "argv": sys.argv[1:] if argv is None else argv}
+            write_json(args.json, Report(tuple(rows), args.quick, context))
+
+    rows, all_ran = run_benchmarks(args.only or list(BENCHMARKS), effort, keep)
     print(table_text(rows))
-    if args.json is not None:
-        context = {"started": started, "seconds": time.time() - started, "host": joblog.host(),
-                   "versions": joblog.versions(), "argv": sys.argv[1:] if argv is None else argv}
-        write_json(args.json, Report(tuple(rows), args.quick, context))
+    keep(rows, complete=True)
     return 0 if all_ran else 1
+
+
+def _end_as_interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

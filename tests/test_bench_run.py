@@ -13,8 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from bench.common import Effort, Goal, Row, table_text
 from bench.harness_bench import Idle, chain_pipeline, hop_costs, loader_windows, per_hop_us, window_rates
-from bench.run import BENCHMARKS
+from bench.run import BENCHMARKS, run_benchmarks
 
 ENTRY_KEYS = {"id", "what", "ratio", "goal", "met", "min", "max", "reps", "a", "b", "note"}
 
@@ -164,3 +165,26 @@ def test_p12j_times_a_whole_job_each_way_and_each_job_finishes_its_items(tmp_pat
         assert 0 < job_seconds(command, tmp_path / "logs") <= time.monotonic() - began
     jobs = sorted((tmp_path / "logs").iterdir())
     assert [pq.read_table(job / "timings.parquet").num_rows for job in jobs] == [10, 10]
+
+
+def test_each_benchmark_s_rows_are_printed_and_kept_as_soon_as_it_is_done(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run stopped during its third benchmark has the first two's rows, a failed one's included."""
+    first = Row("X1", "first figure", Goal(">=", 1.0), ratio=1.5, low=1.4, high=1.6, reps=5)
+
+    def fails(effort: Effort, space: object) -> list[Row]:
+        raise RuntimeError("no data")
+
+    def stopped(effort: Effort, space: object) -> list[Row]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(BENCHMARKS, "X1", lambda effort, space: [first])
+    monkeypatch.setitem(BENCHMARKS, "X2", fails)
+    monkeypatch.setitem(BENCHMARKS, "X3", stopped)
+    kept: list[list[str]] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmarks(["X1", "X2", "X3"], Effort.of(True), lambda rows: kept.append([row.id for row in rows]))
+    assert kept == [["X1"], ["X1", "X2"]]
+    err = capsys.readouterr().err
+    assert err.index(table_text([first])) < err.index("bench/run.py: X2 ...")
+    assert "failed: RuntimeError: no data" in err
