@@ -5,10 +5,11 @@ for the candidate the tuner chose there), T1s (T1 on steps that sleep) and T3c (
 T1, T2 and T3c run on config/tune-cpu-example.json (steps that compute on
 the CPU), T1s, T3 and T4 on config/tune-example.json (steps that sleep),
 each with a budget of 6 CPU slots and a p99 bound of 100 ms; both optima
-are worked out by hand in docs/tuner.md.  The grid is measured with the tuner's own verification (the
-sweep's bisection over the Poisson rate, VALID jobs only), each point
-bracketed around its predicted peak as the tuner brackets a finalist, so a
-grid point and a finalist are measured alike.  T1 and T1s repeat each side
+are worked out by hand in docs/tuner.md.  The grid is measured with the
+tuner's own verification (the sweep's bisection over the Poisson rate,
+VALID jobs only), each point bracketed around its predicted peak as the
+tuner brackets a finalist, so a grid point and a finalist are measured
+alike.  T1 and T1s repeat each side
 TUNE_REPS times and give the spread of the ratio, so that a "met" can be
 told from the noise.
 

@@ -77,10 +77,11 @@ class JobControl:
     def finish(self, results: Results) -> None:
         """Final step: count cards towards the target (those past it are dropped); stop at the target."""
         cards = results.cards
-        if self.deadline is not None and any((card.event(self.counted) or 0.0) > self.deadline for card in cards):
+        stamps = [card.event(self.counted) or 0.0 for card in cards]
+        if self.deadline is not None and any(stamp > self.deadline for stamp in stamps):
             self.stop(Termination.MAX_DURATION, self.deadline)
         if self.reason != Termination.RUNNING:
-            in_time = tuple(card for card in cards if (card.event(self.counted) or 0.0) <= self.raised_at)
+            in_time = tuple(card for card, stamp in zip(cards, stamps) if stamp <= self.raised_at)
             self.late += len(cards) - len(in_time)
             cards = in_time
         accepted = cards[: max(0, self.target - self.finished)]
