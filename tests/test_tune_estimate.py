@@ -199,16 +199,29 @@ def test_a_slot_freed_by_a_reply_one_hop_later_bounds_a_producer_of_few_slots() 
         assert prediction.throughput_items_per_s == pytest.approx(rate, rel=0.01), slots
 
 
-def test_on_ray_an_item_that_finds_its_consumer_idle_costs_a_call_of_its_own_and_a_backlog_shares_calls() -> None:
-    # Steps that sleep 2 ms, one core, 1 ms of CPU per actor call of its own. One request at a time: both
-    # consumers are idle at each delivery, so an item costs two calls and the client's side of the first:
-    # 3 ms of CPU per 4 ms item. In bulk the second step (3 ms) is always behind: its items ride in shared
-    # calls (rnb.engines.ray.handoffs) and only the first request found step 0 idle.
-    def pipeline(*services: Service) -> SimPipeline:
-        return dataclasses.replace(chain(*services), cores=1.0, background=Background(call_s=0.001))
+def test_on_ray_an_item_costs_a_call_at_both_ends_unless_it_rides_behind_an_untaken_one_of_its_producer() -> None:
+    # Steps that sleep, one core. One request at a time, 0.5 ms of CPU per call at each end: an item costs two
+    # calls (client -> step 0 -> step 1), 2 ms of CPU per 4 ms item. In bulk the second step (3 ms) is always
+    # behind: step 0's items ride in the call after the untaken one (rnb.engines.ray.handoffs), so only the
+    # first few items cost calls.
+    def pipeline(*services: Service, call_s: float, replicas: tuple[int, ...] = ()) -> SimPipeline:
+        return dataclasses.replace(chain(*services, replicas=replicas), cores=1.0, background=Background(call_s=call_s))
 
-    one_at_a_time = simulate(pipeline(ms(2), ms(2)), Arrivals("closed", concurrency=1), items=400, warmup=0)
-    assert one_at_a_time.cores_busy == pytest.approx(0.75, rel=0.01)
+    one_at_a_time = simulate(pipeline(ms(2), ms(2), call_s=0.0005), Arrivals("closed", concurrency=1), items=400,
+                             warmup=0)
+    assert one_at_a_time.cores_busy == pytest.approx(0.5, rel=0.01)
     assert one_at_a_time.latency_ms[50.0] == pytest.approx(4.0)   # the calls' CPU runs beside the steps
-    backlog = simulate(pipeline(ms(2), ms(3)), Arrivals("bulk"), items=400, warmup=0)
+    backlog = simulate(pipeline(ms(2), ms(3), call_s=0.001), Arrivals("bulk"), items=400, warmup=0)
     assert backlog.cores_busy is not None and backlog.cores_busy < 0.01
+
+
+def test_on_ray_an_item_that_finds_its_consumer_busy_still_costs_a_call_when_none_of_its_producer_waits() -> None:
+    # Two requests 0.5 ms apart every 4 ms, to two 1 ms replicas of step 0, then a 1.5 ms step 1: the second
+    # item reaches step 1 while it computes the first, and comes from the other replica, so it goes in a call
+    # of its own. Four calls a pair at 0.25 ms of CPU each end: 2 ms per 4 ms.
+    pipeline = dataclasses.replace(chain(ms(1), ms(1.5), replicas=(2, 1)), cores=1.0,
+                                   background=Background(call_s=0.00025))
+    times = tuple(t for pair in range(200) for t in (0.004 * pair, 0.004 * pair + 0.0005))
+    prediction = simulate(pipeline, Arrivals("trace", times=times), items=len(times), warmup=0)
+    assert prediction.cores_busy == pytest.approx(0.5, rel=0.01)
+    assert pipeline.cpu_per_item_s() == pytest.approx(0.001)   # what bounds the capacity: a call per item per hop

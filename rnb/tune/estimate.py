@@ -19,7 +19,7 @@ profile's CPU fraction of its occupancy) stretch when more work computes
 than the host has cores.  On Ray each pool of cores (one host, or the hosts
 one node label spans: rnb.tune.hosts) is shared so on its own, with the CPU
 that Ray's daemons spend per item and hop as background on the pool of the
-hop's receiving end.  A hop also takes time: an item reaches the next
+hop's receiving end, and each actor call's CPU at both of its ends.  A hop also takes time: an item reaches the next
 queue one hop's latency after its hand-over (as profiled: the profiling
 job's hop into its sink, tenths of a millisecond on the local engine,
 milliseconds on Ray), and on Ray the producer's slot is free again only
@@ -148,7 +148,7 @@ class SimGroup:
 class Background:
     """CPU seconds per item of the processes outside the steps: the client (per request) and main (per result),
     and per item and hop (`hop_s`) Ray's daemons (raylet, GCS), on the pool of the hop's receiving end; on Ray
-    also `call_s`, what an actor call of its own costs the process it reaches (and the client, making it)."""
+    also `call_s`, what an actor call of its own costs each end: the process making it and the one it reaches."""
 
     client_s: float = 0.0
     main_s: float = 0.0
@@ -200,7 +200,12 @@ class SimPipeline:
         spent = [0.0] * len(self.pool_cores)
         groups_in = {step: sum(1 for g in self.groups if g.step == step) for step in range(self.num_steps)}
         for g in self.groups:
-            spent[g.pool] += g.cpu_per_item_s(g.batch or _cards_in(self, g)) + self.background.hop_s / groups_in[g.step]
+            share = 1.0 / groups_in[g.step]
+            calls = self.background.call_s * share / _cards_in(self, g)   # at most a call per message into g
+            spent[g.pool] += g.cpu_per_item_s(g.batch or _cards_in(self, g)) + self.background.hop_s * share + calls
+            senders = [other.pool for other in self.groups if other.step == g.step - 1] or [0]   # step 0: the client
+            for pool in senders:
+                spent[pool] += calls / len(senders)
         spent[0] += self.background.client_s + self.background.main_s + self.background.hop_s   # the hop to main
         return spent
 
@@ -365,7 +370,7 @@ IDLE, CALLING, BLOCKED = 0, 1, 2   # a replica waits for input, is inside a call
 
 class _Replica:
     __slots__ = ("group", "device", "queue", "outs", "free", "outbox", "rr", "pending", "first", "token",
-                 "busy_s", "state", "merging", "computing")
+                 "busy_s", "state", "merging", "computing", "sends")
 
     def __init__(self, group: SimGroup, device: int, queue: _Queue, outs: list[_Queue]) -> None:
         self.group = group
@@ -382,15 +387,18 @@ class _Replica:
         self.state = IDLE
         self.merging: dict[int, int] = {}  # a merging group: split id -> segments arrived
         self.computing = 0.0               # when its call's CPU work began
+        self.sends = f"{group.name} {id(self)} calls"   # the backlog of its side of the calls it makes
 
 
 class _Queue:
-    __slots__ = ("jobs", "waiting", "most")
+    __slots__ = ("jobs", "waiting", "most", "pool", "calls")
 
     def __init__(self) -> None:
         self.jobs: deque[tuple[_Job, _Replica | None]] = deque()
         self.waiting: deque[_Replica] = deque()
         self.most = 0   # the longest it grew: what back-pressure bounds
+        self.pool = 0   # the pool of cores its readers compute on
+        self.calls = "calls"   # the backlog of its readers' side of the calls that fill it
 
 
 
@@ -444,6 +452,7 @@ class Simulation:
         self.replicas: list[_Replica] = []
         for g in pipeline.groups:
             inbox = queues.setdefault((g.step, g.in_queue), _Queue()) if g.step > 0 else self.request_queue
+            inbox.pool, inbox.calls = g.pool, f"calls into step {g.step}"
             outs = [queues.setdefault((g.step + 1, q), _Queue()) for q in g.out_queues]
             for device in g.devices:
                 self.replicas.append(_Replica(g, device, inbox, outs))
@@ -503,28 +512,32 @@ class Simulation:
             self.put(queue, job, producer)
 
     def put(self, queue: _Queue, job: _Job, producer: _Replica | None) -> None:
+        if not any(sender is producer for _, sender in queue.jobs):
+            self.actor_call(queue, producer)
         if queue.waiting:
             consumer = queue.waiting.popleft()
-            self.own_call(consumer, producer)
             self.take(consumer, job, producer)
         else:
             queue.jobs.append((job, producer))
             queue.most = max(queue.most, len(queue.jobs))
 
-    def own_call(self, consumer: _Replica, producer: _Replica | None) -> None:
-        """On Ray an item that finds its consumer idle went in an actor call of its own: its CPU on both ends.
+    def actor_call(self, queue: _Queue, producer: _Replica | None) -> None:
+        """On Ray an item goes in an actor call of its own unless an item before it from the same producer is
+        still untaken: then it rides in the call after that one (rnb.engines.ray.handoffs).  A call costs CPU
+        at both ends, the producer's (the client's for a request) and its reader's.
 
         A profiling job queues every request at once, so the measured step
-        took its inputs several to a call (rnb.engines.ray.handoffs) and its
-        profile holds a share of a call per item; a consumer that keeps up
-        takes one call per item.  The caller's side is in a step's profile
-        already (its sink kept up); the client's is not.
+        took its inputs several to a call and its profile holds a share of
+        a call per item; under a load it keeps up with, a step takes one
+        call per item whether or not its reader was busy when it came.
         """
         call_s = self.pipeline.background.call_s
         if call_s > 0:
-            self.background(consumer.group.pool, "calls", call_s)
+            self.background(queue.pool, queue.calls, call_s)
             if producer is None:
                 self.background(0, "client", call_s)
+            else:
+                self.background(producer.group.pool, producer.sends, call_s)
 
     def go_idle(self, replica: _Replica) -> None:
         """A replica free for its next input: the oldest waiting one, else it waits (and may flush)."""
