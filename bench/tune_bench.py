@@ -4,8 +4,9 @@ for the candidate the tuner chose there), T1s (T1 on steps that sleep) and T3c (
 
 T1, T2 and T3c run on config/tune-cpu-example.json (steps that compute on
 the CPU), T1s, T3 and T4 on config/tune-example.json (steps that sleep),
-each with a budget of 6 CPU slots and a p99 bound of 100 ms; both optima
-are worked out by hand in docs/tuner.md.  The grid is measured with the
+each with a budget of 6 CPU slots and a p99 bound of 100 ms (200 ms on
+Ray, T4: see RAY_BOUND_MS); both optima are worked out by hand in
+docs/tuner.md.  The grid is measured with the
 tuner's own verification (the sweep's bisection over the Poisson rate,
 VALID jobs only), each point bracketed around its predicted peak as the
 tuner brackets a finalist, so a grid point and a finalist are measured
@@ -51,6 +52,11 @@ EXAMPLE = REPO / "config" / "tune-example.json"
 CPU_EXAMPLE = REPO / "config" / "tune-cpu-example.json"
 SLOTS = 6
 BOUND_MS = 100.0
+# T4's bound. On Ray here the example's p99 is 68-84 ms at 10 req/s (2 | b1 | 2 | 1) and 90-119 ms from 17 to 80 req/s
+# for every b2 point the tuner chose: at 100 ms each verification read the host's noise, not the configuration
+# (the same point and rate passed one job and failed the next). At 200 ms the bound breaks where the p99 climbs
+# steeply, near what the cores can carry (3 | b8 | 1 | 1: 118 ms at 197 req/s, 306 ms at 245).
+RAY_BOUND_MS = 200.0
 PERCENTILE = 99.0
 T3_CONFIGS = 8
 TUNE_REPS = 3            # tuner runs and grid measurements per side of T1 and T1s
@@ -85,7 +91,7 @@ class TuneRun:
 def run_tuner(config: Path, out: Path, engine: str, search: str, effort: Effort) -> TuneRun:
     """rnb-tune in a child process, as a user runs it."""
     command = [sys.executable, "-m", "rnb.tune.cli", "-c", str(config), "--cpu-slots", str(SLOTS),
-               "--latency-bound-ms", str(BOUND_MS), "--percentile", str(PERCENTILE), "--search", search,
+               "--latency-bound-ms", str(bound_ms(engine)), "--percentile", str(PERCENTILE), "--search", search,
                "--engine", engine, "--out", str(out), "--verify-repeats", str(_repeats(engine)),
                *_effort_flags(engine, effort)]
     started = time.perf_counter()
@@ -115,12 +121,17 @@ def verify_steps(engine: str) -> int:
     return math.ceil(math.log2((HIGH - LOW) / (LOW * margin)))
 
 
+def bound_ms(engine: str) -> float:
+    """The p99 bound of the engine's rows."""
+    return RAY_BOUND_MS if engine == "ray" else BOUND_MS
+
+
 def _repeats(engine: str) -> int:
     return RAY_VERIFY_REPEATS if engine == "ray" else 1
 
 
 def _settings(engine: str, effort: Effort) -> VerifySettings:
-    return VerifySettings(BOUND_MS, PERCENTILE, engine, max_steps=verify_steps(engine),
+    return VerifySettings(bound_ms(engine), PERCENTILE, engine, max_steps=verify_steps(engine),
                           seconds=2.0 if effort.quick else 3.0, repeats=_repeats(engine))
 
 
@@ -172,7 +183,7 @@ def profiled(config: Path, engine: str, quick: bool) -> tuple[TuneSpace, Estimat
             return run_benchmark(str(config_path), 0.0, work / "logs", flags, output=output)
 
         profiles = profile_all(jobs, ProfileCache(work / "profiles"), run)
-    return space, Estimator(space, profiles, bench, BOUND_MS, PERCENTILE)
+    return space, Estimator(space, profiles, bench, bound_ms(engine), PERCENTILE)
 
 
 @functools.cache
@@ -403,8 +414,8 @@ def t4(effort: Effort, config: Path = EXAMPLE) -> list[Row]:
     ray_config = ray_example(work, config)
     with ray_address_of_every_job(sorted(set(RAY_NODES))):
         ratio = _t1_row("T4", "ray", effort, ray_config,
-                        "T1 on the Ray engine (a simulated two-node cluster: loaders / the rest)", Goal(">=", T4_GOAL),
-                        T4_QUICK_WITHIN if effort.quick else None, reps=1)
+                        f"T1 on the Ray engine under p99 < {RAY_BOUND_MS:g} ms (a simulated two-node cluster: "
+                        "loaders / the rest)", Goal(">=", T4_GOAL), T4_QUICK_WITHIN if effort.quick else None, reps=1)
         ratio = dataclasses.replace(ratio, note=ratio.note + "; every job on one simulated cluster started for the row")
     return [ratio, chosen_error_row("T4e", _tuner("ray", "auto", effort.quick, ray_config, 0))]
 
@@ -453,7 +464,7 @@ def chosen_peak(run: TuneRun) -> ChosenPeak | None:
 def chosen_error_row(id: str, run: TuneRun) -> Row:
     """|predicted - verified| / verified peak rate under the bound, of the candidate the tuner chose."""
     what = (f"estimator error for the candidate the tuner chose on Ray: |predicted - verified| / verified peak rate "
-            f"under p99 < {BOUND_MS:g} ms")
+            f"under p99 < {RAY_BOUND_MS:g} ms")
     chosen = chosen_peak(run)
     if chosen is None:
         return Row(id, what, Goal("<=", 0.15), note=f"the tuner chose nothing (exit {run.returncode}), so no error")
