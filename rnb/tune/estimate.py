@@ -19,11 +19,12 @@ profile's CPU fraction of its occupancy) stretch when more work computes
 than the host has cores.  On Ray each pool of cores (one host, or the hosts
 one node label spans: rnb.tune.hosts) is shared so on its own, with the CPU
 that Ray's daemons spend per item and hop as background on the pool of the
-hop's receiving end, and each actor call's CPU at both of its ends.  A hop also takes time: an item reaches the next
-queue one hop's latency after its hand-over (as profiled: the profiling
-job's hop into its sink, tenths of a millisecond on the local engine,
-milliseconds on Ray), and on Ray the producer's slot is free again only
-once the take has come back as the call's reply, another hop later.
+hop's receiving end, and each actor call's CPU at both of its ends.  A hop
+also takes time: an item reaches the next queue one hop's latency after its
+hand-over (as profiled: the profiling job's hop into its sink, tenths of a
+millisecond on the local engine, milliseconds on Ray), and on Ray the
+producer's slot is free again only once the take has come back as the
+call's reply, another hop later.
 
 Why a small event loop of our own and not simpy: the model needs five kinds
 of event and no process abstraction, and each candidate's peak rate takes a
@@ -512,7 +513,7 @@ class Simulation:
             self.put(queue, job, producer)
 
     def put(self, queue: _Queue, job: _Job, producer: _Replica | None) -> None:
-        if not any(sender is producer for _, sender in queue.jobs):
+        if self.pipeline.background.call_s > 0 and not any(sender is producer for _, sender in queue.jobs):
             self.actor_call(queue, producer)
         if queue.waiting:
             consumer = queue.waiting.popleft()
@@ -532,12 +533,11 @@ class Simulation:
         call per item whether or not its reader was busy when it came.
         """
         call_s = self.pipeline.background.call_s
-        if call_s > 0:
-            self.background(queue.pool, queue.calls, call_s)
-            if producer is None:
-                self.background(0, "client", call_s)
-            else:
-                self.background(producer.group.pool, producer.sends, call_s)
+        self.background(queue.pool, queue.calls, call_s)
+        if producer is None:
+            self.background(0, "client", call_s)
+        else:
+            self.background(producer.group.pool, producer.sends, call_s)
 
     def go_idle(self, replica: _Replica) -> None:
         """A replica free for its next input: the oldest waiting one, else it waits (and may flush)."""
