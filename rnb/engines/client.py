@@ -5,6 +5,9 @@ closed loop, ...); the client sleeps to each due time, takes the next
 payload from the config's source and sends it.  In an open loop a full
 request queue aborts the job; in the closed loop the engine's
 `wait_for_room` holds the next request until the final step finishes one.
+LoadGen's multi-stream queries go in lockstep: the room for a whole query
+is taken before its first request, so it goes only once every request of
+the query before it has finished.
 It talks to the engine through a `ClientTransport` (rnb.engines.transport).
 """
 from __future__ import annotations
@@ -31,6 +34,7 @@ class ClientSpec:
     videos: int
     load: LoadSettings
     seed: int
+    job_dir: str = ""   # the job's log directory, where a LoadGen client's logs go
 
 
 def generate(spec: ClientSpec, transport: ClientTransport) -> None:
@@ -43,6 +47,7 @@ def generate(spec: ClientSpec, transport: ClientTransport) -> None:
     dealer = Dealer(payloads, streams) if streams else None
     leaky = LeakyStreams(transport, streams) if streams and spec.load.stream_policy == "drop" else None
     mode = mode_of(spec.load)
+    query = mode.query_size(spec.load)
     start = time.time()
     job_clock_start = start - (time.time() - now())   # the card's clock runs behind time.time() on other Ray nodes
     for item_id, arrival in zip(range(spec.videos), mode.arrivals(spec.load, spec.seed)):
@@ -50,7 +55,7 @@ def generate(spec: ClientSpec, transport: ClientTransport) -> None:
             waited = leaky.sleep_until(start + arrival.due_s) if leaky else _sleep_until(start + arrival.due_s, transport)
             if not waited:
                 return
-        if not transport.wait_for_room():
+        if item_id % query == 0 and not all(transport.wait_for_room() for _ in range(query)):
             return
         try:
             payload = next(payloads) if dealer is None or arrival.stream is None else dealer.next_for(arrival.stream)
