@@ -638,8 +638,9 @@ def _scenario_refusal(settings: LoadSettings, given: list[str], videos: int) -> 
     if "target_latency_ms" in given and spec.target_latency_ms is None:
         return "target_latency_ms", f"expected a scenario with a latency target beside it, found {spec.name}"
     if spec.name == "multi-stream" and videos % settings.samples_per_query:
-        return "samples_per_query", (f"expected -v to be whole queries of {settings.samples_per_query} requests, "
-                                     f"found -v {videos}")
+        blamed = "samples_per_query" if "samples_per_query" in given else "scenario"
+        return blamed, (f"expected -v to be whole queries of {settings.samples_per_query} requests "
+                        f"({_flag('samples_per_query')}), found -v {videos}")
     return None
 
 
