@@ -37,8 +37,9 @@ from bench.harness_bench import run_job
 from bench.loadgen_sut import plain_sut
 from rnb.analysis.loadgen_log import read_detail
 from rnb.analysis.loadgen_rules import loadgen_percentile
+from rnb.analysis.verdict import issue_times
 from rnb.core.records import Json
-from rnb.core.stages import ENQUEUE, StepEvents, event_seconds
+from rnb.core.stages import StepEvents, event_seconds
 from rnb.load import LoadSettings
 
 STEP_MS = 10.0
@@ -65,12 +66,13 @@ class Figures:
 
 
 def rnb_figures(job_dir: Path) -> Figures:
-    """RnB's own figures from its time cards: each item from its enqueue to its final hand-over."""
+    """RnB's own figures from its time cards, as its scenario verdict reads them: each item from its issue (its due
+    time) to its final hand-over."""
     timings = pq.read_table(job_dir / "timings.parquet")
-    enqueued, finished = event_seconds(timings, ENQUEUE), event_seconds(timings, StepEvents(0).handed_over)
-    took = finished - enqueued
+    issued, finished = issue_times(timings), event_seconds(timings, StepEvents(0).handed_over)
+    took = finished - issued
     p50, p90, p99 = (loadgen_percentile(took, p) * 1000 for p in (0.5, 0.9, 0.99))
-    return Figures(p50, p90, p99, took.size / float(np.max(finished) - np.min(enqueued)))
+    return Figures(p50, p90, p99, took.size / float(np.max(finished) - np.min(issued)))
 
 
 def loadgen_figures(detail: dict[str, Json]) -> Figures:

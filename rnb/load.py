@@ -234,9 +234,13 @@ class ClosedLoop(LoadMode):
         while True:
             yield Arrival(None)
 
+    # Its curve on analyze.py's plots, the key ordering its points, and their labels' prefix.
+    curve: ClassVar[tuple[str, str, str]] = (" (closed loop)", "concurrency", "c")
+
     def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
-        concurrency = _number(args, "concurrency")
-        return CurvePoint(" (closed loop)", concurrency, f"c {concurrency:g}")
+        name, key, prefix = self.curve
+        size = _number(args, key)
+        return CurvePoint(name, size, f"{prefix} {size:g}")
 
 
 class Bulk(LoadMode):
@@ -511,8 +515,9 @@ CLIENT = RunKey("client", ("--client",), "NAME", "who issues the scenario's requ
 SCENARIO_KEYS = (SCENARIO, SAMPLES_PER_QUERY, TARGET_LATENCY, MIN_DURATION, CLIENT)
 
 
-class MultiStream(LoadMode):
-    """LoadGen's MultiStream: a query of N requests at once, the next query only when all N have finished."""
+class MultiStream(ClosedLoop):
+    """LoadGen's MultiStream: a query of N requests at once, the next query only when all N have finished (a closed
+    loop of N whose room is taken a whole query at a time)."""
 
     name = "multi_stream"
     keys = (SAMPLES_PER_QUERY,)
@@ -523,16 +528,10 @@ class MultiStream(LoadMode):
     def job_label(self, settings: LoadSettings) -> str:
         return f"ms{settings.samples_per_query}"
 
-    def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
-        while True:
-            yield Arrival(None)
+    curve = (" (multi-stream)", "samples_per_query", "ms")
 
     def query_size(self, settings: LoadSettings) -> int:
         return settings.samples_per_query
-
-    def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
-        size = _number(args, "samples_per_query")
-        return CurvePoint(" (multi-stream)", size, f"ms {size:g}")
 
 
 class LoadGenDriven(LoadMode):

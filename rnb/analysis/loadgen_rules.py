@@ -22,8 +22,10 @@ to its scenario holds, and its summary names each with yes or no:
   and estimate the percentile as the t-th slowest latency, t the largest
   count the run's queries could have passed with.
 
-Here the samples are RnB's items: each one's issue is its enqueue and its
-completion its final step's hand-over.  A MultiStream query is the items
+Here the samples are RnB's items: each one's issue is its due time where
+its card records one (LoadGen times a Server query from its schedule, an
+Offline one from the start), else its enqueue, and its completion its final
+step's hand-over.  A MultiStream query is the items
 issued together (item ids `q * N` to `q * N + N - 1`), and its latency is
 from its first issue to its last completion, as LoadGen times a query.
 """
@@ -187,7 +189,7 @@ def query_latencies(samples: Samples, samples_per_query: int) -> np.ndarray:
 
     A query some of whose samples are not among `samples` (left to warm-up) is left out.
     """
-    if samples_per_query == 1:
+    if samples_per_query == 1 or samples.issued.size == 0:
         return samples.completed - samples.issued
     query = samples.item_ids // samples_per_query
     order = np.argsort(query, kind="stable")

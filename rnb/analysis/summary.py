@@ -32,6 +32,7 @@ from rnb.analysis.streams import format_streams
 from rnb.analysis.utilisation import busy_columns, utilisation_columns
 from rnb.core.joblog import TIMINGS_FILE, read_meta
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, event_seconds, part_key, step_columns, step_latencies
+from rnb.load import DUE_FIELD
 
 
 def job_summary(job_dir: Path, window: MeasuredWindow | None = None) -> str:
@@ -47,7 +48,7 @@ def job_summary(job_dir: Path, window: MeasuredWindow | None = None) -> str:
 
 def judged(job_dir: Path) -> MeasuredWindow:
     """The job's verdict over its measured window, by RnB's rules at analyze.py's defaults, or its scenario's."""
-    job = read_job(job_dir, columns=lambda steps: ())
+    job = read_job(job_dir, columns=lambda steps: (DUE_FIELD,))
     return measured_window(job, measured_rows(job), ValidityRules())
 
 

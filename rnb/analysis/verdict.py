@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from rnb.analysis.loadgen_rules import RuleSettings, Samples, Verdict, judge
 from rnb.core.stages import ENQUEUE, StepEvents, event_seconds
-from rnb.load import SCENARIOS, LoadSettings, logged_mode, logged_settings
+from rnb.load import DUE_FIELD, SCENARIOS, LoadSettings, logged_mode, logged_settings
 
 # Served this much slower than offered, a job's queue grew: 5 % of a second's requests still waiting each second.
 OVERLOADED_BY = 0.05
@@ -66,11 +66,21 @@ def scenario_verdict(args: Mapping[str, object], measured: pa.Table, issued: int
     rules = rule_settings(settings, _videos(args))
     if rules is None:
         return None
-    order = np.argsort(event_seconds(measured, ENQUEUE), kind="stable")
-    samples = Samples(event_seconds(measured, ENQUEUE)[order],
-                      event_seconds(measured, StepEvents(num_steps - 1).handed_over)[order],
+    scheduled = issue_times(measured)
+    order = np.argsort(scheduled, kind="stable")
+    samples = Samples(scheduled[order], event_seconds(measured, StepEvents(num_steps - 1).handed_over)[order],
                       measured.column("item_id").to_numpy(zero_copy_only=False)[order])
     return judge(rules, samples, issued // rules.samples_per_query)
+
+
+def issue_times(measured: pa.Table) -> np.ndarray:
+    """When each measured request was issued as LoadGen times it: its due time where its card records one (a
+    scenario's Poisson or bulk requests, a trace, streams), else its enqueue (a closed loop's, or LoadGen's own)."""
+    enqueued = event_seconds(measured, ENQUEUE)
+    if DUE_FIELD not in measured.column_names:
+        return enqueued
+    due = event_seconds(measured, DUE_FIELD)
+    return np.where(np.isnan(due), enqueued, due)
 
 
 def rule_settings(settings: LoadSettings, videos: int) -> RuleSettings | None:

@@ -65,7 +65,8 @@ def generate(spec: ClientSpec, transport: ClientTransport) -> None:
         card = TimeCard(item_id, repr(payload))
         card.record(ENQUEUE)
         due = job_clock_start + (arrival.due_s or 0.0)
-        if mode.records_due:
+        # A scenario's latency runs from each request's schedule, as LoadGen's does: Offline's all at the start.
+        if mode.records_due or (spec.load.scenario is not None and (arrival.due_s is not None or mode.saturating)):
             card.set_field(DUE_FIELD, due)
         if arrival.stream is not None and arrival.frame is not None:
             mark_frame(card, arrival.stream, arrival.frame, due + spec.load.deadline_s if streams else None)
