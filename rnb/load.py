@@ -564,10 +564,6 @@ class LoadGenDriven(LoadMode):
         interval = _number(args, "mean_interval_ms")
         return CurvePoint(f" (LoadGen {args.get('scenario')})", -interval, f"lg mi {interval:g}")
 
-    @property
-    def saturating(self) -> bool:
-        return False
-
 
 # Asked in this order: the first mode whose `chosen` says yes is the job's.
 MODES: tuple[LoadMode, ...] = (LoadGenDriven(), Streams(), Trace(), Schedule(), MultiStream(), ClosedLoop(), Bulk(),

@@ -179,7 +179,8 @@ def verdict_lines(job: TableRow) -> list[str]:
     why = job.get("invalid_because")
     if not job.get("loadgen_rules"):
         return [f"verdict: {job['validity']} by RnB's rules" + (f": {why}" if why else "")]
-    ended = f" ({why})" if why and why.startswith("the run ended") else ""
+    # A run that did not end as asked says so before its rules' reasons (rnb.analysis.jobs.measured_window).
+    ended = f" ({why.split('; by LoadGen')[0].rstrip('.')})" if why and why.startswith("the run ended") else ""
     lines = [f"verdict: {job['validity']} by LoadGen's {job['scenario']} rules: {job['loadgen_rules']}{ended}",
              f"result by LoadGen's rules, RnB's figures: {_figures(job.get('loadgen_result'))}"]
     if job.get("loadgen_log_validity"):

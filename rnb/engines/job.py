@@ -59,8 +59,8 @@ class RunArgs:
 
     def __post_init__(self) -> None:
         # Bulk mode sends every request at once, so the request queue must hold all -v of them whatever -qs
-        # says, as RnB sized it; -qs still bounds the inter-step queues.
-        bulk = mode_of(self.load).saturating
+        # says, as RnB sized it; -qs still bounds the inter-step queues.  So does LoadGen's Offline query.
+        bulk = mode_of(self.load).saturating or (self.load.client == "loadgen" and self.load.scenario == "offline")
         size = min(max(self.queue_size, self.videos), MAX_SEMAPHORE_VALUE) if bulk else self.queue_size
         object.__setattr__(self, "request_queue_size", size)
 
