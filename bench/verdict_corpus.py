@@ -37,13 +37,18 @@ def _fails(*rules: str) -> frozenset[str]:
     return frozenset(rules)
 
 
+# The Server runs meant to meet their latency bound have one of a second: a process of the job that waits a few
+# hundred ms for a core moves LoadGen's latencies of the samples it holds (from LoadGen's schedule to the call that
+# completes them) and not the time cards', and a 100 ms bound would then judge the host, not the rules.
+LOOSE = ("--target-latency-ms", "1000")
 CASES = (
-    Case("too short", "server", ("-mi", "5", "--min-duration-ms", "3000"), 200, 2.0, _fails(MIN_DURATION, EARLY_STOPPING)),
+    Case("too short", "server", ("-mi", "5", "--min-duration-ms", "3000", *LOOSE), 200, 2.0,
+         _fails(MIN_DURATION, EARLY_STOPPING)),
     Case("overloaded", "server", ("-mi", "3.333"), 900, 10.0, _fails(PERFORMANCE, EARLY_STOPPING)),
     Case("latency bound broken", "server", ("-mi", "6.25", "--target-latency-ms", "15"), 1200, 10.0,
          _fails(PERFORMANCE, EARLY_STOPPING)),
-    Case("early stopping short", "server", ("-mi", "5"), 300, 2.0, _fails(EARLY_STOPPING)),
-    Case("enough", "server", ("-mi", "5"), 600, 2.0),
+    Case("early stopping short", "server", ("-mi", "5", *LOOSE), 300, 2.0, _fails(EARLY_STOPPING)),
+    Case("enough", "server", ("-mi", "5", *LOOSE), 600, 2.0),
     Case("too short", "offline", ("--min-duration-ms", "3000"), 200, 10.0, _fails(MIN_DURATION)),
     Case("enough", "offline", ("--min-duration-ms", "500"), 1000, 2.0),
     Case("early stopping short", "single-stream", ("--min-duration-ms", "0"), 40, 2.0, _fails(EARLY_STOPPING)),
