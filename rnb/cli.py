@@ -33,7 +33,7 @@ from rnb.engines.local.driver import run_job
 from rnb.engines.ray import cluster as ray_cluster
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.load import DEFAULTS as LOAD_DEFAULTS
-from rnb.load import LOAD_KEYS, LoadSettings, with_scenario
+from rnb.load import EXCLUSIVE, LOAD_KEYS, LoadSettings, mode_of, with_scenario
 from rnb.load import refusal as load_refusal
 from rnb.pipeline.config import RUN_CHOICES, RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
@@ -53,6 +53,9 @@ from rnb.pipeline.sources import check_source
 DEFAULTS: dict[str, Any] = {"videos": 2000, "batch_size": 1, "queue_size": 50000, "warmup": 10, "seed": 0,
                             "stall_s": DEFAULT_STALL_S, "max_duration_s": 0.0}
 
+
+# The load keys that choose a mode: one of them on the command line replaces the config's load mode.
+MODE_CHOOSERS: tuple[str, ...] = (*EXCLUSIVE, "mean_interval_ms", "scenario")
 
 # The flags that a config's "run" object may also set, each checked against its range in RUN_KEYS (the load
 # modes' flags are rnb.load.LOAD_KEYS).
@@ -128,8 +131,11 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
 
 def _checked_load(ns: argparse.Namespace, config: PipelineConfig, videos: int) -> LoadSettings:
     """The job's load settings; ConfigError naming the flag, or the config's run key, that makes a bad mix."""
-    given = [key for key in LOAD_KEYS if getattr(ns, key) is not None or key in config.run]
-    load = with_scenario(LoadSettings(**_combined(ns, config, LOAD_DEFAULTS)), given)
+    run = _standing_run_load(ns, config)
+    given = [key for key in LOAD_KEYS if getattr(ns, key) is not None or key in run]
+    values: dict[str, Any] = {key: getattr(ns, key) if getattr(ns, key) is not None else run.get(key, default)
+                              for key, default in LOAD_DEFAULTS.items()}
+    load = with_scenario(LoadSettings(**values), given)
     problem = load_refusal(load, given, videos)
     if problem is None:
         return load
@@ -137,6 +143,19 @@ def _checked_load(ns: argparse.Namespace, config: PipelineConfig, videos: int) -
     if getattr(ns, key) is not None:
         raise ConfigError(flags.WHERE, flags.flag_name(LOAD_KEYS[key].spellings), expected)
     raise ConfigError(config.path, f"run.{key}", expected)
+
+
+def _standing_run_load(ns: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
+    """The config's load keys that the command line leaves standing: all of them, unless a flag chooses a load
+    mode; then only that mode's keys (the config's run.fps stands beside --streams, its run.streams not beside
+    --arrivals): a flag's load mode replaces the config's."""
+    run = {key: value for key, value in config.run.items() if key in LOAD_KEYS}
+    flagged = {key: getattr(ns, key) for key in LOAD_KEYS if getattr(ns, key) is not None}
+    if not any(key in flagged for key in MODE_CHOOSERS):
+        return run
+    values: dict[str, Any] = {**LOAD_DEFAULTS, **flagged}
+    mode = mode_of(with_scenario(LoadSettings(**values), flagged))
+    return {key: value for key, value in run.items() if key in {declared.name for declared in mode.keys}}
 
 
 def _combined(ns: argparse.Namespace, config: PipelineConfig, defaults: dict[str, Any]) -> dict[str, Any]:
