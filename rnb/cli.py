@@ -72,6 +72,11 @@ def run_value(key: str) -> Callable[[str], float]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return benchmark_parser().parse_args(argv)
+
+
+def benchmark_parser() -> flags.CommandParser:
+    """benchmark.py's flags: RnB's, the load modes' (rnb.load) and the harness's own."""
     parser = flags.CommandParser("benchmark.py", "Benchmark a multi-step, multi-process video inference pipeline.")
     parser.add_argument(*flags.CONFIG, dest="config_file_path",
                         help="pipeline config JSON (default: the embedded default config, config/default.json)")
@@ -113,7 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"(default {DEFAULT_STALL_S:g}; 0 never)")
     parser.add_argument("--max-duration", dest="max_duration_s", type=run_value("max_duration_s"), metavar="S",
                         help="end the job after S seconds of measured time, keeping what it measured (default 0: no maximum)")
-    return parser.parse_args(argv)
+    return parser
 
 
 def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:

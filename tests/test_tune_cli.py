@@ -59,6 +59,9 @@ def job_dirs(out: Path) -> list[Path]:
     (["--cpu-slots", "3", "--verify-repeats", "0"], "command line: --verify-repeats: expected an integer >= 1, found 0"),
     (["--cpu-slots", "x"], "command line: --cpu-slots: expected an integer >= 0, found 'x'"),
     (["--cpu-slots", "3", "-b", "0,2"], "command line: -b/--batch_size: expected comma-separated integers >= 1, found '0,2'"),
+    # rnb-tune passes no flag on: one it does not know is its own refusal, with its own flag as the hint.
+    (["--cpu-slots", "3", "--verify-repeat", "3"],
+     "command line: --verify-repeat: expected a flag of rnb-tune, found an unknown one (did you mean --verify-repeats?)"),
     # Nothing listens on port 1: asked where its nodes are, the cluster is refused at once, not retried for minutes.
     (["--cpu-slots", "3", "--engine", "ray", "--ray-address", "127.0.0.1:1"],
      "rnb-tune: could not reach the Ray cluster at 127.0.0.1:1: its GCS did not answer within 5 s"),

@@ -33,8 +33,10 @@ from rnb.analysis.sweep import (
     run_benchmark,
 )
 from rnb.console import terminal_logging
+from rnb.load import LOAD_KEYS
 
 DEFAULTS = ValidityRules()
+BENCHMARK_FLAGS = frozenset((*flags.BENCHMARK, *(spelling for key in LOAD_KEYS.values() for spelling in key.spellings)))
 PASSED_ON = ("Flags that sweep.py does not know (-b, -qs, --warmup, --cpu, --engine, ... : benchmark.py --help) go on "
              "to every benchmark.py run.")
 
@@ -76,7 +78,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     add_job_rules(parser)
     parser.add_argument("--plot", metavar="FILE.png", help="plot the runs as analyze.py --plot does (default: no plot)")
     add_stream_search(parser)
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_passing_on(argv, BENCHMARK_FLAGS, "benchmark.py")
     if args.streams_bound is not None:
         check_stream_search(parser, args)
     elif (args.mi is None) == (args.latency_bound_ms is None):
