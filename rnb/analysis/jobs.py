@@ -299,8 +299,7 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
         "validity": "INVALID" if invalid else "VALID",
         "invalid_because": invalid,
         "num_steps": job.num_steps,
-        # Each step's model as the config names it (dotted class path), so a view can say what each step ran.
-        "step_models": json.dumps([json_at(job.config, "pipeline", k, "model") for k in range(job.num_steps)]),
+        "step_models": step_models(job),
         "measured_items": count,
         "measured_duration_s": duration,
         "measured_throughput_items_per_s": count / duration if duration > 0 else None,
@@ -326,6 +325,11 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
     row.update(throughput_columns(job))
     row.update(utilisation_columns(job))
     return row
+
+
+def step_models(job: Job) -> str:
+    """Each step's model as the config names it (dotted class path), as JSON text: what each step ran."""
+    return json.dumps([json_at(job.config, "pipeline", k, "model") for k in range(job.num_steps)])
 
 
 def bound_column(stat: str, end: str) -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rnb.analysis.bound import JobBound
 from rnb.analysis.jobs import STAT_NAMES, bound_column, stat_column
 from rnb.analysis.streams import format_streams, per_stream_missed
 from rnb.core.joblog import SAMPLES_FILE
@@ -156,21 +157,8 @@ def utilisation_lines(job: TableRow) -> list[str]:
     if job.get("energy_per_item_j") is not None:
         lines.append(f"energy: {job['energy_per_item_j']:.4g} J per item (the GPUs' sampled board power over the job)")
     if job.get("busiest_step") is not None:
-        lines.append("bottleneck: " + bottleneck_words(job))
+        lines.append("bottleneck: " + JobBound.of(job).words())
     return lines
-
-
-def bottleneck_words(job: TableRow) -> str:
-    """The bottleneck step of a job row, or why none was (rnb.analysis.utilisation.SATURATED)."""
-    busiest = f"step {job['busiest_step']}"
-    busy = f"{job['busiest_busy_fraction']:.0%} of the elapsed time on average"
-    if job.get("bottleneck_step") is not None:
-        return f"{busiest} (its runners busy {busy})"
-    if logged_mode(job).saturating:
-        # Every request was queued at the start: the load was all the pipeline could take, yet no model kept busy.
-        return (f"no step was saturated, though every request was sent at once: the time between the models "
-                f"(queues, copies, hand-overs) bounds it (the busiest, {busiest}, {busy})")
-    return f"no step was saturated: the pipeline served the offered load (the busiest, {busiest}, {busy})"
 
 
 def format_report(jobs: pa.Table) -> str:

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import load_columns, read_job, window_seconds
+from rnb.analysis.jobs import load_columns, read_job, step_models, window_seconds
 from rnb.analysis.report import format_utilisation
-from rnb.analysis.streams import format_streams
+from rnb.analysis.streams import format_streams, stream_columns
 from rnb.analysis.utilisation import busy_columns, utilisation_columns
 from rnb.core.joblog import TIMINGS_FILE, read_meta
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, event_seconds, part_key, step_columns, step_latencies
@@ -96,5 +96,7 @@ def _stage_latencies(file: pq.ParquetFile, measured: pa.ChunkedArray, num_steps:
 def utilisation_text(job_dir: Path) -> str:
     """Each runner's busy fraction and CPU use and the bottleneck step of a logged job; '' when none ran."""
     job = read_job(job_dir, columns=busy_columns)
-    load = load_columns(job.meta.args)   # what the bottleneck says
-    return format_utilisation({**utilisation_columns(job), **load})
+    # What the bottleneck line reads besides the busy fractions: the load, how the job ended, its frames missed.
+    told = {**load_columns(job.meta.args), **stream_columns(job.meta.streams), "step_models": step_models(job),
+            "termination_reason": job.meta.termination_reason}
+    return format_utilisation({**utilisation_columns(job), **told})

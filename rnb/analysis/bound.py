@@ -1,0 +1,123 @@
+"""What bounded a job, and who missed its frames: the one sentence every stream answer and summary ends with.
+
+A job's bottleneck is its busiest step when near saturation
+(rnb.analysis.utilisation).  Below saturation no step's capacity bounded
+it, and what that means depends on how the job went: a job that served
+its load was bounded by the load; one that sent every request at once, by
+the time between the models; one that stalled or failed did not serve its
+load at all; and a camera-stream job whose frames were missed anyway was
+missed by something other than a step's capacity: the host stalled its
+runners (frames late while every step was mostly idle), or the frames'
+latency is over their deadline even unloaded.  A stream search runs a
+count whose frames a host stall missed again before it decides the answer
+(rnb.analysis.stream_search).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rnb.analysis.utilisation import SATURATED
+from rnb.core.termination import COMPLETE_REASONS
+from rnb.load import logged_mode
+
+
+@dataclass(frozen=True)
+class JobBound:
+    """The busiest step of a job and how busy it was, how the job ended, and its frames missed (camera streams)."""
+
+    step: int | None        # the busiest step; None when no runner's work was measured
+    model: str | None       # its model's class name, where the log names it
+    busy: float | None      # the mean busy fraction of its runners
+    reason: str             # the job's termination reason
+    saturating: bool        # its load sent every request at once (bulk)
+    offered: int = 0        # frames offered (0 for a job without streams)
+    late: int = 0
+    dropped: int = 0
+    missed: int = 0         # late, and under the drop policy also dropped
+    deadline_ms: float | None = None
+    p50_ms: float | None = None   # the median of the streams' median latencies
+
+    @staticmethod
+    def of(row: Mapping[str, Any]) -> JobBound:
+        """From a row of the jobs table (rnb.analysis.jobs.summarize_job)."""
+        step = row.get("busiest_step")
+        models = json.loads(row.get("step_models") or "[]")
+        model = models[step] if step is not None and step < len(models) and isinstance(models[step], str) else None
+        streams = json.loads(row["streams_record"]) if row.get("streams_record") else {}
+        late, dropped = int(row.get("frames_late") or 0), int(row.get("frames_dropped") or 0)
+        deadline = streams.get("deadline_ms")
+        medians = [entry["p50_ms"] for entry in streams.get("per_stream", []) if isinstance(entry.get("p50_ms"), float)]
+        return JobBound(step, None if model is None else model.rpartition(".")[2], row.get("busiest_busy_fraction"),
+                        str(row.get("termination_reason")), logged_mode(row).saturating,
+                        int(row.get("frames_offered") or 0), late, dropped,
+                        late + (dropped if streams.get("policy") == "drop" else 0),
+                        float(deadline) if isinstance(deadline, (int, float)) else None,
+                        float(np.median(medians)) if medians else None)
+
+    @property
+    def saturated(self) -> bool:
+        return self.busy is not None and self.busy >= SATURATED
+
+    @property
+    def over_deadline(self) -> bool:
+        """The frames' median latency is over their deadline: they are late at any load, not only when queued."""
+        return self.deadline_ms is not None and self.p50_ms is not None and self.p50_ms > self.deadline_ms
+
+    @property
+    def host_stall(self) -> bool:
+        """Frames missed while no step was saturated, within a job that ran as asked and whose frames are on time
+        when served at once: the host, not the pipeline, missed them."""
+        return (self.missed > 0 and self.step is not None and not self.saturated and not self.over_deadline
+                and self.reason in COMPLETE_REASONS)
+
+    @property
+    def busiest(self) -> str:
+        """`step 0 (AsyncSleep)`, or `step 0` where the log names no model."""
+        return f"step {self.step}" + (f" ({self.model})" if self.model else "")
+
+    def frames(self) -> str:
+        """`87 of 400 frames (12 late, 75 dropped)`."""
+        return f"{self.missed} of {self.offered} frames ({self.late} late, {self.dropped} dropped)"
+
+    def words(self) -> str:
+        """The bottleneck line's words: the saturated step, or why none bounded the job and who missed its frames."""
+        if self.step is None or self.busy is None:
+            return "no runner's work was measured, so nothing names a bottleneck"
+        busy = f"{self.busy:.0%} of the elapsed time on average"
+        if self.saturated:
+            missed = f"; it, not the host, missed {self.frames()}" if self.missed else ""
+            return f"step {self.step} (its runners busy {busy}){missed}"
+        busiest = f"(the busiest, step {self.step}, {busy})"
+        if self.reason not in COMPLETE_REASONS:
+            return f"no step was saturated, and the job ended as {self.reason!r} without serving its load {busiest}"
+        if self.over_deadline:
+            return (f"no step was saturated, yet {self.frames()} were missed: their median latency, "
+                    f"{self.p50_ms:.3g} ms, is over their {self.deadline_ms:g} ms deadline even unloaded {busiest}")
+        if self.missed:
+            return (f"no step was saturated, yet {self.frames()} were missed: a host stall, not the pipeline's capacity, missed "
+                    f"them {busiest}")
+        if self.saturating:
+            # Every request was queued at the start: the load was all the pipeline could take, yet no model kept busy.
+            return (f"no step was saturated, though every request was sent at once: the time between the models "
+                    f"(queues, copies, hand-overs) bounds it {busiest}")
+        return f"no step was saturated: the pipeline served the offered load {busiest}"
+
+    def trial_words(self) -> str:
+        """What a stream search's trial says of its bound: the busiest step, and who missed its frames."""
+        if self.step is None or self.busy is None:
+            return "no runner's work measured"
+        head = f"{self.busiest} busy {self.busy:.0%}"
+        if not self.missed:
+            return head
+        if self.saturated:
+            return f"{head}: the pipeline missed the frames"
+        if self.host_stall:
+            return f"{head}: a host stall (frames missed while no step was saturated)"
+        if self.over_deadline:
+            return f"{head}: the frames' median latency is over their deadline"
+        return f"{head}: the job ended as {self.reason!r}"

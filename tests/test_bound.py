@@ -1,0 +1,66 @@
+"""What bounded a job, and who missed its frames: the bottleneck line for every way a job can go."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rnb.analysis.bound import JobBound
+
+
+def row(busy: float, reason: str = "target reached", late: int = 0, dropped: int = 0, policy: str = "queue",
+        p50_ms: float = 40.0, **load: object) -> dict[str, object]:
+    """A jobs-table row of a one-step job whose step (an AsyncSleep) was `busy`, with camera streams if `late`,
+    `dropped` or a policy is given."""
+    streams = {"count": 2, "fps": 30, "policy": policy, "deadline_ms": 250.0, "offered": 400,
+               "per_stream": [{"p50_ms": p50_ms}, {"p50_ms": p50_ms}]}
+    return {"busiest_step": 0, "busiest_busy_fraction": busy, "step_models": '["models.toy.AsyncSleep"]',
+            "termination_reason": reason, "streams": 2, "frames_offered": 400, "frames_late": late,
+            "frames_dropped": dropped, "streams_record": json.dumps(streams), **load}
+
+
+@pytest.mark.parametrize(("job", "words"), [
+    (row(0.97, late=48), "step 0 (its runners busy 97% of the elapsed time on average); it, not the host, missed "
+                         "48 of 400 frames (48 late, 0 dropped)"),
+    (row(0.22, late=25), "no step was saturated, yet 25 of 400 frames (25 late, 0 dropped) were missed: a host stall, not "
+                         "the pipeline's capacity, missed them (the busiest, step 0, 22% of the elapsed time on "
+                         "average)"),
+    (row(0.40, dropped=87, policy="drop"),
+     "no step was saturated, yet 87 of 400 frames (0 late, 87 dropped) were missed: a host stall, not the pipeline's "
+     "capacity, missed them (the busiest, step 0, 40% of the elapsed time on average)"),
+    (row(0.20, late=400, p50_ms=300.0),
+     "no step was saturated, yet 400 of 400 frames (400 late, 0 dropped) were missed: their median latency, 300 ms, is "
+     "over their 250 ms deadline even unloaded (the busiest, step 0, 20% of the elapsed time on average)"),
+    (row(0.05, reason="stalled"), "no step was saturated, and the job ended as 'stalled' without serving its load "
+                                  "(the busiest, step 0, 5% of the elapsed time on average)"),
+    (row(0.30), "no step was saturated: the pipeline served the offered load (the busiest, step 0, 30% of the "
+                "elapsed time on average)"),
+])
+def test_the_bottleneck_line_says_who_missed_the_frames(job: dict[str, object], words: str) -> None:
+    assert JobBound.of(job).words() == words
+
+
+def test_only_a_job_that_served_its_load_says_so() -> None:
+    """Issue 43's stalled summary and issue 44's Ray job: neither a stall, nor a drop, nor a late frame is 'served'."""
+    for job in (row(0.1, reason="stalled"), row(0.1, dropped=1, policy="drop"), row(0.1, late=1),
+                row(0.1, reason="process failed")):
+        assert "served the offered load" not in JobBound.of(job).words()
+    # Dropped frames under the queue policy cannot happen; under drop they are missed.
+    assert JobBound.of(row(0.1, dropped=3, policy="drop")).missed == 3
+
+
+def test_a_stream_trial_names_its_busiest_step_and_a_host_stall() -> None:
+    assert JobBound.of(row(0.22, late=25)).trial_words() == (
+        "step 0 (AsyncSleep) busy 22%: a host stall (frames missed while no step was saturated)")
+    assert JobBound.of(row(0.97, late=25)).trial_words() == "step 0 (AsyncSleep) busy 97%: the pipeline missed the frames"
+    assert JobBound.of(row(0.5)).trial_words() == "step 0 (AsyncSleep) busy 50%"
+    assert JobBound.of(row(0.22, late=25)).host_stall and not JobBound.of(row(0.97, late=25)).host_stall
+    assert not JobBound.of(row(0.2, late=400, p50_ms=300.0)).host_stall
+
+
+def test_a_bulk_job_without_a_saturated_step_is_bound_between_the_models() -> None:
+    job = {"busiest_step": 1, "busiest_busy_fraction": 0.5, "termination_reason": "target reached",
+           "mean_interval_ms": 0}
+    assert JobBound.of(job).words() == (
+        "no step was saturated, though every request was sent at once: the time between the models (queues, copies, "
+        "hand-overs) bounds it (the busiest, step 1, 50% of the elapsed time on average)")
