@@ -218,10 +218,10 @@ def test_the_table_names_the_config_and_the_batches_also_of_a_log_in_the_old_lay
     done = run_analyze(str(log_copy), "--min-items", "1", "--min-duration", "0")
     assert done.returncode == 0, done.stderr
     header, rule, *rows = done.stdout.split("\n\n")[0].splitlines()
-    assert header.split()[:5] == ["job", "config", "batch", "reason", "validity"]
-    cells = {row.split()[0]: row.split()[1:5] for row in rows}
-    assert cells == {real_job.name: ["toy", "1/1", "target", "reached"],
-                     old.name: ["toy", "-/-", "target", "reached"]}
+    assert header.split()[:6] == ["job", "config", "batch", "load", "reason", "validity"]
+    cells = {row.split()[0]: row.split()[1:8] for row in rows}
+    assert cells == {real_job.name: ["toy", "1/1", "bulk", "(all", "at", "once)", "target"],
+                     old.name: ["toy", "-/-", "bulk", "(all", "at", "once)", "target"]}
 
 
 def test_the_summary_throughput_is_the_measured_window_analyze_reports(real_job: Path) -> None:

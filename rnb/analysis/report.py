@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from rnb.analysis.bound import JobBound
 from rnb.analysis.jobs import STAT_NAMES, bound_column, stat_column
+from rnb.analysis.loads import load_words
 from rnb.analysis.streams import format_streams, per_stream_missed
 from rnb.core.joblog import SAMPLES_FILE
 from rnb.core.records import Json
@@ -36,6 +37,7 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("job", "job_id"),
     ("config", "config"),
     ("batch", "batch_sizes"),
+    ("load", "load"),
     ("reason", "termination_reason"),
     ("validity", "validity"),
     ("items", "measured_items"),
@@ -45,6 +47,8 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("p99 ms", stat_column(E2E, "p99")),
     ("p99.9 ms", stat_column(E2E, "p99_9")),
     ("max ms", stat_column(E2E, "max")),
+    ("missed (late/dropped)", "frames_missed"),
+    ("bottleneck", "bottleneck"),
     ("peak RSS MiB", "max_peak_rss_bytes"),
     ("peak dev MiB", "max_peak_device_bytes"),
 )
@@ -53,9 +57,12 @@ MAX_TIME_ROWS = 6   # jobs drawn over time under the latency bars; more would ma
 # Stage means further apart than this cannot share a linear stacked bar: the smaller ones would not show.
 MAX_LINEAR_SPREAD = 100.0
 COMPARE_FIELDS: tuple[str, ...] = (
-    "mean_interval_ms", "concurrency", "videos", "batch_size", "measured_items", "measured_duration_s",
+    "load_mode", "mean_interval_ms", "concurrency", "streams", "fps", "stream_policy", "deadline_ms", "arrivals",
+    "rate_schedule", "videos", "batch_size", "measured_items", "measured_duration_s",
     "throughput_items_per_s", "measured_throughput_items_per_s",
     *(stat_column(E2E, s) for s in ("min", "mean", "p50", "p90", "p95", "p99", "p99_9", "max")),
+    "frames_offered", "frames_processed", "frames_late", "frames_dropped", "frames_missed_fraction",
+    "busiest_step", "busiest_busy_fraction", "bottleneck_step",
     "bytes_fetched_per_s", "bytes_reused_per_s", "frames_decoded_per_s", "max_peak_rss_bytes", "max_peak_device_bytes",
 )
 
@@ -80,13 +87,27 @@ def _grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def format_summary(jobs: pa.Table) -> str:
     """One line per job: the numbers a reader looks at first, then why any job is INVALID."""
     records = jobs.to_pylist()
-    rows = [[_cell(r.get(column), column) for _, column in SUMMARY_COLUMNS] for r in records]
+    rows = [[_cell({**r, **_told(r)}.get(column), column) for _, column in SUMMARY_COLUMNS] for r in records]
     text = _grid([title for title, _ in SUMMARY_COLUMNS], rows)
     reasons = [f"  {r['job_id']}: INVALID: {r['invalid_because']}" for r in records if r["invalid_because"]]
     # meta.json's error is already the whole sentence (it names the failed process): say it once.
     errors = [f"  {r['job_id']}: {r['error']}" for r in records if r.get("error")]
     stacks = [_stacks_line(r) for r in records if r.get("stacks")]
     return "\n".join([text, *reasons, *errors, *stacks])
+
+
+def _told(job: TableRow) -> dict[str, str | None]:
+    """The summary's cells that the jobs table holds as several columns: the load, the frames missed, the bound."""
+    bound = JobBound.of(job)
+    missed = (None if job.get("frames_offered") is None else
+              f"{job['frames_missed_fraction'] or 0:.1%} ({bound.late}/{bound.dropped})")
+    if bound.busy is None:
+        neck = None
+    elif bound.saturated or bound.host_stall:
+        neck = f"{'step' if bound.saturated else 'host stall, step'} {bound.step} {bound.busy:.0%}"
+    else:
+        neck = f"none (step {bound.step} {bound.busy:.0%})"
+    return {"load": load_words(job), "frames_missed": missed, "bottleneck": neck}
 
 
 def _stacks_line(job: TableRow) -> str:
