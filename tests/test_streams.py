@@ -13,7 +13,8 @@ import pytest
 from rnb import cli
 from rnb.analysis.html import write_job_page
 from rnb.analysis.jobs import ValidityRules, load_jobs
-from rnb.analysis.report import format_report, plot_jobs
+from rnb.analysis.plots import plot_jobs
+from rnb.analysis.report import format_report
 from rnb.engines.streams import Dealer
 from rnb.load import LoadSettings, mode_of
 

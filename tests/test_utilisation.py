@@ -13,7 +13,8 @@ import pytest
 
 from rnb import cli
 from rnb.analysis.jobs import load_jobs, read_job
-from rnb.analysis.report import format_utilisation, load_curves, stage_colours
+from rnb.analysis.plots import stage_colours
+from rnb.analysis.report import format_utilisation, load_curves
 from rnb.analysis.utilisation import busiest_step, busy_fractions, union_seconds
 from rnb.core.stages import PARTS
 from tests.shared_jobs import bulk_toy_job
@@ -177,13 +178,13 @@ def test_the_plots_stage_bars_stand_side_by_side_on_a_log_axis_when_a_hundredfol
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from rnb.analysis.report import _stage_bars
+    from rnb.analysis.plots import _stage_bars
 
     near = {"job_id": "near", "num_steps": 2, "copy0_mean_ms": 30.0, "inside0_mean_ms": 200.0, "inside1_mean_ms": 400.0}
     far = {**near, "job_id": "far", "copy0_mean_ms": 0.3, "inside1_mean_ms": 800.0}
     for records, scale, bottoms in (([near], "linear", {0.0, 30.0, 230.0}), ([near, far], "log", {0.0})):
         axis = Figure().add_subplot()
-        _stage_bars(axis, records)
+        _stage_bars(axis, records, [str(record["job_id"]) for record in records])
         assert axis.get_yscale() == scale
         # Stacked, each part starts where the one before ended; side by side, every bar starts at 0.
         assert {round(bar.get_y(), 6) for bar in axis.patches if bar.get_height() > 0} == bottoms

@@ -10,7 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rnb.load import logged_settings, mode_of
+import numpy as np
+
+from rnb.core.records import JsonObject
+from rnb.load import Span, logged_settings, mode_of, parse_schedule
 
 
 def load_words(row: Mapping[str, Any]) -> str:
@@ -28,3 +31,60 @@ def load_words(row: Mapping[str, Any]) -> str:
     if mode == "trace":
         return f"trace {Path(str(settings.arrivals)).name}"
     return f"schedule {settings.rate_schedule}"
+
+
+def span_label(span: Span) -> str:
+    """A span as a schedule spells it: `300@5s`, `100-300@10s`."""
+    rates = f"{span.start:g}" + (f"-{span.end:g}" if span.end != span.start else "")
+    return f"{rates}@{span.seconds:g}s"
+
+
+def schedule_spans(schedule: str, enqueued_s: np.ndarray, finished_s: np.ndarray, run_s: float) -> list[JsonObject]:
+    """Each span of a rate schedule over a job's run: the rate it asks, the requests sent in it, the items served in
+    it per second, and the p99 latency of its requests; times in seconds after the job's start.
+
+    A schedule has no steady state: each span is a load of its own, repeated
+    every cycle, so each is measured over all its repetitions within the run.
+    """
+    spans = parse_schedule(schedule)
+    cycle = sum(span.seconds for span in spans)
+    latency_ms = (finished_s - enqueued_s) * 1000.0
+    figures: list[JsonObject] = []
+    offset = 0.0
+    for span in spans:
+        starts = np.arange(offset, max(run_s, offset + 1e-9), cycle)
+        covered = float(np.sum(np.clip(run_s - starts, 0.0, span.seconds)))
+        sent = _within(enqueued_s, span.seconds, cycle, offset)
+        served = int(np.count_nonzero(_within(finished_s, span.seconds, cycle, offset)))
+        mine = latency_ms[sent & ~np.isnan(latency_ms)]
+        figures.append({"span": span_label(span), "begins_s": offset, "asked_per_s": (span.start + span.end) / 2,
+                        "requests": int(np.count_nonzero(sent)),
+                        "served_per_s": served / covered if covered > 0 else None,
+                        "p99_ms": float(np.percentile(mine, 99)) if mine.size else None})
+        offset += span.seconds
+    return figures
+
+
+def _within(times: np.ndarray, seconds: float, cycle: float, offset: float) -> np.ndarray:
+    """Which times fall inside one of a span's repetitions (each `seconds` long from `offset` in every cycle)."""
+    with np.errstate(invalid="ignore"):
+        return (times >= offset) & (np.mod(times - offset, cycle) < seconds)
+
+
+SPAN_HEADER: tuple[str, ...] = ("span", "from s in each cycle", "asked req/s", "requests", "served req/s", "p99 ms")
+
+
+def span_rows(spans: list[JsonObject]) -> list[list[str]]:
+    """A rate schedule's spans (schedule_spans) as cells under SPAN_HEADER."""
+    def cell(value: object, digits: str = ".4g") -> str:
+        return "-" if not isinstance(value, (int, float)) else format(value, digits)
+
+    return [[str(span["span"]), cell(span["begins_s"], "g"), cell(span["asked_per_s"]), str(span["requests"]),
+             cell(span["served_per_s"]), cell(span["p99_ms"], ".3g")] for span in spans]
+
+
+def spans_sentence(spans: list[JsonObject]) -> str:
+    """A rate schedule's spans in one line: what each asked and served, and its p99."""
+    rows = span_rows(spans)
+    return ("rate schedule, each span over its repetitions (asked -> served req/s, p99): "
+            + "; ".join(f"{span} {asked} -> {served}, {p99} ms" for span, _, asked, _, served, p99 in rows))

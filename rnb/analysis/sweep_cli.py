@@ -21,7 +21,8 @@ from pathlib import Path
 
 import rnb.flags as flags
 from rnb.analysis.jobs import JobLogError, ValidityRules, load_jobs
-from rnb.analysis.report import format_summary, left_out_sentence, plot_jobs
+from rnb.analysis.plots import left_out_sentence, plot_jobs
+from rnb.analysis.report import format_summary
 from rnb.analysis.stream_search import (
     StreamTrial,
     bound_sentence,

@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rnb.analysis.html import figure, job_section, page, paragraph, table
+from rnb.analysis.figures import figure
+from rnb.analysis.html import job_section, page, paragraph, table
 from rnb.analysis.jobs import ValidityRules, load_jobs, rows_to_table
 from rnb.analysis.report import TableRow
 from rnb.analysis.sweep import format_interval
