@@ -338,7 +338,8 @@ class Streams(LoadMode):
 
     def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
         streams = _number(args, "streams")
-        return CurvePoint(f" (streams at {_number(args, 'fps'):g} fps)", streams, f"s {streams:g}")
+        policy = args.get("stream_policy") or "queue"   # queue and drop are two loads: a curve each
+        return CurvePoint(f" (streams at {_number(args, 'fps'):g} fps, {policy})", streams, f"s {streams:g}")
 
 
 ARRIVALS = RunKey("arrivals", ("--arrivals",), "FILE", "replay a trace: a CSV or Parquet file with a column offset_s "

@@ -74,6 +74,11 @@ def test_closed_loop_jobs_make_a_curve_of_their_own_ordered_by_concurrency() -> 
         "toy.json (closed loop)": [("c 2", 20.0, 2.0, True), ("c 8", 80.0, 8.0, True)],
     }
     assert "steady state" not in format_utilisation({"busy_fraction": "{}"})
+    streams = [{"config_path": "config/streams-example.json", "streams": n, "fps": 30.0, "stream_policy": policy,
+                "measured_throughput_items_per_s": 30.0 * n, "e2e_p99_ms": 20.0 * n, "validity": "VALID"}
+               for policy in ("queue", "drop") for n in (1, 2)]
+    assert sorted(load_curves(pa.Table.from_pylist(streams))) == [
+        "streams-example.json (streams at 30 fps, drop)", "streams-example.json (streams at 30 fps, queue)"]
 
 
 def test_the_end_of_run_summary_names_each_runners_busy_fraction_and_the_bottleneck(tmp_path_factory, job_log) -> None:
