@@ -119,6 +119,9 @@ def axis_misfits(plot: dict[str, Any]) -> list[str]:
             name = "xaxis" + trace["xaxis"][1:] if axis == "xaxis" else "yaxis" + trace["yaxis"][1:]
             numbers = [float(v) for v in data if isinstance(v, (int, float))]
             along = (trace["orientation"] == "h") == (axis == "xaxis")
+            if trace["type"] == "heatmap" and numbers:   # a cell spans half a step either side of its centre
+                step = min((b - a for a, b in zip(sorted(numbers), sorted(numbers)[1:]) if b > a), default=1.0)
+                numbers += [min(numbers) - step / 2, max(numbers) + step / 2]
             if trace["type"] == "bar" and along:   # bars start at 0; stacked ones end at their category's sum
                 numbers.append(0.0)
                 if plot["barmode"] == "stack":

@@ -151,7 +151,8 @@ class JobSeries:
         if mode == "poisson":
             return Line("Poisson rate", ends, (1000.0 / settings.mean_interval_ms,) * 2)
         if mode == "streams":
-            return Line(f"{settings.streams} streams x {settings.fps:g} fps", ends, ((settings.streams or 0) * settings.fps,) * 2)
+            count = settings.streams or 0
+            return Line(f"{count} stream{'' if count == 1 else 's'} x {settings.fps:g} fps", ends, (count * settings.fps,) * 2)
         if mode != "schedule":
             return None
         spans, x, y, begin = parse_schedule(settings.rate_schedule or ""), [], [], 0.0
