@@ -3,20 +3,22 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 
 from rnb.analysis.bound import JobBound
+from rnb.analysis.utilisation import run_wait_fraction
 
 
 def row(busy: float, reason: str = "target reached", late: int = 0, dropped: int = 0, policy: str = "queue",
-        p50_ms: float = 40.0, **load: object) -> dict[str, object]:
-    """A jobs-table row of a one-step job whose step (an AsyncSleep) was `busy`, with camera streams if `late`,
-    `dropped` or a policy is given."""
-    streams = {"count": 2, "fps": 30, "policy": policy, "deadline_ms": 250.0, "offered": 400,
-               "per_stream": [{"p50_ms": p50_ms}, {"p50_ms": p50_ms}]}
+        inside_ms: float = 20.0, **load: object) -> dict[str, object]:
+    """A jobs-table row of a one-step job whose step (an AsyncSleep of `inside_ms`) was `busy`, with camera streams of
+    a 250 ms deadline."""
+    streams = {"count": 2, "fps": 30, "policy": policy, "deadline_ms": 250.0, "offered": 400}
     return {"busiest_step": 0, "busiest_busy_fraction": busy, "step_models": '["models.toy.AsyncSleep"]',
             "termination_reason": reason, "streams": 2, "frames_offered": 400, "frames_late": late,
-            "frames_dropped": dropped, "streams_record": json.dumps(streams), **load}
+            "frames_dropped": dropped, "streams_record": json.dumps(streams), "num_steps": 1, "copy0_mean_ms": 0.1,
+            "inside0_mean_ms": inside_ms, "queue0_mean_ms": 500.0, **load}
 
 
 @pytest.mark.parametrize(("job", "words"), [
@@ -28,9 +30,9 @@ def row(busy: float, reason: str = "target reached", late: int = 0, dropped: int
     (row(0.40, dropped=87, policy="drop"),
      "no step was saturated, yet 87 of 400 frames (0 late, 87 dropped) were missed: a host stall, not the pipeline's "
      "capacity, missed them (the busiest, step 0, 40% of the elapsed time on average)"),
-    (row(0.20, late=400, p50_ms=300.0),
-     "no step was saturated, yet 400 of 400 frames (400 late, 0 dropped) were missed: their median latency, 300 ms, is "
-     "over their 250 ms deadline even unloaded (the busiest, step 0, 20% of the elapsed time on average)"),
+    (row(0.20, late=400, inside_ms=299.9),
+     "no step was saturated, yet 400 of 400 frames (400 late, 0 dropped) were missed: an item's own time in the steps, "
+     "300 ms without waits, is over their 250 ms deadline (the busiest, step 0, 20% of the elapsed time on average)"),
     (row(0.05, reason="stalled"), "no step was saturated, and the job ended as 'stalled' without serving its load "
                                   "(the busiest, step 0, 5% of the elapsed time on average)"),
     (row(0.30), "no step was saturated: the pipeline served the offered load (the busiest, step 0, 30% of the "
@@ -55,7 +57,7 @@ def test_a_stream_trial_names_its_busiest_step_and_a_host_stall() -> None:
     assert JobBound.of(row(0.97, late=25)).trial_words() == "step 0 (AsyncSleep) busy 97%: the pipeline missed the frames"
     assert JobBound.of(row(0.5)).trial_words() == "step 0 (AsyncSleep) busy 50%"
     assert JobBound.of(row(0.22, late=25)).host_stall and not JobBound.of(row(0.97, late=25)).host_stall
-    assert not JobBound.of(row(0.2, late=400, p50_ms=300.0)).host_stall
+    assert not JobBound.of(row(0.2, late=400, inside_ms=300.0)).host_stall
 
 
 def test_a_bulk_job_without_a_saturated_step_is_bound_between_the_models() -> None:
@@ -64,3 +66,23 @@ def test_a_bulk_job_without_a_saturated_step_is_bound_between_the_models() -> No
     assert JobBound.of(job).words() == (
         "no step was saturated, though every request was sent at once: the time between the models (queues, copies, "
         "hand-overs) bounds it (the busiest, step 1, 50% of the elapsed time on average)")
+
+
+def test_a_saturated_step_that_waited_for_cores_shares_the_blame_with_the_host() -> None:
+    job = {**row(0.93, late=61, dropped=145, policy="drop"),
+           "run_wait_fraction": json.dumps({"step0-g0-r0": 0.43, "client": 0.9})}
+    assert JobBound.of(job).words() == (
+        "step 0 (its runners busy 93% of the elapsed time on average, though waiting for a core 43% of it): the "
+        "host's cores, as much as the step, missed 206 of 400 frames (61 late, 145 dropped)")
+    assert JobBound.of(job).trial_words() == (
+        "step 0 (AsyncSleep) busy 93%, waiting for a core 43% of the time: the host's cores missed the frames")
+    calm = {**job, "run_wait_fraction": json.dumps({"step0-g0-r0": 0.05})}   # under a tenth: the step's own
+    assert JobBound.of(calm).words().endswith("; it, not the host, missed 206 of 400 frames (61 late, 145 dropped)")
+
+
+def test_the_share_of_time_a_process_waited_for_a_core_comes_from_its_samples() -> None:
+    samples = pa.table({"time": [10.0, 10.5, 11.0, 10.0, 11.0, 12.0], "process": ["a", "a", "a", "b", "b", "b"],
+                        "run_wait_s": [1.0, 1.1, 1.4, None, 0.0, 0.5]})
+    assert run_wait_fraction(samples, 10.0, 11.5) == pytest.approx({"a": 0.4})   # b: one sample within
+    assert run_wait_fraction(samples, 10.0, 12.0) == pytest.approx({"a": 0.4, "b": 0.5})
+    assert run_wait_fraction(samples.drop_columns(["run_wait_s"]), 10.0, 12.0) == {}

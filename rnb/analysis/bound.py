@@ -19,11 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from rnb.analysis.utilisation import SATURATED
 from rnb.core.termination import COMPLETE_REASONS
 from rnb.load import logged_mode
+
+# A runner that waited for a core this share of the time or more was slowed by the host as much as by its work.
+STARVED = 0.1
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class JobBound:
     dropped: int = 0
     missed: int = 0         # late, and under the drop policy also dropped
     deadline_ms: float | None = None
-    p50_ms: float | None = None   # the median of the streams' median latencies
+    service_ms: float | None = None   # an item's own time in the steps (copies and calls, no waits): its unloaded latency
+    waited: float | None = None       # the share of the time the busiest step's runners waited, runnable, for a core
 
     @staticmethod
     def of(row: Mapping[str, Any]) -> JobBound:
@@ -51,13 +53,12 @@ class JobBound:
         streams = json.loads(row["streams_record"]) if row.get("streams_record") else {}
         late, dropped = int(row.get("frames_late") or 0), int(row.get("frames_dropped") or 0)
         deadline = streams.get("deadline_ms")
-        medians = [entry["p50_ms"] for entry in streams.get("per_stream", []) if isinstance(entry.get("p50_ms"), float)]
         return JobBound(step, None if model is None else model.rpartition(".")[2], row.get("busiest_busy_fraction"),
                         str(row.get("termination_reason")), logged_mode(row).saturating,
                         int(row.get("frames_offered") or 0), late, dropped,
                         late + (dropped if streams.get("policy") == "drop" else 0),
-                        float(deadline) if isinstance(deadline, (int, float)) else None,
-                        float(np.median(medians)) if medians else None)
+                        float(deadline) if isinstance(deadline, (int, float)) else None, service_ms(row),
+                        _waited(row, step))
 
     @property
     def saturated(self) -> bool:
@@ -65,8 +66,9 @@ class JobBound:
 
     @property
     def over_deadline(self) -> bool:
-        """The frames' median latency is over their deadline: they are late at any load, not only when queued."""
-        return self.deadline_ms is not None and self.p50_ms is not None and self.p50_ms > self.deadline_ms
+        """An item's own time in the steps, waits left out, is over the frames' deadline: they are late at any load,
+        not only when they queue."""
+        return self.deadline_ms is not None and self.service_ms is not None and self.service_ms > self.deadline_ms
 
     @property
     def host_stall(self) -> bool:
@@ -74,6 +76,12 @@ class JobBound:
         when served at once: the host, not the pipeline, missed them."""
         return (self.missed > 0 and self.step is not None and not self.saturated and not self.over_deadline
                 and self.reason in COMPLETE_REASONS)
+
+    @property
+    def starved(self) -> bool:
+        """The busiest step's runners waited for a core a tenth of the time or more: the host's cores (its other work,
+        or the job's other processes) slowed them."""
+        return self.waited is not None and self.waited >= STARVED
 
     @property
     def busiest(self) -> str:
@@ -90,14 +98,19 @@ class JobBound:
             return "no runner's work was measured, so nothing names a bottleneck"
         busy = f"{self.busy:.0%} of the elapsed time on average"
         if self.saturated:
-            missed = f"; it, not the host, missed {self.frames()}" if self.missed else ""
-            return f"step {self.step} (its runners busy {busy}){missed}"
-        busiest = f"(the busiest, step {self.step}, {busy})"
+            if not self.missed:
+                return f"step {self.step} (its runners busy {busy})"
+            if self.starved:
+                return (f"step {self.step} (its runners busy {busy}, though waiting for a core {self.waited:.0%} of "
+                        f"it): the host's cores, as much as the step, missed {self.frames()}")
+            return f"step {self.step} (its runners busy {busy}); it, not the host, missed {self.frames()}"
+        waits = f", waiting for a core {self.waited:.0%} of it" if self.starved else ""
+        busiest = f"(the busiest, step {self.step}, {busy}{waits})"
         if self.reason not in COMPLETE_REASONS:
             return f"no step was saturated, and the job ended as {self.reason!r} without serving its load {busiest}"
         if self.over_deadline:
-            return (f"no step was saturated, yet {self.frames()} were missed: their median latency, "
-                    f"{self.p50_ms:.3g} ms, is over their {self.deadline_ms:g} ms deadline even unloaded {busiest}")
+            return (f"no step was saturated, yet {self.frames()} were missed: an item's own time in the steps, "
+                    f"{self.service_ms:.3g} ms without waits, is over their {self.deadline_ms:g} ms deadline {busiest}")
         if self.missed:
             return (f"no step was saturated, yet {self.frames()} were missed: a host stall, not the pipeline's capacity, missed "
                     f"them {busiest}")
@@ -114,10 +127,27 @@ class JobBound:
         head = f"{self.busiest} busy {self.busy:.0%}"
         if not self.missed:
             return head
+        if self.saturated and self.starved:
+            return f"{head}, waiting for a core {self.waited:.0%} of the time: the host's cores missed the frames"
         if self.saturated:
             return f"{head}: the pipeline missed the frames"
         if self.host_stall:
             return f"{head}: a host stall (frames missed while no step was saturated)"
         if self.over_deadline:
-            return f"{head}: the frames' median latency is over their deadline"
+            return f"{head}: an item's own time in the steps is over the deadline"
         return f"{head}: the job ended as {self.reason!r}"
+
+
+def service_ms(row: Mapping[str, Any]) -> float | None:
+    """The mean time an item spends in copies and model calls over every step (a jobs-table row's stage means): its
+    latency with no wait for a queue, a slot or a sibling; None where the row has no stage means."""
+    means = [row.get(f"{part}{k}_mean_ms") for k in range(int(row.get("num_steps") or 0)) for part in ("copy", "inside")]
+    numbers = [float(mean) for mean in means if isinstance(mean, (int, float))]
+    return sum(numbers) if numbers and len(numbers) == len(means) else None
+
+
+def _waited(row: Mapping[str, Any], step: int | None) -> float | None:
+    """The mean share of the time the runners of `step` waited, runnable, for a core; None where unknown."""
+    waits = json.loads(row.get("run_wait_fraction") or "{}")
+    mine = [share for name, share in waits.items() if step is not None and name.startswith(f"step{step}-")]
+    return sum(mine) / len(mine) if mine else None

@@ -46,7 +46,7 @@ ARG_KEYS: tuple[str, ...] = ("videos", "batch_size", "queue_size", "warmup", "se
 JOB_FILES: tuple[str, ...] = (META_FILE, CONFIG_FILE, TIMINGS_FILE, SPOOL_DIR)
 JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
     "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows", "step_models",
-    "busy_fraction", "cpu_percent", "stacks", "streams_record", "schedule_spans")
+    "busy_fraction", "cpu_percent", "run_wait_fraction", "stacks", "streams_record", "schedule_spans")
 BOUNDED_PERCENTILE = 99.0   # VALID needs enough items to bound this percentile from above
 # One row of the jobs table by column, as summarize_job builds it and Table.to_pylist() gives it back: numbers,
 # strings, null, the job's settings as meta.json holds them, and the JSON_COLUMNS as JSON text.

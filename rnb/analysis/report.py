@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, TypeAlias
 
 import pyarrow as pa
 
-from rnb.analysis.bound import JobBound
+from rnb.analysis.bound import STARVED, JobBound
 from rnb.analysis.jobs import STAT_NAMES, bound_column, stat_column
 from rnb.analysis.loads import load_words, spans_sentence
 from rnb.analysis.streams import format_streams
@@ -167,7 +167,9 @@ def utilisation_lines(job: TableRow) -> list[str]:
                   f"{job['steady_throughput_items_per_s']:.4g} items/s")
         lines.append(f"throughput over {windows} windows of {job['throughput_window_s']:.3g} s; steady state: {steady}")
     busy, cpu = json.loads(job.get("busy_fraction") or "{}"), json.loads(job.get("cpu_percent") or "{}")
+    waits = json.loads(job.get("run_wait_fraction") or "{}")
     runners = [f"{name} busy {fraction:.0%}" + (f", cpu {cpu[name]:.0f}%" if name in cpu else "")
+               + (f", waited for a core {waits[name]:.0%}" if waits.get(name, 0.0) >= STARVED else "")
                for name, fraction in busy.items()]
     if runners:
         lines.append("runners (time inside the model / elapsed): " + "; ".join(runners))
