@@ -91,24 +91,29 @@ def test_the_end_of_run_summary_names_each_runners_busy_fraction_and_the_bottlen
             / (end - start) for k in range(2)]
     lines = shared.done.stdout.splitlines()
     (runners,) = [line for line in lines if line.startswith("runners (time inside the model / elapsed): ")]
-    cpu = re.fullmatch(r"runners \(time inside the model / elapsed\): step0-g0-r0 busy (\d+)%(?:, cpu (\d+)%)?; "
-                       r"step1-g0-r0 busy (\d+)%(?:, cpu (\d+)%)?", runners)
+    cpu = re.fullmatch(r"runners \(time inside the model / elapsed\): step0-g0-r0 busy (\d+)%(?:, cpu (\d+)%)?"
+                       r"(?:, waited for a core (\d+)%)?; step1-g0-r0 busy (\d+)%(?:, cpu (\d+)%)?"
+                       r"(?:, waited for a core (\d+)%)?", runners)
     assert cpu, runners
-    assert [int(cpu[1]), int(cpu[3])] == [round(100 * b) for b in busy]
+    assert [int(cpu[1]), int(cpu[4])] == [round(100 * b) for b in busy]
     # A CPU share needs two samples of the runner between start and end, which a loaded machine may not take.
     samples = pq.read_table(log.dir / "samples.parquet").to_pylist()
     sampled = [sum(s["process"] == f"step{k}-g0-r0" and start <= s["time"] <= end for s in samples) >= 2
                for k in range(2)]
-    assert [cpu[i] is not None for i in (2, 4)] == sampled
-    assert all(0 <= int(cpu[i]) <= 100 * len(os.sched_getaffinity(0)) for i in (2, 4) if cpu[i] is not None)
+    assert [cpu[i] is not None for i in (2, 5)] == sampled
+    assert all(0 <= int(cpu[i]) <= 100 * len(os.sched_getaffinity(0)) for i in (2, 5) if cpu[i] is not None)
+    # A runner that waited for a core a tenth of the time or more says how long (the host's load decides whether).
+    assert all(10 <= int(cpu[i]) <= 100 for i in (3, 6) if cpu[i] is not None)
     neck = max(range(2), key=lambda k: busy[k])
+    waited = cpu[3 if neck == 0 else 6]
+    waiting = f", waiting for a core {waited}% of it" if waited else ""
     after = lines[lines.index(runners) + 1]
     if busy[neck] >= 0.8:
         assert after == f"bottleneck: step {neck} (its runners busy {busy[neck]:.0%} of the elapsed time on average)"
     else:   # -mi 0 queued every request at once, yet a loaded machine may keep both models under 80% busy
         assert after == ("bottleneck: no step was saturated, though every request was sent at once: the time between "
                          f"the models (queues, copies, hand-overs) bounds it (the busiest, step {neck}, {busy[neck]:.0%} "
-                         "of the elapsed time on average)")
+                         f"of the elapsed time on average{waiting})")
     assert lines[0] == "termination: target reached" and lines[-1] == f"job log: {log.dir}"
 
 
