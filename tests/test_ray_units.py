@@ -172,22 +172,6 @@ def test_items_for_a_consumer_with_a_call_untaken_wait_and_go_together_in_its_ne
     assert calls.made[3] == (0, ["f"]) and outbox.counts == [1, 0] and outbox.calls == 4
 
 
-def test_unbatched_each_item_goes_in_a_call_of_its_own_and_is_known_taken_as_soon_as_it_is():
-    """The client under the drop policy: a stream's next frame waits for the one before to be taken, so that must
-    not wait for the frames batched behind it in one call (on a 2-core host they made a drop's previous frame
-    known taken a median 17 ms late, docs/ray.md)."""
-    calls = _Calls()
-    courier = Courier(lambda error: None)
-    outbox = Outbox(1, calls, courier, batch=False)
-    for name in "abc":
-        outbox.put(0, request(name))
-    calls.wait_for(3)
-    assert courier.flush() and calls.made == [(0, ["a"]), (0, ["b"]), (0, ["c"])] and outbox.counts == [3]
-    calls.refs[0].done.set_result(None)
-    calls.refs[1].done.set_result(None)   # b taken while c is not: two of three known taken
-    assert outbox.wait_below(2, lambda: False) and outbox.counts == [1] and outbox.calls == 3
-
-
 def test_each_item_holds_a_slot_until_its_call_is_taken_and_goes_to_the_least_loaded_consumer():
     calls = _Calls()
     outbox = Outbox(3, calls, Courier(lambda error: None))

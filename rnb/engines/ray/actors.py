@@ -227,8 +227,5 @@ class ClientActor(_Member):
         from rnb.engines.client import generate
         from rnb.engines.ray.transports import RayClientTransport
 
-        # Under the drop policy the client holds a stream's frame until the one before is taken: each request in a
-        # call of its own is known taken as soon as it is, not once the frames batched behind it are too.
-        leaky = bool(spec.load.streams) and spec.load.stream_policy == "drop"
-        transport = RayClientTransport(self, step0, queue_size, batch=not leaky)
+        transport = RayClientTransport(self, step0, queue_size)
         return await self._in_thread(transport, lambda: generate(spec, transport))

@@ -97,10 +97,8 @@ class Outbox:
     call, as a shared slot is held on the local engine.
     """
 
-    def __init__(self, consumers: int, call: Callable[[int, list[Parcel]], Any], courier: Courier,
-                 batch: bool = True) -> None:
+    def __init__(self, consumers: int, call: Callable[[int, list[Parcel]], Any], courier: Courier) -> None:
         self.counts = [0] * consumers   # items put and not yet taken, per consumer
-        self.batch = batch              # False: a call per item, each taken (and known taken) on its own
         self.calls = 0                  # calls made so far
         self._call = call
         self._courier = courier
@@ -125,9 +123,6 @@ class Outbox:
         """Hand an item to a consumer: in a call at once if none to it is untaken, else in the next one."""
         with self._changed:
             self.counts[consumer] += 1
-            if not self.batch:
-                self._courier.post(lambda: self._send_one(consumer, parcel))
-                return
             self._waiting[consumer].append(parcel)
             if not self._calling[consumer]:
                 self._calling[consumer] = True
@@ -143,20 +138,6 @@ class Outbox:
             raise
         self.calls += 1
         ref.future().add_done_callback(lambda _: self._taken(consumer, len(parcels)))
-
-    def _send_one(self, consumer: int, parcel: Parcel) -> None:
-        try:
-            ref = self._call(consumer, [parcel])
-        except BaseException:
-            self._release(consumer, 1)
-            raise
-        self.calls += 1
-        ref.future().add_done_callback(lambda _: self._release(consumer, 1))
-
-    def _release(self, consumer: int, count: int) -> None:
-        with self._changed:
-            self.counts[consumer] -= count
-            self._changed.notify_all()
 
     def _taken(self, consumer: int, count: int) -> None:
         with self._changed:

@@ -152,11 +152,11 @@ class RayClientTransport(RayParticipant):
     that bound is on the requests sent but not yet taken by any step-0 runner.
     """
 
-    def __init__(self, member: ClientActor, step0: tuple[Any, ...], queue_size: int, batch: bool = True) -> None:
+    def __init__(self, member: ClientActor, step0: tuple[Any, ...], queue_size: int) -> None:
         super().__init__(member, "client")
         self.in_flight = member.in_flight
         self.queue_size = queue_size
-        self.outbox = Outbox(len(step0), lambda c, parcels: step0[c].push.remote(parcels), self.courier, batch)
+        self.outbox = Outbox(len(step0), lambda c, parcels: step0[c].push.remote(parcels), self.courier)
 
     def wait_for_room(self) -> bool:
         if self.in_flight is not None:
