@@ -86,3 +86,10 @@ def test_the_share_of_time_a_process_waited_for_a_core_comes_from_its_samples() 
     assert run_wait_fraction(samples, 10.0, 11.5) == pytest.approx({"a": 0.4})   # b: one sample within
     assert run_wait_fraction(samples, 10.0, 12.0) == pytest.approx({"a": 0.4, "b": 0.5})
     assert run_wait_fraction(samples.drop_columns(["run_wait_s"]), 10.0, 12.0) == {}
+
+
+def test_a_host_stall_says_how_long_a_frame_took_to_reach_step_0() -> None:
+    """On Ray the hop from the client to step 0 grows with the host's load: the line says how long it took."""
+    stalled = JobBound.of(row(0.64, dropped=188, policy="drop", queue0_p50_ms=45.9))
+    assert stalled.host_stall and stalled.words().endswith(
+        "(the busiest, step 0, 64% of the elapsed time on average); a frame waited a median 45.9 ms to reach step 0")

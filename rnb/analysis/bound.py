@@ -43,6 +43,7 @@ class JobBound:
     deadline_ms: float | None = None
     service_ms: float | None = None   # an item's own time in the steps (copies and calls, no waits): its unloaded latency
     waited: float | None = None       # the share of the time the busiest step's runners waited, runnable, for a core
+    reach_ms: float | None = None     # the measured items' median wait to be taken by step 0 (on Ray, the hop to it)
 
     @staticmethod
     def of(row: Mapping[str, Any]) -> JobBound:
@@ -58,7 +59,7 @@ class JobBound:
                         int(row.get("frames_offered") or 0), late, dropped,
                         late + (dropped if streams.get("policy") == "drop" else 0),
                         float(deadline) if isinstance(deadline, (int, float)) else None, service_ms(row),
-                        _waited(row, step))
+                        _waited(row, step), row.get("queue0_p50_ms"))
 
     @property
     def saturated(self) -> bool:
@@ -112,8 +113,9 @@ class JobBound:
             return (f"no step was saturated, yet {self.frames()} were missed: an item's own time in the steps, "
                     f"{self.service_ms:.3g} ms without waits, is over their {self.deadline_ms:g} ms deadline {busiest}")
         if self.missed:
-            return (f"no step was saturated, yet {self.frames()} were missed: a host stall, not the pipeline's capacity, missed "
-                    f"them {busiest}")
+            reach = "" if self.reach_ms is None else f"; a frame waited a median {self.reach_ms:.3g} ms to reach step 0"
+            return (f"no step was saturated, yet {self.frames()} were missed: a host stall, not the pipeline's "
+                    f"capacity, missed them {busiest}{reach}")
         if self.saturating:
             # Every request was queued at the start: the load was all the pipeline could take, yet no model kept busy.
             return (f"no step was saturated, though every request was sent at once: the time between the models "

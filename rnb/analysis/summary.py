@@ -36,6 +36,7 @@ from rnb.core.stages import (
     ENQUEUE,
     INSIDE,
     PARTS,
+    QUEUE,
     StepEvents,
     event_seconds,
     part_key,
@@ -124,7 +125,9 @@ def utilisation_text(job_dir: Path) -> str:
 
 
 def _own_time(job: Job) -> dict[str, float | None]:
-    """Each step's mean copy and call times over the measured items (the jobs table's columns of them)."""
+    """Each step's mean copy and call times, and step 0's median queue wait, over the measured items (the jobs
+    table's columns of them)."""
     latencies = part_latencies(measured_rows(job), job.num_steps)
-    return {stat_column(part_key(part, k), "mean"): latency_stats(latencies[part_key(part, k)])["mean"]
-            for k in range(job.num_steps) for part in (COPY, INSIDE)}
+    own = {stat_column(part_key(part, k), "mean"): latency_stats(latencies[part_key(part, k)])["mean"]
+           for k in range(job.num_steps) for part in (COPY, INSIDE)}
+    return {**own, stat_column(part_key(QUEUE, 0), "p50"): latency_stats(latencies[part_key(QUEUE, 0)])["p50"]}
