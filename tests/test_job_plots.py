@@ -76,6 +76,13 @@ def one_two_five(ticks: list[str]) -> bool:
     return bool(values) and values == sorted(set(values)) and mantissas <= {1.0, 2.0, 5.0}
 
 
+def job_page(job: Path, where: Path) -> Path:
+    """analyze.py JOB --html's page of a job, written under `where`."""
+    page = where / "job.html"
+    write_job_page(job, page, LENIENT)
+    return page
+
+
 def copies(job: Path, where: Path, count: int) -> Path:
     """`count` copies of a job under one log directory, each with an id of its own."""
     for index in range(count):
@@ -120,9 +127,7 @@ def test_the_plot_of_1_or_30_jobs_has_no_text_over_text(jobs: dict[str, Path], t
 @pytest.mark.browser
 def test_a_stream_jobs_page_draws_rates_latency_missed_frames_and_processes(jobs: dict[str, Path],
                                                                            tmp_path: Path) -> None:
-    page = tmp_path / "job.html"
-    write_job_page(jobs["streams"], page, LENIENT)
-    seen = render(page)
+    seen = render(job_page(jobs["streams"], tmp_path))
     assert (seen.errors, seen.fetched, seen.misfit_axes, seen.overlaps, seen.legends_on_data) == ((), (), (), (), ())
     plots = {plot["id"]: plot for plot in seen.drawn}
     assert list(plots) == ["job-stages", "job-rates", "job-latency", "job-missed", "job-processes"]
@@ -146,8 +151,7 @@ def test_a_stream_jobs_page_draws_rates_latency_missed_frames_and_processes(jobs
 @pytest.mark.browser
 def test_a_schedule_jobs_page_names_its_spans_with_their_served_rate_and_p99(jobs: dict[str, Path],
                                                                             tmp_path: Path) -> None:
-    page = tmp_path / "job.html"
-    write_job_page(jobs["schedule"], page, LENIENT)
+    page = job_page(jobs["schedule"], tmp_path)
     text = page.read_text()
     body = text[text.index("</head>"):]
     assert "steady state" not in body

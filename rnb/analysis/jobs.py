@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.analysis.loads import schedule_spans
+from rnb.analysis.loads import spans_of
 from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
 from rnb.analysis.streams import few_frames, stream_columns
 from rnb.analysis.utilisation import utilisation_columns
@@ -38,7 +38,7 @@ from rnb.core.joblog import (
 from rnb.core.records import JobLogError, JobMeta, Json, JsonObject, json_at
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 from rnb.core.termination import COMPLETE_REASONS
-from rnb.load import LOAD_KEYS, logged_mode, logged_settings
+from rnb.load import LOAD_KEYS, logged_mode
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 STAT_NAMES: tuple[str, ...] = ("min", "mean", *(f"p{q:g}".replace(".", "_") for q in PERCENTILES), "max")
@@ -322,23 +322,11 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
     stacks = {p.name: str(job.path / p.stacks) for p in meta.processes if p.stacks}
     row["stacks"] = json.dumps(stacks) if stacks else None
     row.update(stream_columns(meta.streams))
-    row["schedule_spans"] = _spans(job, measured)
+    row["schedule_spans"] = spans_of(job, measured)
     row.update(percentile_columns(latencies[END_TO_END.key], rules.confidence))
     row.update(throughput_columns(job))
     row.update(utilisation_columns(job))
     return row
-
-
-def _spans(job: Job, measured: pa.Table) -> str | None:
-    """A rate schedule's spans as its measured items met them (rnb.analysis.loads.schedule_spans), as JSON text;
-    None for any other load."""
-    schedule = logged_settings(job.meta.args).rate_schedule
-    start, end = job.meta.start_time, job.meta.end_time
-    if schedule is None or start is None or end is None:
-        return None
-    enqueued, finished = (_column(measured, name).astype(float) - start
-                          for name in (ENQUEUE, StepEvents(job.num_steps - 1).handed_over))
-    return json.dumps(schedule_spans(schedule, enqueued, finished, end - start))
 
 
 def step_models(job: Job) -> str:

@@ -6,14 +6,20 @@ The jobs table holds the load as its keys (`load_mode`, `mean_interval_ms`,
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
 from rnb.core.records import JsonObject
+from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.load import Span, logged_settings, mode_of, parse_schedule
+
+if TYPE_CHECKING:  # jobs.py builds its table with this module
+    from rnb.analysis.jobs import Job
 
 
 def load_words(row: Mapping[str, Any]) -> str:
@@ -37,6 +43,18 @@ def span_label(span: Span) -> str:
     """A span as a schedule spells it: `300@5s`, `100-300@10s`."""
     rates = f"{span.start:g}" + (f"-{span.end:g}" if span.end != span.start else "")
     return f"{rates}@{span.seconds:g}s"
+
+
+def spans_of(job: Job, measured: pa.Table) -> str | None:
+    """A rate schedule's spans as its measured items met them (schedule_spans), as JSON text; None for any other
+    load."""
+    schedule = logged_settings(job.meta.args).rate_schedule
+    start, end = job.meta.start_time, job.meta.end_time
+    if schedule is None or start is None or end is None:
+        return None
+    enqueued, finished = (measured.column(name).to_numpy(zero_copy_only=False).astype(float) - start
+                          for name in (ENQUEUE, StepEvents(job.num_steps - 1).handed_over))
+    return json.dumps(schedule_spans(schedule, enqueued, finished, end - start))
 
 
 def schedule_spans(schedule: str, enqueued_s: np.ndarray, finished_s: np.ndarray, run_s: float) -> list[JsonObject]:
