@@ -250,8 +250,10 @@ def test_a_second_run_with_the_same_arguments_runs_no_job(runs: Runs) -> None:
 def test_the_report_renders_in_a_browser_without_errors_or_fetches(runs: Runs) -> None:
     seen = render(runs.out / "report.html")
     assert seen.errors == () and seen.fetched == () and seen.misfit_axes == ()
-    # the Pareto plot, then the finalist's job at its peak rate: its stages and its throughput over time
-    assert seen.plots == 3 and seen.traces >= 3
+    assert seen.overlaps == () and seen.legends_on_data == ()
+    # the Pareto plot, then the finalist's job at its peak rate: its stages, its offered and served rates, its
+    # latency over time and its processes
+    assert seen.plots == 5 and seen.traces >= 3
     text = (runs.out / "report.html").read_text()
     # At its peak rate the finalist's busiest step is saturated (named, with what one more replica adds), or not
     # (then the latency bound holds it): rnb.analysis.utilisation decides, as for every job.
@@ -272,7 +274,7 @@ def test_analyze_writes_the_same_page_for_one_job(runs: Runs, tmp_path: Path) ->
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     seen = render(page)
-    assert seen.errors == () and seen.fetched == () and seen.plots == 2 and seen.misfit_axes == ()
+    assert seen.errors == () and seen.fetched == () and seen.plots == 4 and seen.misfit_axes == ()
     assert f"job {job.name}" in page.read_text()
     many = subprocess.run([sys.executable, str(ANALYZE), str(job.parent), "--html", str(page)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
