@@ -73,7 +73,8 @@ def test_a_saturated_step_that_waited_for_cores_shares_the_blame_with_the_host()
            "run_wait_fraction": json.dumps({"step0-g0-r0": 0.43, "client": 0.9})}
     assert JobBound.of(job).words() == (
         "step 0 (its runners busy 93% of the elapsed time on average, though waiting for a core 43% of it): the "
-        "host's cores, as much as the step, missed 206 of 400 frames (61 late, 145 dropped)")
+        "host's cores (the pipeline's own CPU, or other work on the host), as much as the step, missed 206 of 400 "
+        "frames (61 late, 145 dropped)")
     assert JobBound.of(job).trial_words() == (
         "step 0 (AsyncSleep) busy 93%, waiting for a core 43% of the time: the host's cores missed the frames")
     calm = {**job, "run_wait_fraction": json.dumps({"step0-g0-r0": 0.05})}   # under a tenth: the step's own

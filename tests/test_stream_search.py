@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from rnb.analysis import sweep_cli
-from rnb.analysis.stream_search import StreamTrial, search_streams
+from rnb.analysis.bound import JobBound
+from rnb.analysis.stream_search import StreamSearch, StreamTrial, bound_sentence, search_streams
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = REPO / "scripts" / "sweep.py"
@@ -95,6 +96,17 @@ def test_sweep_finds_the_stream_count_of_a_stub_benchmark_and_writes_json(tmp_pa
     written = json.loads((tmp_path / "streams.json").read_text())
     assert (written["streams"], written["fps"], written["bound"]) == (5, 30.0, bound)
     assert [Path(job).name for job in written["jobs"]] == [f"stub-s{n}" for n in (1, 2, 4, 8, 6, 5)]
+
+
+def test_a_count_whose_saturated_step_waited_for_cores_is_bound_by_the_cores() -> None:
+    starved = JobBound(0, "CpuSpin", 0.92, "target reached", False, 420, 322, 0, 322, 100.0, 9.0, 0.68)
+    fine = StreamTrial(2, 0.0, 50.0, Path("s2"), JobBound(0, "CpuSpin", 0.5, "target reached", False, 420))
+    failed = StreamTrial(3, 322 / 420, 900.0, Path("s3"), starved)
+    result = StreamSearch(2, 3, (fine, failed))
+    assert bound_sentence(result) == (
+        "what bounds it: at 3 streams step 0 (CpuSpin) was busy 92%, saturated, though its runners waited for a core "
+        "68% of the time: the host's cores (the pipeline's own CPU, or other work on the host), not the step alone, "
+        "missed the frames.")
 
 
 def test_a_count_a_host_stall_failed_runs_again_and_the_majority_decides(tmp_path: Path) -> None:

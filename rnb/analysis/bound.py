@@ -103,7 +103,8 @@ class JobBound:
                 return f"step {self.step} (its runners busy {busy})"
             if self.starved:
                 return (f"step {self.step} (its runners busy {busy}, though waiting for a core {self.waited:.0%} of "
-                        f"it): the host's cores, as much as the step, missed {self.frames()}")
+                        f"it): the host's cores (the pipeline's own CPU, or other work on the host), as much as the "
+                        f"step, missed {self.frames()}")
             return f"step {self.step} (its runners busy {busy}); it, not the host, missed {self.frames()}"
         waits = f", waiting for a core {self.waited:.0%} of it" if self.starved else ""
         busiest = f"(the busiest, step {self.step}, {busy}{waits})"

@@ -164,6 +164,10 @@ def bound_sentence(result: StreamSearch) -> str:
         votes = f" in the majority of {len(at.job_dirs)} jobs" if len(at.job_dirs) > 1 else ""
         return (f"what bounds it: {where}, not saturated, when its frames were missed{votes}: the host, not the "
                 "pipeline, missed them; run the search on a quieter host.")
+    if at.bound.saturated and at.bound.starved:
+        return (f"what bounds it: {where}, saturated, though its runners waited for a core {at.bound.waited:.0%} of "
+                "the time: the host's cores (the pipeline's own CPU, or other work on the host), not the step alone, "
+                "missed the frames.")
     if at.bound.saturated:
         return f"what bounds it: {where}, saturated: the pipeline, not the host, missed the frames."
     return f"what bounds it: {where}: {at.bound.trial_words().partition(': ')[2] or 'its frames were missed'}."
