@@ -29,6 +29,7 @@ from rnb.core.stages import PARTS, part_key
 
 if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn: only plotting pays for the slow import
     from matplotlib.axes import Axes
+    from matplotlib.axis import XAxis, YAxis
     from matplotlib.figure import Figure
 
 MAX_TIME_ROWS = 6   # jobs drawn over time; more would make the figure a poster
@@ -173,8 +174,6 @@ def _processes(cpu: Axes, memory: Axes, series: JobSeries) -> None:
 
 def _missed(axis: Axes, series: JobSeries) -> None:
     """Each stream's missed frames over the run, as a share of those it offered in each window."""
-    from matplotlib.ticker import MaxNLocator
-
     missed = series.missed()
     if missed is None or not missed.starts:
         axis.set_axis_off()
@@ -183,16 +182,21 @@ def _missed(axis: Axes, series: JobSeries) -> None:
     mesh = axis.pcolormesh(edges, [s - 0.5 for s in range(len(missed.percent) + 1)], missed.percent, cmap="Reds",
                            vmin=0, vmax=100)
     axis.figure.colorbar(mesh, ax=axis, label="% missed")
-    axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _whole_streams(axis.yaxis, len(missed.percent))
     axis.set_ylabel("stream", fontsize=SMALL)
     axis.set_title("missed frames by stream", fontsize=SMALL)
     _legend_under(axis)
 
 
+def _whole_streams(scale: XAxis | YAxis, streams: int) -> None:
+    """A stream axis labelled at whole streams: each one where they are few, else as many whole ones as fit."""
+    from matplotlib.ticker import FixedLocator, MaxNLocator
+
+    scale.set_major_locator(FixedLocator(list(range(streams))) if streams <= 16 else MaxNLocator(integer=True))
+
+
 def _stream_lateness(axis: Axes, jobs: list[TableRow], labels: list[str]) -> None:
     """Per stream of each camera-stream job: the share of its frames late, and above it the share dropped."""
-    from matplotlib.ticker import MaxNLocator
-
     width = 0.8 / len(jobs)
     for index, (job, label) in enumerate(zip(jobs, labels)):
         fractions = per_stream_missed(json.loads(job["streams_record"]))
@@ -201,7 +205,7 @@ def _stream_lateness(axis: Axes, jobs: list[TableRow], labels: list[str]) -> Non
         axis.bar(xs, late, width, label=f"{label} late")
         axis.bar(xs, [100 * dropped for _, dropped in fractions], width, bottom=late, hatch="//", alpha=0.5,
                  label=f"{label} dropped")
-    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _whole_streams(axis.xaxis, max(len(per_stream_missed(json.loads(job["streams_record"]))) for job in jobs))
     axis.set_xlabel("stream")
     axis.set_ylabel("% of frames offered")
     axis.set_title("late and dropped frames per stream", fontsize=9)
