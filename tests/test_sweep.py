@@ -209,8 +209,9 @@ def test_a_real_sweep_over_two_loads_yields_two_jobs_and_one_summary(
     header, rule, *rows = done.stdout.splitlines()
     assert header.startswith("job ") and set(rule) == {"-", " "}
     assert sorted(row.split()[0] for row in rows) == [job.name for job in jobs]
-    assert header.split()[:5] == ["job", "config", "batch", "reason", "validity"]
-    assert [row.split()[1:6] for row in rows] == [["toy", "1/1", "target", "reached", "VALID"]] * 2
+    assert header.split()[:6] == ["job", "config", "batch", "load", "reason", "validity"]
+    assert sorted(row.split()[1:8] for row in rows) == [["toy", "1/1", "poisson", "1e+05/s", "target", "reached", "VALID"],
+                                                       ["toy", "1/1", "poisson", "200/s", "target", "reached", "VALID"]]
 
 
 @pytest.mark.slow
