@@ -118,13 +118,14 @@ def test_the_tuner_finds_the_example_s_one_stream_and_writes_a_config_that_runs_
     assert (finalist["predicted_streams"], finalist["streams"], finalist["failed_at"]) == (1, 1, 2)
     assert [trial["streams"] for trial in finalist["trials"]] == [1, 2]
     assert finalist["trials"][0]["missed_fraction"] <= 0.01 < finalist["trials"][1]["missed_fraction"]
-    assert done.stdout.splitlines()[-3:] == [
-        "best: step 0: 1 x cpu: 1 stream at 30 fps",
-        "what bounds it: at 2 streams step 0 (AsyncSleep) was busy "
-        f"{finalist['trials'][1]['bound'].split(' busy ')[1].split(':')[0]}, saturated: the pipeline, not the host, "
-        "missed the frames.",
-        f"wrote {out / 'best.json'}, {out / 'streams.json'}, {out / 'candidates.parquet'}, {out / 'streams.png'}, "
-        f"{out / 'report.html'}"]
+    best, bound, wrote = done.stdout.splitlines()[-3:]
+    assert best == "best: step 0: 1 x cpu: 1 stream at 30 fps"
+    # Two streams saturate the step; where its runner also waited for a core (a loaded host), the cores share it.
+    assert bound.startswith("what bounds it: at 2 streams step 0 (AsyncSleep) was busy ") and bound.endswith(
+        ("saturated: the pipeline, not the host, missed the frames.",
+         "not the step alone, missed the frames.")), bound
+    assert wrote == (f"wrote {out / 'best.json'}, {out / 'streams.json'}, {out / 'candidates.parquet'}, "
+                     f"{out / 'streams.png'}, {out / 'report.html'}")
     assert report["what_bounds_it"] == finalist["what_bounds_it"] == done.stdout.splitlines()[-2]
     # The same report as the latency objective's: every candidate with its prediction, a plot, one page.
     (row,) = pq.read_table(out / "candidates.parquet").to_pylist()
