@@ -174,7 +174,8 @@ class LoaderSetup:
 
 def item_requests(root: str, start: int, count: int) -> list[EpisodeRequest]:
     """The requests of items 0..count-1: episodes in an order drawn with `start`, each naming the next two."""
-    order = np.random.default_rng(start).permutation(open_dataset(root).num_episodes).tolist() * 3
+    episodes = open_dataset(root).num_episodes
+    order = np.random.default_rng(start).permutation(episodes).tolist() * (count // episodes + 3)
     return [EpisodeRequest("dataset", root, order[i], tuple(order[i + 1 : i + 3])) for i in range(count)]
 
 

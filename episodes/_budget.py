@@ -195,6 +195,7 @@ class ByteBudget(Generic[V]):
             hold.nbytes = 0
         if hold.state != "dropped":
             hold.state = "released"
+            hold.on_drop = None   # what it would have let go of is its reader's now, and goes with it
 
     def _forget(self, hold: Hold) -> None:
         if hold.on_drop is not None:

@@ -213,18 +213,23 @@ class WindowsInFlight(FetchInFlight):
 
 
 def when_landed(reads: list[Future[bytes]], then: Callable[[], None]) -> None:
-    """Call `then` once every read of `reads` has finished, on the thread that finished the last."""
-    left = [len(reads)]
+    """Call `then` once every read of `reads` has finished, on the thread that finished the last.
+
+    The reads keep no hold on `then` once it has been called: it refers
+    to what refers to the reads, and a cycle would keep their bytes in
+    memory until the garbage collector's next full pass.
+    """
+    left, pending = [len(reads)], [then]
     lock = threading.Lock()
 
     def one(_: Future[bytes]) -> None:
         with lock:
             left[0] -= 1
-            last = left[0] == 0
-        if last:
-            then()
+            fire = pending.pop() if left[0] <= 0 and pending else None
+        if fire is not None:
+            fire()
 
     if not reads:
-        then()
+        one(Future())
     for read in reads:
         read.add_done_callback(one)
