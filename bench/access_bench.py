@@ -156,7 +156,7 @@ class LoaderSetup:
     """How a row's EpisodeLoader reads: fetch mode, requests prefetched ahead, fetch and decode threads, coalescing.
 
     Threads None are the loader's default (torch's threads); `coalesce_gap` 0 reads only the clips' windows;
-    `byte_budget` bounds what its cache holds (kept episodes and bytes in flight).
+    `byte_budget` bounds what its cache holds (kept episodes and bytes in flight); `device` is where it decodes.
     """
 
     fetch: Literal["episode", "clips"]
@@ -165,9 +165,10 @@ class LoaderSetup:
     decode_threads: int | None = None
     coalesce_gap: int = 0
     byte_budget: int = 2**30
+    device: str = "cpu"
 
     def loader(self, seed: int) -> EpisodeLoader:
-        return EpisodeLoader(torch.device("cpu"), fetch=self.fetch, num_clips=10, clip_length=8, size=112, seed=seed,
+        return EpisodeLoader(torch.device(self.device), fetch=self.fetch, num_clips=10, clip_length=8, size=112, seed=seed,
                              prefetch=self.prefetch, workers=self.workers, decode_threads=self.decode_threads,
                              coalesce_gap=self.coalesce_gap, byte_budget=self.byte_budget)
 
@@ -272,7 +273,7 @@ def network_loader_rows(root: Path, workdir: Path, effort: Effort) -> list[Row]:
     with serve_directory(root, workdir / "nginx-p10n", profile=WAN) as server:
         episode = LoaderSetup("episode", prefetch=0, workers=8)
         row, bytes_row, clip_cards, episode_cards = _loader_pair(
-            "P10n", f"R(2+1)D loader items/s through {WAN}, GOP 2: clips fetched ahead / episodes, nothing prefetched",
+            "P10n", f"R(2+1)D loader items/s, clips fetched ahead / episodes, nothing prefetched, through {WAN}, GOP 2",
             Goal(">=", 1.85), server.url, WAN_CLIPS, episode, count, effort, "")
     # What bounds the ratio: each side's item is its wait for bytes plus the rest (decode, resize, bookkeeping).
     wait = {"clips": waited_ms(clip_cards), "episode": waited_ms(episode_cards)}

@@ -29,7 +29,15 @@ import numpy as np
 import torch
 from torchcodec.decoders import VideoDecoder
 
-from bench.access_bench import LoaderSetup, item_requests, loader_rate, random_targets_of, resolution
+from bench.access_bench import (
+    LoaderSetup,
+    decoding_ms,
+    item_requests,
+    loader_rate,
+    random_targets_of,
+    resolution,
+    waited_ms,
+)
 from bench.common import Effort, Goal, Row, measure_pair
 from episodes import EpisodeByteCache, EpisodeDataset, FrameRequest, open_dataset
 from episodes.testing.network import WAN
@@ -193,12 +201,10 @@ def loader_floor_rows(root: Path, effort: Effort) -> list[Row]:
                            "memory (the floor), 1 thread", Goal(">=", 0.85),
                            ("loader", "items/s", lambda: loader_rate(str(root), setup, items, next(starts_a), cards)),
                            ("in memory", "items/s", in_memory), effort.reps)
-    fetch_ms = 1000 * np.median([c.events["fetch_finish"] - c.events["fetch_start"] for c in cards])
-    decode_ms = 1000 * np.median([c.events["decode_finish"] - c.events["decode_start"] for c in cards])
     note = (f"{items} items per repetition, {CLIPS} clips of {CLIP_LENGTH} frames resized to {SIZE}, from local disk, "
             f"{local.num_episodes} episodes of {resolution(root)} (GOP 30, B-frames); the loader fetches whole "
             "episodes 2 ahead on one thread and decodes on one; clips checked identical. Per loader item (median): "
-            f"waiting for its fetch {fetch_ms:.0f} ms, decoding {decode_ms:.0f} ms")
+            f"waiting for its fetch {waited_ms(cards):.0f} ms, decoding {decoding_ms(cards):.0f} ms")
     return [dataclasses.replace(row, note=note)]
 
 

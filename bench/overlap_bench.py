@@ -11,6 +11,9 @@ item of ten range requests, measured) then runs beside it, on the other
 core, as it would beside a replica that leaves one; a loader that takes
 every core pays it in its own time instead (0.8 of local disk here).
 
+`overlap_rates` is the same comparison for bench/gpu_check.py's
+nvdec-overlap line (NVDEC decoding, nginx not needed), and its CPU stand-in.
+
 P3m follows the loader's resident memory over a long remote run: whatever
 it kept of each item (bytes fetched ahead and never let go of, decoders,
 time cards) would make it grow by a share of an item's bytes per item. The
@@ -31,6 +34,7 @@ import ctypes.util
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -38,7 +42,8 @@ import psutil
 from bench.access_bench import WAN_CLIPS, decoding_ms, item_requests, loader_rate, resolution, waited_ms
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
 from bench.floor_bench import torch_threads
-from episodes.testing.network import WAN
+from episodes.testing.faults import serve_with_faults
+from episodes.testing.network import WAN, slow_link
 from episodes.testing.server import serve_directory
 from rnb.core.timecard import TimeCard
 
@@ -114,3 +119,30 @@ def rss_rows(root: Path, workdir: Path, effort: Effort) -> list[Row]:
     return [compare("P3m", f"loader RSS growth per item over a long run through {WAN} / an item's source bytes",
                     Goal("<=", 0.1), Side("RSS growth", "bytes/item", growth, (growth,)),
                     Side("item", "bytes", item_bytes, (item_bytes,)), note)]
+
+
+def overlap_rates(root: str, device: str = "cuda:0", items: int = 12) -> dict[str, Any]:
+    """A loader decoding clips on `device`, fetched ahead: items/s through the network profile (the test kit's
+    stdlib server behind its relay) and from local disk, what the link allows, and what each item waited.
+
+    `link_items_per_s` is the link's rate over an item's bytes: the WAN side
+    reaches the slower of it and the local side's when fetching hides
+    behind decoding. `devices` are the items' decode_device values,
+    `fetched_ahead` the share of items after each side's first whose
+    bytes were fetched ahead of them.
+    """
+    setup = dataclasses.replace(WAN_CLIPS, device=device, decode_threads=1)
+    remote: list[TimeCard] = []
+    local: list[TimeCard] = []
+    rates: dict[str, list[float]] = {"wan": [], "local": []}
+    with serve_with_faults(Path(root), lambda n: None) as url, slow_link(int(url.rsplit(":", 1)[1]), WAN) as port:
+        for seed, (side, where, cards) in enumerate([("wan", f"http://127.0.0.1:{port}", remote),
+                                                     ("local", root, local)] * 2):
+            rates[side].append(loader_rate(where, setup, items, seed, cards))
+    every = remote + local
+    later = [card for card in every if card.item_id > 0]
+    return {"wan_items_per_s": max(rates["wan"]), "local_items_per_s": max(rates["local"]),
+            "link_items_per_s": WAN.bytes_per_s / _item_bytes(remote),
+            "devices": sorted({str(card.fields["decode_device"]) for card in every}),
+            "fetched_ahead": sum("prefetch_wait_start" in card.events for card in later) / len(later),
+            "wait_ms": waited_ms(remote), "decode_ms": decoding_ms(local)}

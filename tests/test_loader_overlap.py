@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.overlap_bench import overlap_rates
 from episodes import EpisodeByteCache, FetchError, FrameRequest, open_dataset
 from episodes._budget import ByteBudget
 from episodes._storage import Storage
@@ -276,3 +277,27 @@ def test_the_budget_drops_what_nobody_claimed_newest_first_and_waits_for_what_is
     budget.landed(flying)
     reader.join(30)
     assert taken and budget.held_bytes == 60 and not budget.claim(flying) and budget.dropped == 2
+
+
+def test_the_nvdec_overlap_line_measures_a_loader_fetching_ahead_through_the_link(root: Path) -> None:
+    """bench/gpu_check.py's nvdec-overlap line, with the CPU standing in for NVDEC: what it measures and counts."""
+    found = overlap_rates(str(root), "cpu", items=4)
+    assert found["devices"] == ["cpu"] and found["fetched_ahead"] == 1.0
+    assert min(found["wan_items_per_s"], found["local_items_per_s"], found["link_items_per_s"]) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fetch", ["clips", "episode"])
+def test_a_gpu_loader_fetching_ahead_decodes_on_nvdec_exactly_what_it_decodes_on_the_spot(root: Path,
+                                                                                         fetch: str) -> None:
+    gpu = torch.device("cuda:0")
+
+    def on_gpu(prefetch: int) -> tuple[list[torch.Tensor], list[TimeCard]]:
+        model = EpisodeLoader(gpu, fetch=fetch, num_clips=CLIPS, clip_length=LENGTH, size=SIZE, seed=SEED,
+                              prefetch=prefetch, workers=2, coalesce_gap=0)
+        return run(model, requests(str(root)))
+    spot, _ = on_gpu(0)
+    ahead, cards = on_gpu(2)
+    assert all(torch.equal(a, b) for a, b in zip(spot, ahead))
+    assert {c.fields["decode_device"] for c in cards} == {"nvdec"}
+    assert sum("prefetch_wait_start" in c.events for c in cards) > 0
