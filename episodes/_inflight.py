@@ -15,6 +15,7 @@ words it, and never elsewhere.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import threading
 import time
@@ -75,7 +76,7 @@ class WindowsStart:
 Started = WindowsStart | FetchedFrames | None
 
 
-class FetchInFlight:
+class FetchInFlight(abc.ABC):
     """One request's fetch, started (see the module). `episode` and `key` name what it reads."""
 
     def __init__(self, episode: int, key: str) -> None:
@@ -90,15 +91,16 @@ class FetchInFlight:
         self.frame_numbers = np.zeros(0, np.int64)
         """The request's episode frame numbers in the order asked, known once its first part is."""
 
+    @abc.abstractmethod
     def result(self) -> FetchedFrames:
         """Wait for all of its bytes: its frames and the mini-MP4 they decode from, as fetch_frames gives them."""
-        raise NotImplementedError
 
     def parts(self) -> Iterator[Part]:
         """What can be decoded, as soon as it can be: one Part per piece, their frames the request's once put
         together in order (see EpisodeByteCache.decode_frames). Only the last part's bytes_fetched is not 0."""
         yield Part(self.result())
 
+    @abc.abstractmethod
     def cancel(self) -> None:
         """Nobody will read it: let go of its bytes (a read on the wire still lands, then is dropped)."""
 

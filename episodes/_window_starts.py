@@ -44,7 +44,8 @@ class WindowStarts:
             return [self._handle(r, done, gap, ahead=False, cpu=cpu)
                     for r, done in zip(requests, self._started(requests, gap, ahead=False, cpu=cpu))]
         futures: list[Future[Started]] = [Future() for _ in requests]
-        self._pool.submit(self._start_ahead, requests, gap, futures, cpu)
+        task = self._pool.submit(self._start_ahead, requests, gap, futures, cpu)
+        task.add_done_callback(functools.partial(_never_started, futures))
         return [self._handle(r, future, gap, ahead=True, cpu=cpu) for r, future in zip(requests, futures)]
 
     def _started(self, requests: Sequence[FrameRequest], gap: int, *, ahead: bool, cpu: bool) -> list[Started]:
@@ -120,3 +121,10 @@ class WindowStarts:
             return self._handle(request, self._started([request], gap, ahead=False, cpu=cpu)[0], gap, ahead=False,
                                 cpu=cpu)
         return WindowsInFlight(int(request.episode), request.key, started, again, self._budget, ahead=ahead)
+
+
+def _never_started(futures: list[Future[Started]], task: Future[None]) -> None:
+    """A start the closing cache cancelled before it ran: its readers get that, not a wait without end."""
+    if task.cancelled():
+        for future in futures:
+            future.set_exception(RuntimeError("the EpisodeByteCache is closed"))
