@@ -270,6 +270,7 @@ def fetched_span(card: TimeCard, got: FetchInFlight, began: float) -> float:
 
 
 def read_costs(card: TimeCard, plan: ClipPlan, bytes_fetched: int, bytes_reused: int) -> None:
+    """What the item read, on its card: its episode, its clips and the source bytes it caused or reused."""
     card.set_field("episode", plan.episode)
     card.set_field("num_clips", len(plan.frames))
     card.set_field("bytes_fetched", bytes_fetched)
