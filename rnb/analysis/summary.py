@@ -39,6 +39,7 @@ from rnb.core.stages import (
     QUEUE,
     StepEvents,
     event_seconds,
+    model_spans,
     part_key,
     part_latencies,
     step_columns,
@@ -104,15 +105,28 @@ def _stage_latencies(file: pq.ParquetFile, measured: pa.ChunkedArray, num_steps:
                          for name in dict.fromkeys(names) if name in present})
 
     before = ENQUEUE
+    spans = model_spans(present)
     for k in range(num_steps):
         table = read([before, *step_columns(k)])
         latencies = step_latencies(table, k, event_seconds(table, before))
-        del table
         for part in PARTS:
             yield f"step {k} {part.name}", latencies[part_key(part, k)]
+        for name in spans:
+            yield f"step {k}  {name.replace('_', ' ')}", _span_inside(read([f"{name}_start", f"{name}_finish"]), name,
+                                                                     table, k)
+        del table
         before = StepEvents(k).handed_over
     ends = read([ENQUEUE, before])
     yield END_TO_END.name, event_seconds(ends, before) - event_seconds(ends, ENQUEUE)
+
+
+def _span_inside(span: pa.Table, name: str, step: pa.Table, k: int) -> np.ndarray:
+    """A model's span in seconds for the items whose span lies inside step k's call (NaN for the others): the
+    stage table shows it under the step's inside, as the trace nests it there."""
+    began, ended = event_seconds(span, f"{name}_start"), event_seconds(span, f"{name}_finish")
+    events = StepEvents(k)
+    within = (began >= event_seconds(step, events.started)) & (ended <= event_seconds(step, events.finished))
+    return np.where(within, ended - began, np.nan)
 
 
 def utilisation_text(job_dir: Path) -> str:
