@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
-from rnb.analysis.loads import load_words
+from rnb.analysis.loads import load_words, schedule_spans
 from rnb.analysis.report import SUMMARY_COLUMNS, format_compare, format_summary
 
 
@@ -59,3 +60,16 @@ def test_compare_shows_the_stream_figures_and_the_bottleneck() -> None:
     assert rows["frames_missed_fraction"] == ["0.12", "0.217", "1.812"]
     assert rows["busiest_busy_fraction"] == ["0.97", "0.4", "0.412"]
     assert rows["bottleneck_step"] == ["0", "-", "-"]
+
+
+def test_a_schedules_spans_count_their_requests_over_every_repetition() -> None:
+    """100@0.5s,300@0.25s repeats every 0.75 s: 0.8 s is the first span again; a request stamped a hair before the
+    job's start (the client may beat main's stamp) is the first span's, an unfinished one is nobody's served."""
+    enqueued = np.array([-0.0001, 0.1, 0.6, 0.8, 0.9])
+    finished = np.array([0.01, 0.11, 0.61, 0.81, np.nan])
+    spans = schedule_spans("100@0.5s,300@0.25s", enqueued, finished, 1.0)
+    assert [(s["span"], s["begins_s"], s["asked_per_s"], s["requests"]) for s in spans] == [
+        ("100@0.5s", 0.0, 100.0, 4), ("300@0.25s", 0.5, 300.0, 1)]
+    # Served in span 0's 0.75 s of the run (0-0.5 s and 0.75-1 s): 3 items; in span 1's 0.25 s: 1.
+    assert [s["served_per_s"] for s in spans] == pytest.approx([3 / 0.75, 1 / 0.25])
+    assert spans[1]["p99_ms"] == pytest.approx(10.0)

@@ -66,6 +66,8 @@ def schedule_spans(schedule: str, enqueued_s: np.ndarray, finished_s: np.ndarray
     """
     spans = parse_schedule(schedule)
     cycle = sum(span.seconds for span in spans)
+    # The client may send its first request a hair before the main process stamps the start: it belongs to the first.
+    enqueued_s, finished_s = np.maximum(enqueued_s, 0.0), np.maximum(finished_s, 0.0)   # NaN stays NaN
     latency_ms = (finished_s - enqueued_s) * 1000.0
     figures: list[JsonObject] = []
     offset = 0.0
