@@ -16,19 +16,32 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import load_columns, read_job, window_seconds
+from rnb.analysis.jobs import (
+    Job,
+    latency_stats,
+    load_columns,
+    measured_rows,
+    read_job,
+    stat_column,
+    step_models,
+    window_seconds,
+)
 from rnb.analysis.report import format_utilisation
-from rnb.analysis.streams import format_streams
+from rnb.analysis.streams import format_streams, stream_columns
 from rnb.analysis.utilisation import busy_columns, utilisation_columns
 from rnb.core.joblog import TIMINGS_FILE, read_meta
 from rnb.core.stages import (
+    COPY,
     END_TO_END,
     ENQUEUE,
+    INSIDE,
     PARTS,
+    QUEUE,
     StepEvents,
     event_seconds,
     model_spans,
     part_key,
+    part_latencies,
     step_columns,
     step_latencies,
 )
@@ -119,5 +132,16 @@ def _span_inside(span: pa.Table, name: str, step: pa.Table, k: int) -> np.ndarra
 def utilisation_text(job_dir: Path) -> str:
     """Each runner's busy fraction and CPU use and the bottleneck step of a logged job; '' when none ran."""
     job = read_job(job_dir, columns=busy_columns)
-    load = load_columns(job.meta.args)   # what the bottleneck says
-    return format_utilisation({**utilisation_columns(job), **load})
+    # What the bottleneck line reads besides the busy fractions: the load, how the job ended, its frames missed.
+    told = {**load_columns(job.meta.args), **stream_columns(job.meta.streams), "step_models": step_models(job),
+            "termination_reason": job.meta.termination_reason, "num_steps": job.num_steps, **_own_time(job)}
+    return format_utilisation({**utilisation_columns(job), **told})
+
+
+def _own_time(job: Job) -> dict[str, float | None]:
+    """Each step's mean copy and call times, and step 0's median queue wait, over the measured items (the jobs
+    table's columns of them)."""
+    latencies = part_latencies(measured_rows(job), job.num_steps)
+    own = {stat_column(part_key(part, k), "mean"): latency_stats(latencies[part_key(part, k)])["mean"]
+           for k in range(job.num_steps) for part in (COPY, INSIDE)}
+    return {**own, stat_column(part_key(QUEUE, 0), "p50"): latency_stats(latencies[part_key(QUEUE, 0)])["p50"]}
