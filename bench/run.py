@@ -133,6 +133,15 @@ def _floor(name: str) -> Callable[[Effort, Workspace], list[Row]]:
     return run
 
 
+def _overlap(name: str) -> Callable[[Effort, Workspace], list[Row]]:
+    def run(effort: Effort, space: Workspace) -> list[Row]:
+        from bench.access_bench import datasets
+        from bench.overlap_bench import rss_rows, wan_loader_rows
+        rows = wan_loader_rows if name == "P3w" else rss_rows
+        return rows(datasets(DATA_CACHE)[2], space.dir, effort)
+    return run
+
+
 def _streams(name: str) -> Callable[[Effort, Workspace], list[Row]]:
     def run(effort: Effort, space: Workspace) -> list[Row]:
         from bench import stream_bench
@@ -167,6 +176,8 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P3s": _access("P3s"),
     "P3r": _access("P3r"),
     "P3rd": _floor("P3rd"),
+    "P3w": _overlap("P3w"),
+    "P3m": _overlap("P3m"),
     "P4": p4_decode,
     "P4r": _access("P4r"),
     "P5": _harness("p5_ipc"),

@@ -42,6 +42,10 @@ STREAM_FIELD, FRAME_FIELD, DEADLINE_FIELD, LATE_FIELD = "stream", "frame", "dead
 # The time-card field of a request's due time (epoch seconds on the job's clock), for the modes whose exact times
 # matter (LoadMode.records_due): a request's enqueue minus it is the client's timing error.
 DUE_FIELD = "due"
+# The log of every request a job's client offered (rnb.engines.offered), dropped ones included, and each one's fate:
+# what `--arrivals logs/JOB` replays.
+OFFERED_FILE = "offered.parquet"
+FATES = ("processed", "dropped", "unfinished")
 
 Setting = int | float | str | None   # one load setting's value, as a flag, a config and meta.json give it
 
@@ -361,7 +365,8 @@ class Streams(LoadMode):
 
     def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
         streams = _number(args, "streams")
-        return CurvePoint(f" (streams at {_number(args, 'fps'):g} fps)", streams, f"s {streams:g}")
+        policy = args.get("stream_policy") or "queue"   # queue and drop are two loads: a curve each
+        return CurvePoint(f" (streams at {_number(args, 'fps'):g} fps, {policy})", streams, f"s {streams:g}")
 
     def open_loop(self, settings: LoadSettings) -> bool:
         """Under the drop policy a stream's frames wait for the pipeline: what it dropped is its figure, not a queue."""
@@ -558,7 +563,9 @@ class LoadGenDriven(LoadMode):
         return None
 
     def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
-        raise ValueError("LoadGen issues a LoadGen-driven job's requests: it has no arrivals of RnB's")
+        """LoadGen keeps its schedule to itself: the requests have no due times of RnB's."""
+        while True:
+            yield Arrival(None)
 
     def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
         interval = _number(args, "mean_interval_ms")
@@ -731,10 +738,16 @@ def _finite(text: str | None) -> float | None:
 def read_trace(path: str) -> tuple[tuple[float, ...], tuple[int, ...] | None]:
     """A trace's arrival offsets in seconds, sorted, and their streams if it names them; TraceError if unusable.
 
-    A job's log directory gives its requests' enqueue times, from its first.
+    A job's log directory gives what its client offered, from its first
+    request: every request's due time and stream (OFFERED_FILE), dropped
+    ones included; a log without them (an older one, a load without due
+    times, a killed client) gives its finished items' enqueue times.
     """
     where = Path(path)
     if where.is_dir():
+        offered = _offered_trace(where / OFFERED_FILE)
+        if offered is not None:
+            return offered
         where = where / "timings.parquet"
         if not where.is_file():
             raise TraceError(f"expected a job's log directory holding timings.parquet, found none in {path}")
@@ -759,6 +772,19 @@ def read_trace(path: str) -> tuple[tuple[float, ...], tuple[int, ...] | None]:
     if not all(isinstance(stream, int) and stream >= 0 for stream in streams):
         raise TraceError(f"expected a stream number >= 0 in every row of {path}'s stream column")
     return tuple(float(offset) for offset in offsets), tuple(streams)
+
+
+def _offered_trace(path: Path) -> tuple[tuple[float, ...], tuple[int, ...] | None] | None:
+    """A job's offered requests as a trace: their due times from the first, and their streams where every one has
+    one; None where the file is missing or a request has no due time."""
+    if not path.is_file():
+        return None
+    table = pq.read_table(path, columns=["due", "stream"])
+    due, streams = table.column("due").to_pylist(), table.column("stream").to_pylist()
+    if not due or any(when is None for when in due):
+        return None
+    return (tuple(when - due[0] for when in due),
+            tuple(streams) if all(stream is not None for stream in streams) else None)
 
 
 def _trace_table(path: Path) -> pa.Table:

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import matplotlib.image
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from rnb import cli
 from rnb.analysis.html import write_job_page
 from rnb.analysis.jobs import ValidityRules, load_jobs
-from rnb.analysis.report import format_report, plot_jobs
+from rnb.analysis.plots import plot_jobs
+from rnb.analysis.report import format_report
 from rnb.engines.streams import Dealer
 from rnb.load import LoadSettings, mode_of
 
@@ -127,6 +129,28 @@ def test_one_stream_at_30_fps_into_a_40_ms_step_drops_what_the_step_cannot_take(
     frames = [row["frame"] for row in sorted(rows, key=lambda row: row["enqueue"])]
     assert frames == sorted(set(frames)) and frames[0] == 0
     assert streams["per_stream"][0]["dropped"] == streams["dropped"] and "-s1-fps30-drop-v60" in meta["job_id"]
+    # The log keeps every frame offered, dropped ones too, each with its due time and fate; -v counts them all.
+    job = tmp_path / "logs" / meta["job_id"]
+    offered = pq.read_table(job / "offered.parquet").to_pylist()
+    assert [row["item_id"] for row in offered] == list(range(FRAMES))
+    assert [(row["stream"], row["frame"]) for row in offered] == [(0, frame) for frame in range(FRAMES)]
+    fates = {row["item_id"]: row["fate"] for row in offered}
+    assert {item for item, fate in fates.items() if fate == "processed"} == {row["item_id"] for row in rows}
+    assert sum(fate == "dropped" for fate in fates.values()) == streams["dropped"]
+    assert set(fates.values()) == {"processed", "dropped"}
+    due = {row["item_id"]: row["due"] for row in rows}
+    assert all(abs(row["due"] - due[row["item_id"]]) < 1e-6 for row in offered if row["item_id"] in due)
+    assert [round(row["due"] - offered[0]["due"], 6) for row in offered] == [round(k / 30, 6) for k in range(FRAMES)]
+    # Replayed, the job offers the same 60 frames at the same times, on their stream and with their frame index,
+    # though the config's run names streams of its own (a flag's load mode replaces the config's).
+    replay = tmp_path / "replay"
+    assert cli.main(["-c", "config/streams-example.json", "--arrivals", str(job), "-v", str(FRAMES), "--warmup", "0",
+                     "-q", "--log-dir", str(replay)]) == 0
+    again = job_log(replay)
+    assert again.meta["args"]["load_mode"] == "trace" and again.meta["args"]["streams"] is None
+    assert sorted((row["stream"], row["frame"]) for row in again.rows) == [(0, frame) for frame in range(FRAMES)]
+    replayed = sorted(again.rows, key=lambda row: row["item_id"])
+    assert [round(row["due"] - replayed[0]["due"], 6) for row in replayed] == [round(k / 30, 6) for k in range(FRAMES)]
 
 
 @pytest.mark.parametrize(("argv", "sentence"), [

@@ -152,11 +152,26 @@ def test_the_search_gives_up_on_a_rate_that_stays_invalid(tmp_path: Path) -> Non
     (["--latency-bound-ms", "50", "--low-mi", "1", "--high-mi", "5"],
      "--high-mi: expected less than --low-mi 1 (a smaller interval is a higher rate), found 5"),
     (["--latency-bound-ms", "50", "--percentile", "101"], "--percentile: expected a number > 0 and <= 100, found 101"),
+    (["-mi", "1", "--max-stream", "4"], "--max-stream: expected a flag of sweep.py or of benchmark.py, which sweep.py "
+                                        "passes on, found an unknown one (did you mean --max-streams?)"),
+    (["-mi", "1", "--vidoes=3"], "--vidoes: expected a flag of sweep.py or of benchmark.py, which sweep.py passes on, "
+                                 "found an unknown one (did you mean --videos?)"),
 ])
 def test_sweep_refuses_bad_loads_in_one_sentence(argv: list[str], sentence: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         sweep_cli.main(["--config", "config/toy.json", *argv])
     assert (exited.value.code, capsys.readouterr()) == (2, ("", f"command line: {sentence}\n"))
+
+
+def test_sweep_passes_on_exactly_the_flags_benchmark_py_takes() -> None:
+    """sweep.py refuses a flag that neither it nor benchmark.py knows: its list of benchmark.py's flags is the
+    benchmark's own parser's."""
+    from rnb import cli
+
+    taken = {spelling for action in cli.benchmark_parser()._actions for spelling in action.option_strings}
+    assert taken == sweep_cli.BENCHMARK_FLAGS
+    args, extra = sweep_cli.parse_args(["-c", "config/toy.json", "-mi", "1", "--seed", "-1", "--cpu", "--warmup=3"])
+    assert extra == ["--seed", "-1", "--cpu", "--warmup=3"]
 
 
 def test_sweep_script_stops_on_a_run_that_leaves_no_job(tmp_path: Path) -> None:
@@ -195,10 +210,10 @@ def test_a_real_sweep_over_two_loads_yields_two_jobs_and_one_summary(
     header, rule, *rows = done.stdout.splitlines()[:4]
     assert header.startswith("job ") and set(rule) == {"-", " "}
     assert sorted(row.split()[0] for row in rows) == [job.name for job in jobs]
-    assert header.split()[:5] == ["job", "config", "batch", "reason", "validity"]
-    validity = {row.split()[0].split("-")[2]: row.split()[1:6] for row in rows}
-    assert validity == {"mi20": ["toy", "1/1", "target", "reached", "VALID"],
-                        "mi0.01": ["toy", "1/1", "target", "reached", "INVALID"]}
+    assert header.split()[:6] == ["job", "config", "batch", "load", "reason", "validity"]
+    assert sorted(row.split()[1:8] for row in rows) == [
+        ["toy", "1/1", "poisson", "1e+05/s", "target", "reached", "INVALID"],
+        ["toy", "1/1", "poisson", "50/s", "target", "reached", "VALID"]]
     (why,) = [line for line in done.stdout.splitlines() if "-mi0.01-" in line and "INVALID:" in line]
     assert why.split("INVALID: ")[1].startswith("overloaded: offered ")
 

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from rnb.analysis.loadgen_log import loadgen_log_columns
 from rnb.analysis.loadgen_rules import Verdict
+from rnb.analysis.loads import spans_of
 from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
 from rnb.analysis.streams import few_frames, stream_columns
 from rnb.analysis.utilisation import utilisation_columns
@@ -48,7 +49,8 @@ ARG_KEYS: tuple[str, ...] = ("videos", "batch_size", "queue_size", "warmup", "se
 JOB_FILES: tuple[str, ...] = (META_FILE, CONFIG_FILE, TIMINGS_FILE, SPOOL_DIR)
 JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
     "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows", "step_models",
-    "busy_fraction", "cpu_percent", "stacks", "streams_record", "loadgen_result", "loadgen_log_result")
+    "busy_fraction", "cpu_percent", "run_wait_fraction", "stacks", "streams_record", "schedule_spans", "loadgen_result",
+    "loadgen_log_result")
 BOUNDED_PERCENTILE = 99.0   # VALID needs enough items to bound this percentile from above
 # One row of the jobs table by column, as summarize_job builds it and Table.to_pylist() gives it back: numbers,
 # strings, null, the job's settings as meta.json holds them, and the JSON_COLUMNS as JSON text.
@@ -320,8 +322,7 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
         "loadgen_rules": None if window.scenario is None else window.scenario.rules_text(),
         "loadgen_result": None if window.scenario is None else json.dumps(dict(window.scenario.result)),
         "num_steps": job.num_steps,
-        # Each step's model as the config names it (dotted class path), so a view can say what each step ran.
-        "step_models": json.dumps([json_at(job.config, "pipeline", k, "model") for k in range(job.num_steps)]),
+        "step_models": step_models(job),
         "measured_items": count,
         "measured_duration_s": duration,
         "measured_throughput_items_per_s": count / duration if duration > 0 else None,
@@ -344,10 +345,16 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
     row["stacks"] = json.dumps(stacks) if stacks else None
     row.update(loadgen_log_columns(job.path))
     row.update(stream_columns(meta.streams))
+    row["schedule_spans"] = spans_of(job, measured)
     row.update(percentile_columns(latencies[END_TO_END.key], rules.confidence))
     row.update(throughput_columns(job))
     row.update(utilisation_columns(job))
     return row
+
+
+def step_models(job: Job) -> str:
+    """Each step's model as the config names it (dotted class path), as JSON text: what each step ran."""
+    return json.dumps([json_at(job.config, "pipeline", k, "model") for k in range(job.num_steps)])
 
 
 def bound_column(stat: str, end: str) -> str:

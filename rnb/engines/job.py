@@ -17,14 +17,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from rnb.core import joblog
-from rnb.core.messages import Failed, Ready, Status
+from rnb.core.messages import Failed, Offered, Ready, Status
 from rnb.core.records import GpuRecord, JobMeta, JsonObject, ProcessRecord
 from rnb.core.termination import Termination
+from rnb.engines.offered import offered_table
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.engines.spool import TimingsSpool
 from rnb.engines.streams import streams_record
-from rnb.load import MAX_SEMAPHORE_VALUE, LoadSettings, mode_of
+from rnb.load import MAX_SEMAPHORE_VALUE, OFFERED_FILE, LoadSettings, mode_of
 from rnb.pipeline.config import PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -95,6 +99,7 @@ class JobBook:
         self.ready: set[str] = set()
         self.notes: list[str] = []
         self.failure: Failure | None = None
+        self.offered: Offered | None = None   # what the client offered, once it told
 
     def add(self, record: ProcessRecord) -> None:
         self._records[record.name] = record
@@ -119,6 +124,8 @@ class JobBook:
         elif isinstance(status, Failed):
             self.update(status.name, status="failed", error=status.error)
             self.first_failure(status.name, status.error)
+        elif isinstance(status, Offered):
+            self.offered = status
         else:
             self.update(status.name, **{k: v for k, v in dataclasses.asdict(status).items() if k != "name"})
 
@@ -172,6 +179,7 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
     """
     ending.spool.close()
     writes = ending.spool.writes
+    offered = _offered(job_dir, args, ending)
     failure = ending.book.failure
     error = "; and ".join(filter(None, (ending.error, writes.first))) or None
     meta = JobMeta(
@@ -182,7 +190,7 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
         counted_items=ending.counted,
         processes=ending.book.records, main_peak_rss_bytes=joblog.main_peak_rss_bytes(), versions=joblog.versions(),
         host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine,
-        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"), streams=_streams(job_dir, config, args, ending),
+        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"), streams=_streams(job_dir, config, args, ending, offered),
         scenario=args.load.scenario)
     logged = writes.attempt(job_dir / joblog.META_FILE, lambda: joblog.write_meta(job_dir, meta))
     if not logged and writes.first and writes.first not in (error or ""):
@@ -192,13 +200,26 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
     return JobResult(1 if writes.first else EXIT_CODES.get(ending.reason, 1), job_dir, logged)
 
 
-def _streams(job_dir: Path, config: PipelineConfig, args: RunArgs, ending: JobEnding) -> JsonObject | None:
+def _offered(job_dir: Path, args: RunArgs, ending: JobEnding) -> pa.Table | None:
+    """offered.parquet, written: every request the client offered with its fate; None where the client did not say
+    what it offered (it was killed) or the timings were not written."""
+    timings = job_dir / joblog.TIMINGS_FILE
+    if ending.book.offered is None or not timings.exists():
+        return None
+    finished = set(pq.read_table(timings, columns=["item_id"]).column("item_id").to_pylist())
+    table = offered_table(ending.book.offered, args.load, args.seed, finished)
+    path = job_dir / OFFERED_FILE
+    return table if ending.spool.writes.attempt(path, lambda: pq.write_table(table, path)) else None
+
+
+def _streams(job_dir: Path, config: PipelineConfig, args: RunArgs, ending: JobEnding,
+             offered: pa.Table | None) -> JsonObject | None:
     """meta.json's `streams` for a camera-stream job whose timings were written; None otherwise."""
     timings = job_dir / joblog.TIMINGS_FILE
     if args.load.streams is None or not timings.exists():
         return None
     elapsed = None if ending.start is None else ending.end - ending.start
-    return streams_record(timings, args.load, args.seed, args.videos, len(config.steps), elapsed)
+    return streams_record(timings, args.load, args.seed, args.videos, len(config.steps), elapsed, offered)
 
 
 def logged_args(args: RunArgs) -> JsonObject:

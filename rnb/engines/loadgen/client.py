@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from rnb.core.messages import Ready, Request
+from rnb.core.messages import Offered, Ready, Request
 from rnb.core.stages import ENQUEUE
 from rnb.core.termination import POLL_S
-from rnb.core.timecard import TimeCard
+from rnb.core.timecard import TimeCard, now
 from rnb.engines.client import ClientSpec
 from rnb.engines.loadgen.settings import test_settings
 from rnb.engines.transport import ClientTransport
@@ -95,6 +95,7 @@ def drive(spec: ClientSpec, transport: ClientTransport, completions: Completions
     sut = lg.ConstructSUT(issuer.issue, lambda: None)
     qsl = lg.ConstructQSL(len(payloads), len(payloads), lambda indices: None, lambda indices: None)
     completer.thread.start()
+    started = now()
     try:
         lg.StartTestWithLogSettings(sut, qsl, test_settings(lg, spec.load, spec.videos, spec.seed),
                                     log_settings(lg, Path(spec.job_dir)))
@@ -102,6 +103,7 @@ def drive(spec: ClientSpec, transport: ClientTransport, completions: Completions
         completer.done.set()
         lg.DestroyQSL(qsl)
         lg.DestroySUT(sut)
+        transport.report(Offered("client", started, len(issuer.sample_ids)))   # the log keeps what LoadGen issued
     for name in EMPTY_LOGS:
         (Path(spec.job_dir) / name).unlink(missing_ok=True)
 
