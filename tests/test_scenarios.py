@@ -2,16 +2,19 @@
 its four scenarios, judged by its own log and by RnB's reading of the same rules, and the refusals around both."""
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
 from rnb import cli
+from rnb.analysis.analyze_cli import main as analyze_main
 from rnb.analysis.jobs import load_jobs
 from rnb.analysis.loadgen_log import SUMMARY_FILE, read_detail
 from rnb.analysis.loadgen_rules import loadgen_percentile
@@ -112,6 +115,20 @@ def test_a_loadgen_job_keeps_rnb_s_verdict_beside_loadgen_s_in_meta_json(loadgen
     latency = (timings.column("runner0_finish").to_numpy() - timings.column("enqueue").to_numpy())
     assert meta["loadgen_rules"]["result"]["99th percentile latency ms"] == pytest.approx(
         loadgen_percentile(np.asarray(latency), 0.99) * 1000)
+
+
+@pytest.mark.slow
+def test_analyze_s_csv_and_page_name_each_rule_beside_loadgen_s_own(loadgen_jobs, tmp_path: Path) -> None:
+    _, job_dir = loadgen_jobs["single-stream"]
+    assert analyze_main([str(job_dir), "--csv", str(tmp_path / "jobs.csv"), "--html", str(tmp_path / "job.html")]) == 0
+    (row,) = pcsv.read_csv(tmp_path / "jobs.csv").to_pylist()
+    rules = ("min duration satisfied: yes; min queries satisfied: yes; early stopping satisfied: no, 24 more queries "
+             "needed")
+    assert (row["scenario"], row["validity"], row["loadgen_rules"], row["loadgen_log_rules"]) == (
+        "single-stream", "INVALID", rules, rules)
+    page = html.unescape((tmp_path / "job.html").read_text())
+    assert f"verdict: INVALID by LoadGen's single-stream rules: {rules}" in page
+    assert f"LoadGen's own verdict (40 samples, its log): INVALID: {rules}; its figures: " in page
 
 
 @pytest.mark.parametrize(("flags", "sentence"), [

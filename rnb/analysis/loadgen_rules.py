@@ -125,7 +125,7 @@ MIN_DURATION, MIN_QUERIES, PERFORMANCE, EARLY_STOPPING = (
 def min_duration(scenario: str, samples: Samples, min_duration_s: float) -> Rule:
     """Offline: the last completion after the start; the others: the last query issued (Server: scheduled) after it."""
     if samples.issued.size == 0:
-        return Rule(MIN_DURATION, min_duration_s <= 0, "no query was issued")
+        return Rule(MIN_DURATION, True) if min_duration_s <= 0 else Rule(MIN_DURATION, False, "no query was issued")
     start = float(samples.issued.min())
     end = float(samples.completed.max() if scenario == "offline" else samples.issued.max())
     what = "the last sample completed" if scenario == "offline" else "the last query was issued"
