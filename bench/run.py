@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from bench.common import Effort, Goal, Report, Row, table_text, write_json
 
 if TYPE_CHECKING:
+    from bench.loadgen_bench import Runs
     from episodes.testing.server import NginxServer
 
 DATA_CACHE = Path(__file__).resolve().parents[1] / "data" / "bench"
@@ -50,6 +51,12 @@ class Workspace:
     def dataset(self) -> Path:
         from bench.episode_bench import QUICK_SPEC, SPEC, grainy_dataset
         return grainy_dataset(DATA_CACHE, QUICK_SPEC if self.effort.quick else SPEC)
+
+    @functools.cached_property
+    def loadgen_runs(self) -> Runs:
+        """The runs L1 and L2 both read (bench/loadgen_bench.py), measured once for the two."""
+        from bench.loadgen_bench import measure
+        return measure(self.effort, self.dir)
 
     @functools.cached_property
     def server(self) -> NginxServer:
@@ -142,6 +149,21 @@ def _streams(name: str) -> Callable[[Effort, Workspace], list[Row]]:
     return run
 
 
+def l1_loadgen_client(effort: Effort, space: Workspace) -> list[Row]:
+    from bench.loadgen_bench import l1_rows
+    return l1_rows(space.loadgen_runs)
+
+
+def l2_loadgen_floor(effort: Effort, space: Workspace) -> list[Row]:
+    from bench.loadgen_bench import l2_rows
+    return l2_rows(space.loadgen_runs)
+
+
+def l3_verdicts(effort: Effort, space: Workspace) -> list[Row]:
+    from bench.verdict_corpus import l3_rows
+    return l3_rows(effort)
+
+
 BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P1s": _harness("p1_sleeping_steps"),
     "P1s8": _harness("p1_deep_sleeping_steps"),
@@ -179,6 +201,9 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "T1s": _tune("t1s"),
     "S1": _streams("s1"),
     "S2": _streams("s2"),
+    "L1": l1_loadgen_client,
+    "L2": l2_loadgen_floor,
+    "L3": l3_verdicts,
 }
 
 

@@ -25,15 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import rnb.flags as flags
-from rnb.analysis.summary import job_summary
+from rnb.analysis.summary import job_summary, judged
 from rnb.console import terminal_logging
 from rnb.core import joblog
 from rnb.engines.job import DEFAULT_STALL_S, JobResult, RunArgs, request_queue_note
+from rnb.engines.loadgen import loadgen_refusal
 from rnb.engines.local.driver import run_job
 from rnb.engines.ray import cluster as ray_cluster
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.load import DEFAULTS as LOAD_DEFAULTS
-from rnb.load import EXCLUSIVE, LOAD_KEYS, LoadSettings, mode_of, with_scenario
+from rnb.load import EXCLUSIVE, LOAD_KEYS, SCENARIO_KEYS, LoadSettings, mode_of, with_scenario
 from rnb.load import refusal as load_refusal
 from rnb.pipeline.config import RUN_CHOICES, RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
@@ -56,6 +57,7 @@ DEFAULTS: dict[str, Any] = {"videos": 2000, "batch_size": 1, "queue_size": 50000
 
 # The load keys that choose a mode: one of them on the command line replaces the config's load mode.
 MODE_CHOOSERS: tuple[str, ...] = (*EXCLUSIVE, "mean_interval_ms", "scenario")
+SCENARIO_SETTINGS = {key.name for key in SCENARIO_KEYS} - {"scenario"}
 
 # The flags that a config's "run" object may also set, each checked against its range in RUN_KEYS (the load
 # modes' flags are rnb.load.LOAD_KEYS).
@@ -125,8 +127,12 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
     """Command line over config "run" over DEFAULTS (parse_args checked each flag's range); a bad mix raises ConfigError."""
     values = _combined(ns, config, DEFAULTS)
     load = _checked_load(ns, config, values["videos"])
+    if load.scenario is not None and ns.warmup is None and "warmup" not in config.run:
+        values["warmup"] = 0   # LoadGen counts every query of a scenario's run
     _check_warmup(ns, config, values["warmup"], values["videos"])
     engine = ns.engine or str(config.run.get("engine", RUN_CHOICES["engine"][0]))  # _parse_run checked it is a choice
+    if load.client == "loadgen":
+        _check_loadgen(ns, config, engine, values["max_duration_s"])
     if ns.ray_address is not None and engine != "ray":
         raise ConfigError(flags.WHERE, "--ray-address", f"expected the Ray engine (--engine ray or the config's "
                                                         f"\"run\": {{\"engine\": \"ray\"}}), found the {engine} engine")
@@ -150,6 +156,13 @@ def _checked_load(ns: argparse.Namespace, config: PipelineConfig, videos: int) -
     raise ConfigError(config.path, f"run.{key}", expected)
 
 
+def _check_loadgen(ns: argparse.Namespace, config: PipelineConfig, engine: str, max_duration_s: float) -> None:
+    """Refuse --client loadgen (or run.client) where LoadGen cannot drive the job: not installed, Ray, a maximum duration."""
+    problem = loadgen_refusal(engine, max_duration_s)
+    if problem is not None:
+        raise ConfigError(*((flags.WHERE, "--client") if ns.client is not None else (config.path, "run.client")), problem)
+
+
 def _standing_run_load(ns: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
     """The config's load keys that the command line leaves standing: all of them, unless a flag chooses a load
     mode; then only that mode's keys (the config's run.fps stands beside --streams, its run.streams not beside
@@ -160,7 +173,9 @@ def _standing_run_load(ns: argparse.Namespace, config: PipelineConfig) -> dict[s
         return run
     values: dict[str, Any] = {**LOAD_DEFAULTS, **flagged}
     mode = mode_of(with_scenario(LoadSettings(**values), flagged))
-    return {key: value for key, value in run.items() if key in {declared.name for declared in mode.keys}}
+    # A scenario's own settings (its query size, target, minimum duration, client) stand beside a flagged scenario.
+    kept = {declared.name for declared in mode.keys} | (SCENARIO_SETTINGS if "scenario" in flagged else set())
+    return {key: value for key, value in run.items() if key in kept}
 
 
 def _combined(ns: argparse.Namespace, config: PipelineConfig, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -289,9 +304,10 @@ def _reported(result: JobResult) -> int:
     no summary (its error said what is missing).
     """
     if result.logged and (result.job_dir / joblog.TIMINGS_FILE).exists():
-        print(job_summary(result.job_dir))
+        window = judged(result.job_dir)
+        print(job_summary(result.job_dir, window))
         try:
-            joblog.record_main_peak_rss(result.job_dir)
+            joblog.record_after_summary(result.job_dir, None if window.scenario is None else window.scenario.to_json())
         except OSError:
             pass  # meta.json stands as written, with the peak before the summary
     print(f"job log: {result.job_dir}{'' if result.logged else ' (incomplete: no meta.json)'}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import matplotlib.image
@@ -101,7 +102,11 @@ def test_one_stream_at_30_fps_into_a_40_ms_step_is_late_on_every_frame_under_que
         FRAMES, FRAMES, 0, 1.0)
     strict = ValidityRules(min_duration_s=0, min_items=1, min_frames_per_stream=FRAMES + 1)
     (judged,) = load_jobs(tmp_path / "logs", rules=strict).jobs.to_pylist()
-    assert judged["invalid_because"].endswith("1 of 1 streams offered fewer than 61 frames each (the fewest 60).")
+    # Both: too few frames per stream, and 30 frames a second offered to a step that serves 25 (its queue grew).
+    frames, overload = judged["invalid_because"].split(" overloaded: ")
+    assert frames.endswith("1 of 1 streams offered fewer than 61 frames each (the fewest 60).")
+    offered, served = (float(rate) for rate in re.fullmatch(r"offered ([\d.]+)/s, served ([\d.]+)/s\.", overload).groups())
+    assert served < 0.95 * offered
     report = format_report(load_jobs(tmp_path / "logs").jobs)
     assert "streams: 1 at 30 fps, policy queue, deadline 33.3 ms: 60 frames offered, 60 processed, 60 late" in report
     write_job_page(tmp_path / "logs" / meta["job_id"], tmp_path / "job.html")

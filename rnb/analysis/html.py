@@ -24,6 +24,7 @@ from rnb.analysis.report import (
     format_percentiles,
     stage_rows,
     utilisation_lines,
+    verdict_lines,
 )
 from rnb.analysis.series import JobSeries
 from rnb.analysis.streams import STREAM_HEADER, stream_rows, stream_totals
@@ -93,8 +94,7 @@ def job_section(job: TableRow, heading: str, anchor: str) -> list[str]:
                f"({job['measured_items']} measured items); end to end p50 {cell(stat_column('e2e', 'p50'))} ms, "
                f"p99 {cell(stat_column('e2e', 'p99'))} ms")
     parts = [f'<h3 id="{html.escape(anchor)}">{html.escape(heading)}</h3>', paragraph(summary)]
-    if job.get("invalid_because"):
-        parts.append(paragraph(f"INVALID: {job['invalid_because']}", "note"))
+    parts.extend(paragraph(line, "note") for line in verdict_lines(job))
     parts.append(paragraph(format_percentiles(job), "note"))
     names = dict(zip((f"step {k}" for k in range(job["num_steps"])), step_names(job)))
     parts.append(table(STAGE_HEADER, [[names.get(row[0], row[0]), *row[1:]] for row in stage_rows(job)]))

@@ -180,10 +180,32 @@ def utilisation_lines(job: TableRow) -> list[str]:
     return lines
 
 
+def verdict_lines(job: TableRow) -> list[str]:
+    """Whose rules judged the job and how, each rule named with yes or no; for a job LoadGen drove, LoadGen's own
+    verdict and figures from its log beside RnB's (the end-of-run summary's last lines, and analyze.py's)."""
+    why = job.get("invalid_because")
+    if not job.get("loadgen_rules"):
+        return [f"verdict: {job['validity']} by RnB's rules" + (f": {why}" if why else "")]
+    # A run that did not end as asked says so before its rules' reasons (rnb.analysis.jobs.measured_window).
+    ended = f" ({why.split('; by LoadGen')[0].rstrip('.')})" if why and why.startswith("the run ended") else ""
+    lines = [f"verdict: {job['validity']} by LoadGen's {job['scenario']} rules: {job['loadgen_rules']}{ended}",
+             f"result by LoadGen's rules, RnB's figures: {_figures(job.get('loadgen_result'))}"]
+    if job.get("loadgen_log_validity"):
+        lines.append(f"LoadGen's own verdict ({job['loadgen_log_samples']} samples, its log): "
+                     f"{job['loadgen_log_validity']}: {job['loadgen_log_rules']}; its figures: "
+                     f"{_figures(job.get('loadgen_log_result'))}")
+    return lines
+
+
+def _figures(text: str | None) -> str:
+    figures = json.loads(text) if text else {}
+    return "; ".join(f"{name} {value:.4g}" for name, value in figures.items()) or "-"
+
+
 def format_report(jobs: pa.Table) -> str:
-    """The whole terminal report: the summary table, then each job's stages, percentiles and utilisation."""
+    """The whole terminal report: the summary table, then each job's stages, percentiles, utilisation and verdict."""
     sections = ["\n".join(filter(None, (format_stages(job), format_percentiles(job), _streams_text(job),
-                                        format_utilisation(job))))
+                                        format_utilisation(job), "\n".join(verdict_lines(job)))))
                 for job in jobs.to_pylist()]
     return "\n\n".join([format_summary(jobs), *sections])
 

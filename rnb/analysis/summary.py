@@ -8,6 +8,7 @@ what is printed and what is logged or analysed later cannot disagree.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,15 +19,19 @@ import pyarrow.parquet as pq
 
 from rnb.analysis.jobs import (
     Job,
+    MeasuredWindow,
+    ValidityRules,
     latency_stats,
     load_columns,
     measured_rows,
+    measured_window,
     read_job,
     stat_column,
     step_models,
     window_seconds,
 )
-from rnb.analysis.report import format_utilisation
+from rnb.analysis.loadgen_log import loadgen_log_columns
+from rnb.analysis.report import format_utilisation, verdict_lines
 from rnb.analysis.streams import format_streams, stream_columns
 from rnb.analysis.utilisation import busy_columns, utilisation_columns
 from rnb.core.joblog import TIMINGS_FILE, read_meta
@@ -45,15 +50,35 @@ from rnb.core.stages import (
     step_columns,
     step_latencies,
 )
+from rnb.load import DUE_FIELD
 
 
-def job_summary(job_dir: Path) -> str:
-    """The summary printed at the end of a run, from its log: stage latencies, then busy runners."""
+def job_summary(job_dir: Path, window: MeasuredWindow | None = None) -> str:
+    """The summary printed at the end of a run, from its log: stage latencies, busy runners, then the verdict
+    (`window`, the job's judgement, if the caller has it already)."""
     meta = read_meta(job_dir)
     text = summary_text(job_dir / TIMINGS_FILE, meta.num_steps, meta.setting("warmup", 0), meta.finished_items,
                         meta.elapsed_s, meta.termination_reason)
     streams = format_streams(meta.streams) if meta.streams is not None else None
-    return "\n".join(filter(None, (text, streams, utilisation_text(job_dir))))
+    verdict = verdict_text(job_dir, judged(job_dir) if window is None else window)
+    return "\n".join(filter(None, (text, streams, utilisation_text(job_dir), verdict)))
+
+
+def judged(job_dir: Path) -> MeasuredWindow:
+    """The job's verdict over its measured window, by RnB's rules at analyze.py's defaults, or its scenario's."""
+    job = read_job(job_dir, columns=lambda steps: (DUE_FIELD,))
+    return measured_window(job, measured_rows(job), ValidityRules())
+
+
+def verdict_text(job_dir: Path, window: MeasuredWindow) -> str:
+    """The verdict's lines as analyze.py words them (rnb.analysis.report.verdict_lines), from the job's window."""
+    scenario = window.scenario
+    row = {"validity": "INVALID" if window.invalid_because else "VALID", "invalid_because": window.invalid_because,
+           "scenario": None if scenario is None else scenario.scenario,
+           "loadgen_rules": None if scenario is None else scenario.rules_text(),
+           "loadgen_result": None if scenario is None else json.dumps(dict(scenario.result)),
+           **loadgen_log_columns(job_dir)}
+    return "\n".join(verdict_lines(row))
 
 
 def summary_text(timings: Path, num_steps: int, warmup: int, finished: int, elapsed: float | None,

@@ -5,6 +5,9 @@ closed loop, ...); the client sleeps to each due time, takes the next
 payload from the config's source and sends it.  In an open loop a full
 request queue aborts the job; in the closed loop the engine's
 `wait_for_room` holds the next request until the final step finishes one.
+LoadGen's multi-stream queries go in lockstep: the room for a whole query
+is taken before its first request, so it goes only once every request of
+the query before it has finished.
 It talks to the engine through a `ClientTransport` (rnb.engines.transport).
 """
 from __future__ import annotations
@@ -31,6 +34,7 @@ class ClientSpec:
     videos: int
     load: LoadSettings
     seed: int
+    job_dir: str = ""   # the job's log directory, where a LoadGen client's logs go
 
 
 def generate(spec: ClientSpec, transport: ClientTransport) -> None:
@@ -62,14 +66,18 @@ class _Sender:
     def send(self) -> None:
         spec, transport, leaky = self.spec, self.transport, self.leaky
         mode = mode_of(spec.load)
+        query = mode.query_size(spec.load)
+        # A scenario's latency runs from each request's schedule, as LoadGen's does: Offline's all at the start.
+        scheduled = spec.load.scenario is not None
         for item_id, arrival in zip(range(spec.videos), mode.arrivals(spec.load, spec.seed)):
             if arrival.due_s is not None:
                 due_at = self.start + arrival.due_s
                 if not (leaky.sleep_until(due_at) if leaky else _sleep_until(due_at, transport)):
                     return
-            if not transport.wait_for_room():
+            if item_id % query == 0 and not all(transport.wait_for_room() for _ in range(query)):
                 return
-            request = self.request(item_id, arrival, mode.records_due)
+            records_due = mode.records_due or (scheduled and (arrival.due_s is not None or mode.saturating))
+            request = self.request(item_id, arrival, records_due)
             self.issued += 1
             if not (leaky.offer(arrival.stream or 0, request) if leaky else transport.submit(request)):
                 return

@@ -63,8 +63,8 @@ class RunArgs:
 
     def __post_init__(self) -> None:
         # Bulk mode sends every request at once, so the request queue must hold all -v of them whatever -qs
-        # says, as RnB sized it; -qs still bounds the inter-step queues.
-        bulk = mode_of(self.load).saturating
+        # says, as RnB sized it; -qs still bounds the inter-step queues.  So does LoadGen's Offline query.
+        bulk = mode_of(self.load).saturating or (self.load.client == "loadgen" and self.load.scenario == "offline")
         size = min(max(self.queue_size, self.videos), MAX_SEMAPHORE_VALUE) if bulk else self.queue_size
         object.__setattr__(self, "request_queue_size", size)
 
@@ -190,7 +190,8 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
         counted_items=ending.counted,
         processes=ending.book.records, main_peak_rss_bytes=joblog.main_peak_rss_bytes(), versions=joblog.versions(),
         host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine,
-        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"), streams=_streams(job_dir, config, args, ending, offered))
+        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"), streams=_streams(job_dir, config, args, ending, offered),
+        scenario=args.load.scenario)
     logged = writes.attempt(job_dir / joblog.META_FILE, lambda: joblog.write_meta(job_dir, meta))
     if not logged and writes.first and writes.first not in (error or ""):
         error = "; and ".join(filter(None, (error, writes.first)))

@@ -290,11 +290,13 @@ class Plumbing:
     finished: Any      # shared count of finished items
     start: Any         # shared byte, set to 1 by main once every child is ready (no lock: see TerminationFlag)
     in_flight: Any     # Semaphore or None
+    completions: RingQueue | None = None   # finished item ids, final step -> a LoadGen client (rnb.engines.loadgen)
 
     @staticmethod
     def build(ctx: BaseContext, queue_names: list[set[int]], queue_size: int, concurrency: int | None,
-              request_queue_size: int | None = None) -> Plumbing:
-        """Every queue holds `queue_size` messages, the request queue `request_queue_size` if given."""
+              request_queue_size: int | None = None, completions: bool = False) -> Plumbing:
+        """Every queue holds `queue_size` messages, the request queue `request_queue_size` if given; `completions`
+        adds the queue of finished items' ids that a LoadGen client completes its samples from."""
         flag = TerminationFlag(ctx)
         requests = request_queue_size or queue_size
         return Plumbing(
@@ -309,6 +311,7 @@ class Plumbing:
             finished=ctx.Value("q", 0),
             start=ctx.RawValue("b", 0),
             in_flight=ctx.Semaphore(concurrency) if concurrency else None,
+            completions=RingQueue(RESULTS_MAXSIZE, flag, ctx=ctx, name="completions queue") if completions else None,
         )
 
     def queued(self) -> dict[int, int]:
