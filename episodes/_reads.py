@@ -7,8 +7,9 @@ the whole read cost (FrameRead), and the cache's running totals (CacheStats).
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal, get_args
 
 import numpy as np
@@ -67,6 +68,23 @@ class CacheStats:
     synthesize_s: float = 0.0
     store_s: float = 0.0
     decode_s: float = 0.0
+
+
+class Counts:
+    """A cache's running totals, added to from any of its threads (the CacheStats fields that count and time)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int | float] = asdict(CacheStats())
+
+    def add(self, **amounts: float) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                self._counts[name] += amount
+
+    def snapshot(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(**self._counts)  # type: ignore[arg-type]  # the counts are CacheStats' own fields
 
 
 @dataclass(frozen=True)

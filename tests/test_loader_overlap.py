@@ -174,7 +174,7 @@ def episode_span_of(ds, ep: int) -> tuple[str, int, int]:  # type: ignore[no-unt
     """(file, first byte, end byte) of the range a whole-episode fetch of `ep` reads."""
     with EpisodeByteCache(ds) as cache:
         record = ds.episode(ep)
-        _, span = cache._span(record, ds.video_keys[0])
+        _, span = cache._files.span(record, ds.video_keys[0])
         return record.videos[ds.video_keys[0]].path, span.byte_start, span.byte_end
 
 
@@ -227,7 +227,7 @@ def test_a_request_decodes_its_first_ranges_while_its_last_is_still_on_the_wire(
         assert len(runs) == 3
         last = runs[-1].byte_start
         landed = threading.Event()
-        original, decode = Storage.read_range, cache._decode
+        original, decode = Storage.read_range, cache._decoders.decode
 
         def held_back(self: Storage, rel: str, start: int, end: int) -> bytes:
             if start == last:
@@ -238,7 +238,7 @@ def test_a_request_decodes_its_first_ranges_while_its_last_is_still_on_the_wire(
             landed.set()   # a part has been decoded: only now may the last range land
             return decode(*args, **kwargs)
         monkeypatch.setattr(Storage, "read_range", held_back)
-        monkeypatch.setattr(cache, "_decode", decoded_first)
+        monkeypatch.setattr(cache._decoders, "decode", decoded_first)
         read = cache.read_frames([request], fetch="windows")[0]
         parts = cache.stats()
     reference = FullFileReference(ds)
