@@ -60,6 +60,7 @@ from episodes._reads import (
 )
 from episodes._sidecar import sidecar_path
 from episodes._source import EpisodeDataset
+from episodes._storage import RangeAnswer
 from episodes._whole import Entry, WholeEpisodes
 from episodes._window_starts import WindowStarts
 from episodes._windows import WindowJob
@@ -109,7 +110,8 @@ class EpisodeByteCache:
         self._decoders = Decoders(self._files, self._counts, max_decoders=max_decoders, decode_threads=decode_threads)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode-fetch")
         self._io = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode-ranges")
-        self._windows = WindowStarts(self._storage, self._io, self._pool, self._budget, self._plan, self._counts.add,
+        self._reads: set[Future[RangeAnswer]] = set()  # frame-window reads on the wire, cancelled at close
+        self._windows = WindowStarts(self._start_range, self._pool, self._budget, self._plan, self._counts.add,
                                      decode_threads=decode_threads, max_ready=max_decoders)
 
     def __enter__(self) -> EpisodeByteCache:
@@ -121,6 +123,8 @@ class EpisodeByteCache:
     def close(self) -> None:
         """Stop the prefetch threads (queued prefetches are cancelled) and drop decoders and bytes."""
         self._closed = True
+        for read in list(self._reads):
+            read.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._io.shutdown(wait=True, cancel_futures=True)
         self._decoders.clear()
@@ -258,13 +262,21 @@ class EpisodeByteCache:
         From the sidecar when it holds the file as it is, else from the
         file's headers (and then into the sidecar): what a first read of
         the file would otherwise do on its way. The files are indexed
-        concurrently: each costs a round trip at least (the sidecar checks
-        that the file is still the one it indexed).
+        concurrently. Over HTTP a file the sidecar holds costs no round
+        trip: the first range read's answer checks that it is still the
+        file indexed (episodes._indexes); elsewhere its info is asked first.
         """
         self._check_open()
         self._files.index_files(paths, self._io)
 
     # ---- frame windows -----------------------------------------------------
+
+    def _start_range(self, rel: str, start: int, end: int) -> Future[RangeAnswer]:
+        """A frame-window range read started: over HTTP on the client's loop, elsewhere on the range threads."""
+        read = self._storage.start_range(rel, start, end, self._io)
+        self._reads.add(read)
+        read.add_done_callback(self._reads.discard)
+        return read
 
     def _plan(self, request: FrameRequest) -> WindowJob | FetchedFrames:
         """The request's windows, or, when its whole episode is cached, its frames in that mini-MP4."""
@@ -275,12 +287,13 @@ class EpisodeByteCache:
         rel = record.videos[key].path
         started = time.perf_counter()
         try:
-            index, span = self._files.span(record, key)
-            seconds = index.pts[np.asarray(span.frames)] / index.timescale
+            at = self._files.span(record, key)
+            index = at.index
+            seconds = index.pts[np.asarray(at.span.frames)] / index.timescale
             numbers = numbers_at(seconds, half_frame(index.duration, index.timescale), request, record.length,
                                  self._files.where(record, key))
-            windows = frame_windows(index, span, numbers)
+            windows = frame_windows(index, at.span, numbers)
         except EpisodeDataError as exc:
             raise reworded(exc, self._storage.url(rel), f"episode {ep}, camera {key}") from exc
         return WindowJob(ep, key, rel, self._storage.url(rel), numbers, record.length, index, windows,
-                         time.perf_counter() - started)
+                         time.perf_counter() - started, at.claim)

@@ -49,6 +49,13 @@ class OncePerKey(Generic[K, T]):
         future.set_result(value)
         return value, True
 
+    def forget(self, key: K, which: Callable[[T], bool]) -> None:
+        """Let go of the memo of `key` where `which` says it is the one to drop: the next caller makes it afresh."""
+        with self._lock:
+            future = self._table.get(key)
+            if future is not None and future.done() and future.exception() is None and which(future.result()):
+                del self._table[key]
+
     def _drop(self, key: K, future: Future[T]) -> None:
         with self._lock:
             if self._table.get(key) is future:

@@ -39,6 +39,11 @@ class CacheStats:
     over, `peak_bytes_held` the most it ever held; `prefetches_skipped`
     counts fetches ahead that did not start because their bytes would not
     fit, `prefetches_dropped` those let go of to make room for a read.
+
+    `index_sidecar_loads` counts MP4 indexes the sidecar gave, and
+    `index_sidecar_stale` those it gave over HTTP, where a range read's
+    answer checks the file, that the answer found changed: rebuilt from the
+    file's headers (`index_builds`), the reads planned with them read again.
     """
 
     hits: int = 0
@@ -49,6 +54,7 @@ class CacheStats:
     cached_bytes: int = 0
     index_builds: int = 0
     index_sidecar_loads: int = 0
+    index_sidecar_stale: int = 0
     header_reads: int = 0
     header_bytes: int = 0
     bytes_fetched: int = 0

@@ -13,6 +13,7 @@ within timeout_s x (retries + 1) plus the backoff between attempts
 """
 from __future__ import annotations
 
+import asyncio
 import bisect
 import functools
 import io
@@ -21,7 +22,7 @@ import posixpath
 import re
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, TypeVar
@@ -91,6 +92,21 @@ class FileInfo:
     version: str | None
 
 
+@dataclass(frozen=True)
+class RangeAnswer:
+    """A range read's bytes, and the file as the answer described it, where it did.
+
+    An HTTP answer states the file's size (Content-Range's total) and its
+    version (the ETag, else Last-Modified, as `Storage.info` picks them), so
+    a read can tell that the file is still the one an index was made from
+    without a request of its own; `file` is None where the answer does not
+    say (other filesystems, a total of "*").
+    """
+
+    data: bytes
+    file: FileInfo | None = None
+
+
 def relative_path(rel: str) -> str:
     """Normalise a path relative to the root; refuse one that leaves the root.
 
@@ -122,6 +138,16 @@ def coalesce_ranges(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[i
         else:
             merged.append((start, end))
     return merged
+
+
+def _check_range(url: str, start: int, end: int) -> None:
+    if not 0 <= start <= end:
+        raise ValueError(f"bad byte range [{start}, {end}) for {url}")
+
+
+def _check_length(url: str, start: int, end: int, data: bytes) -> None:
+    if len(data) != end - start:
+        raise FetchError(f"{url}: read of bytes [{start}, {end}) returned {len(data)} bytes, expected {end - start}")
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -211,6 +237,11 @@ class Storage:
             self._checked.add(path)
         return path
 
+    @property
+    def ranges_say_file(self) -> bool:
+        """Whether a range read's answer states the file's size and version (RangeAnswer.file): over HTTP."""
+        return self._http
+
     def url(self, rel: str) -> str:
         """The user-facing address of `rel`, for error messages."""
         return f"{self.root}/{relative_path(rel)}"
@@ -221,19 +252,24 @@ class Storage:
             try:
                 return fn(path)
             except Exception as exc:
-                # fsspec's HTTP info reports any failed HEAD+GET (a 503 too) as FileNotFoundError
-                # raised from the server's answer: judge by that answer.
-                cause = exc.__cause__ if isinstance(exc, FileNotFoundError) and exc.__cause__ else exc
-                if not _is_transient(cause):
-                    if isinstance(exc, FileNotFoundError):
-                        raise FetchError(f"{url}: file not found") from exc
-                    raise FetchError(f"{url}: {what} failed ({_describe(exc, self.timeout_s)})") from exc
-                if attempt == self.retries:
-                    raise FetchError(
-                        f"{url}: {what} failed after {attempt + 1} attempts ({_describe(cause, self.timeout_s)})"
-                    ) from exc
+                failure = self._failure(exc, url, what, attempt)
+                if failure is not None:
+                    raise failure from exc
                 time.sleep(self.backoff_s * 2**attempt)
         raise AssertionError("unreachable")  # the loop always returns or raises
+
+    def _failure(self, exc: Exception, url: str, what: str, attempt: int) -> FetchError | None:
+        """The FetchError that ends a call whose attempt `attempt` raised `exc`; None where another attempt is due."""
+        # fsspec's HTTP info reports any failed HEAD+GET (a 503 too) as FileNotFoundError
+        # raised from the server's answer: judge by that answer.
+        cause = exc.__cause__ if isinstance(exc, FileNotFoundError) and exc.__cause__ else exc
+        if not _is_transient(cause):
+            if isinstance(exc, FileNotFoundError):
+                return FetchError(f"{url}: file not found")
+            return FetchError(f"{url}: {what} failed ({_describe(exc, self.timeout_s)})")
+        if attempt == self.retries:
+            return FetchError(f"{url}: {what} failed after {attempt + 1} attempts ({_describe(cause, self.timeout_s)})")
+        return None
 
     def read_bytes(self, rel: str) -> bytes:
         """A whole (small) file, such as info.json or an episodes Parquet."""
@@ -241,22 +277,53 @@ class Storage:
 
     def read_range(self, rel: str, start: int, end: int) -> bytes:
         """Exactly bytes [start, end) of `rel`; fewer bytes is a FetchError."""
-        if not 0 <= start <= end:
-            raise ValueError(f"bad byte range [{start}, {end}) for {self.url(rel)}")
+        if self._http:
+            return self.start_range(rel, start, end).result().data
+        _check_range(self.url(rel), start, end)
         if start == end:
             return b""
-        if self._http:
-            data = self._call(rel, f"read of bytes [{start}, {end})",
-                              lambda p: fsspec.asyn.sync(self.fs.loop, _http_range, self.fs, p, start, end))
-        else:
-            data = self._call(rel, f"read of bytes [{start}, {end})",
-                              lambda p: self.fs.cat_file(p, start=start, end=end))
-        if len(data) != end - start:
-            raise FetchError(
-                f"{self.url(rel)}: read of bytes [{start}, {end}) returned {len(data)} bytes,"
-                f" expected {end - start}"
-            )
+        data = self._call(rel, f"read of bytes [{start}, {end})", lambda p: self.fs.cat_file(p, start=start, end=end))
+        _check_length(self.url(rel), start, end, data)
         return data
+
+    def start_range(self, rel: str, start: int, end: int, executor: Executor | None = None) -> Future[RangeAnswer]:
+        """Bytes [start, end) of `rel` on their way: read_range's bytes, and the file as the answer describes it.
+
+        Over HTTP the read runs on the HTTP client's own event loop, beside
+        every other read in flight, and no thread waits for it: a read's
+        cost is the client's work alone. Elsewhere read_range runs on
+        `executor` (None: on this thread, before this returns).
+        """
+        if self._http:
+            return asyncio.run_coroutine_threadsafe(self._http_answer(rel, start, end), self.fs.loop)
+        if executor is not None:
+            return executor.submit(lambda: RangeAnswer(self.read_range(rel, start, end)))
+        done: Future[RangeAnswer] = Future()
+        try:
+            done.set_result(RangeAnswer(self.read_range(rel, start, end)))
+        except Exception as exc:
+            done.set_exception(exc)
+        return done
+
+    async def _http_answer(self, rel: str, start: int, end: int) -> RangeAnswer:
+        """read_range over HTTP, on the client's loop: retried as `_call` retries, the backoff slept on the loop."""
+        path, url = self.path(rel), self.url(rel)
+        _check_range(url, start, end)
+        if start == end:
+            return RangeAnswer(b"")
+        what = f"read of bytes [{start}, {end})"
+        for attempt in range(self.retries + 1):
+            try:
+                answer = await _http_range(self.fs, path, start, end)
+            except Exception as exc:
+                failure = self._failure(exc, url, what, attempt)
+                if failure is not None:
+                    raise failure from exc
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+                continue
+            _check_length(url, start, end, answer.data)
+            return answer
+        raise AssertionError("unreachable")  # the loop always returns or raises
 
     def probe_ranges(self, rel: str) -> None:
         """One small range read of `rel`, so a server that ignores Range requests is found before a job starts."""
@@ -348,8 +415,8 @@ def _confinement(base: str) -> tuple[str, ...]:
     return (str(real),)
 
 
-async def _http_range(fs: HTTPFileSystem, path: str, start: int, end: int) -> bytes:
-    """GET bytes [start, end) of `path`, insisting that the answer is exactly that range.
+async def _http_range(fs: HTTPFileSystem, path: str, start: int, end: int) -> RangeAnswer:
+    """GET bytes [start, end) of `path`, insisting that the answer is exactly that range; with what it says of the file.
 
     fsspec's own range read returns whatever body comes back; a server that
     ignores Range (200 and the whole file) or answers another range would
@@ -369,7 +436,9 @@ async def _http_range(fs: HTTPFileSystem, path: str, start: int, end: int) -> by
         if match is None or (int(match[1]), int(match[2])) != (start, end - 1):
             raise RangeMismatch(f"the server answered Content-Range {answered or '(none)'!r} to a request for "
                                 f"bytes {start}-{end - 1}")
-        return await response.read()
+        version = response.headers.get("ETag") or response.headers.get("Last-Modified")
+        data = await response.read()
+        return RangeAnswer(data, None if match[3] == "*" else FileInfo(int(match[3]), version))
 
 
 class _RangeFile(io.RawIOBase):

@@ -17,7 +17,7 @@ import numpy as np
 
 from episodes._budget import ByteBudget, Hold
 from episodes._errors import EpisodeDataError, reworded
-from episodes._indexes import FileIndexes
+from episodes._indexes import FileIndexes, StaleIndex
 from episodes._mp4 import MiniMp4, synthesize_mini_mp4
 from episodes._once import OncePerKey
 from episodes._reads import Counts, FetchedFrames, FrameRequest, frame_numbers_of
@@ -78,7 +78,7 @@ class WholeEpisodes:
             return kept.mini
         record = self._files.record(*slot)
         try:
-            span = self._files.span(record, key)[1]
+            span = self._files.span(record, key).span
         except EpisodeDataError as exc:
             raise reworded(exc, self._storage.url(record.videos[key].path), f"episode {ep}, camera {key}") from exc
         hold = self._budget.hold_ahead(span.num_bytes)
@@ -127,29 +127,37 @@ class WholeEpisodes:
     def _fetch(self, ep: int, key: str, hold: Hold | None) -> tuple[Entry, Hold]:
         """The episode's bytes read and wrapped, and what holds them: `hold`, else a hold taken now for them.
 
-        A hold taken here is let go of if the fetch fails.
+        A hold taken here is let go of if the fetch fails. Read with a
+        sidecar's index of a file that has changed since, it is read again
+        with the file's index as it is now (episodes._indexes).
         """
         record = self._files.record(ep, key)
         url = self._storage.url(record.videos[key].path)
-        t0 = time.perf_counter()
-        try:
-            index, span = self._files.span(record, key)
-        except EpisodeDataError as exc:
-            raise reworded(exc, url, f"episode {ep}, camera {key}") from exc
-        t1 = time.perf_counter()
-        held = self._budget.hold_now(span.num_bytes) if hold is None else hold
-        try:
-            payload = self._storage.read_range(record.videos[key].path, span.byte_start, span.byte_end)
-            t2 = time.perf_counter()
-            mini = synthesize_mini_mp4(index, span, payload)
-            t3 = time.perf_counter()
-        except BaseException as exc:
-            if hold is None:
-                self._budget.release(held)
-            if isinstance(exc, EpisodeDataError):
+        while True:
+            t0 = time.perf_counter()
+            try:
+                at = self._files.span(record, key)
+            except EpisodeDataError as exc:
                 raise reworded(exc, url, f"episode {ep}, camera {key}") from exc
-            raise
-        useful = int(index.size[np.asarray(span.frames)].sum())
+            t1 = time.perf_counter()
+            held = self._budget.hold_now(at.span.num_bytes) if hold is None else hold
+            try:
+                answer = self._storage.start_range(record.videos[key].path, at.span.byte_start, at.span.byte_end).result()
+                if at.claim is not None:
+                    at.claim.settle(answer.file)
+                t2 = time.perf_counter()
+                mini = synthesize_mini_mp4(at.index, at.span, answer.data)
+                t3 = time.perf_counter()
+                break
+            except BaseException as exc:
+                if hold is None:
+                    self._budget.release(held)
+                if isinstance(exc, EpisodeDataError):
+                    raise reworded(exc, url, f"episode {ep}, camera {key}") from exc
+                if not isinstance(exc, StaleIndex):
+                    raise
+        payload = answer.data
+        useful = int(at.index.size[np.asarray(at.span.frames)].sum())
         self._counts.add(bytes_fetched=len(payload), bytes_planned=len(payload), bytes_useful=useful,
                          range_requests=1, lookup_s=t1 - t0, fetch_s=t2 - t1, synthesize_s=t3 - t2)
         return Entry(mini, len(payload), _Cost(len(payload), t1 - t0, t2 - t1, t3 - t2)), held

@@ -6,8 +6,8 @@ episode's mini-MP4), its range reads take a hold on the budget for every
 byte they bring (a fetch ahead only where they fit) and start in the order
 the requests need them (episodes._windows). Where the reader decodes on
 the CPU, each request's mini-MP4 is cut and its decoder opened as soon as
-its last read lands, on the thread that landed it, so that its reader only
-decodes; at most `max_ready` such decoders wait for their readers at once.
+its last read lands, on a fetch thread, so that its reader only decodes;
+at most `max_ready` such decoders wait for their readers at once.
 """
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ from episodes._budget import Holds
 from episodes._decode import open_decoder
 from episodes._inflight import Part, ReadyPart, Started, WindowsInFlight, WindowsStart, when_landed
 from episodes._reads import FetchedFrames, FrameRequest
-from episodes._storage import Storage
-from episodes._windows import JobReads, WindowJob, range_bytes, submit_ranges, window_mini
+from episodes._windows import JobReads, StartRange, WindowJob, range_bytes, submit_ranges, window_mini
 
 # What the cache makes of a request before any byte is read: its windows, or its frames in a kept whole episode.
 Plan = Callable[[FrameRequest], WindowJob | FetchedFrames]
@@ -32,9 +31,9 @@ Plan = Callable[[FrameRequest], WindowJob | FetchedFrames]
 class WindowStarts:
     """How an EpisodeByteCache starts its frame-window fetches (see the module); `count` adds to its stats."""
 
-    def __init__(self, storage: Storage, io: Executor, pool: Executor, budget: Holds, plan: Plan,
+    def __init__(self, start_range: StartRange, pool: Executor, budget: Holds, plan: Plan,
                  count: Callable[..., None], *, decode_threads: int, max_ready: int) -> None:
-        self._storage, self._io, self._pool, self._budget = storage, io, pool, budget
+        self._start_range, self._pool, self._budget = start_range, pool, budget
         self._plan, self._count, self._decode_threads = plan, count, decode_threads
         self._ready_room = BoundedSemaphore(max_ready)
 
@@ -59,7 +58,7 @@ class WindowStarts:
         hold = self._budget.hold_ahead(need) if ahead else self._budget.hold_now(need)
         if hold is None:
             return [None if isinstance(plan, WindowJob) else plan for plan in plans]
-        batch = submit_ranges(self._storage, self._io, jobs, gap)
+        batch = submit_ranges(self._start_range, jobs, gap)
         reads = list({id(read): read for share in batch.jobs for read in share.reads.values()}.values())
 
         def cancel_reads() -> None:
@@ -76,9 +75,16 @@ class WindowStarts:
         return [next(starts) if isinstance(plan, WindowJob) else plan for plan in plans]
 
     def _ready_later(self, share: JobReads) -> ReadyPart:
-        """The share's whole Part, to be made on the thread that lands its last read."""
+        """The share's whole Part, to be made on a fetch thread once its last read has landed (not on the thread
+        that landed it, which may be the HTTP client's loop, with other reads to land)."""
         ready = ReadyPart()
-        when_landed(list(share.reads.values()), functools.partial(self._ready, share, ready))
+
+        def landed() -> None:
+            try:
+                self._pool.submit(self._ready, share, ready)
+            except RuntimeError:  # the cache is closing: its reader, if any, cuts and opens for itself
+                ready.put(None)
+        when_landed(list(share.reads.values()), landed)
         return ready
 
     def _ready(self, share: JobReads, ready: ReadyPart) -> None:
@@ -87,11 +93,11 @@ class WindowStarts:
             ready.put(None)
             return
         try:
-            got = window_mini(share, {start: read.result() for start, read in share.reads.items()}, share.charged, 0.0)
+            got = window_mini(share, {start: share.blob(start) for start in share.reads}, share.charged, 0.0)
             started = time.perf_counter()
             part = Part(got, open_decoder(got.mini, "cpu", num_threads=self._decode_threads))
             self._count(decode_s=time.perf_counter() - started)
-        except Exception:  # a failed read or cut is its reader's to meet, worded as a direct read words it
+        except Exception:  # a failed read, cut or stale index is its reader's to meet, as a direct read meets it
             self._ready_room.release()
             ready.put(None)
             return

@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor, Future
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
 
 from episodes._errors import EpisodeDataError, Mp4FormatError, reworded
+from episodes._indexes import FileClaim
 from episodes._mp4 import MiniMp4, Mp4Index
 from episodes._mp4.windows import FrameWindows
 from episodes._mp4.writer import build_mini_mp4, gather_samples
 from episodes._reads import FetchedFrames
-from episodes._storage import Storage, coalesce_ranges
+from episodes._storage import RangeAnswer, coalesce_ranges
+
+# How a batch starts one range read: file, first byte, end byte (Storage.start_range on the cache's threads).
+StartRange = Callable[[str, int, int], "Future[RangeAnswer]"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,7 +38,8 @@ class WindowJob:
     """One request of a windows read, planned: where its frames lie and which samples they need.
 
     `numbers` are its episode frame numbers in the order asked; `where`
-    starts every error message about it.
+    starts every error message about it; `claim` is its index's, where the
+    index came from the sidecar unchecked (episodes._indexes).
     """
 
     ep: int
@@ -46,6 +51,7 @@ class WindowJob:
     index: Mp4Index
     windows: FrameWindows
     lookup_s: float
+    claim: FileClaim | None = None
 
     @property
     def where(self) -> str:
@@ -63,16 +69,20 @@ class JobReads:
 
     job: WindowJob
     run_reads: tuple[int, ...]
-    reads: dict[int, Future[bytes]]
+    reads: dict[int, Future[RangeAnswer]]
     charged: int
     frees: int = 0
 
     def blob(self, start: int) -> bytes:
-        """The bytes of the read starting at `start`, waited for; a failed read is the job's error."""
+        """The bytes of the read starting at `start`, waited for; a failed read is the job's error, and so is a
+        file that is not the one its index was made from (StaleIndex, settled by the first answer taken)."""
         try:
-            return self.reads[start].result()
+            answer = self.reads[start].result()
+            if self.job.claim is not None:
+                self.job.claim.settle(answer.file)
         except EpisodeDataError as exc:
             raise reworded(exc, self.job.url, f"episode {self.job.ep}, camera {self.job.key}") from exc
+        return answer.data
 
 
 @dataclass(frozen=True)
@@ -84,14 +94,14 @@ class RangeBatch:
     useful_bytes: int
 
 
-def submit_ranges(storage: Storage, executor: Executor, jobs: Sequence[WindowJob], gap: int) -> RangeBatch:
-    """Start reading the runs of all jobs, coalesced per file with `gap`, on `executor`, in the order jobs need them."""
+def submit_ranges(start_range: StartRange, jobs: Sequence[WindowJob], gap: int) -> RangeBatch:
+    """Start reading the runs of all jobs, coalesced per file with `gap`, in the order the jobs need them."""
     by_file: dict[str, list[WindowJob]] = {}
     for job in jobs:
         by_file.setdefault(job.rel, []).append(job)
     merged = {rel: coalesce_ranges([(r.byte_start, r.byte_end) for j in js for r in j.windows.runs], gap)
               for rel, js in by_file.items()}
-    futures: dict[tuple[str, int], Future[bytes]] = {}
+    futures: dict[tuple[str, int], Future[RangeAnswer]] = {}
     last: dict[tuple[str, int], int] = {}
     shares = []
     for i, job in enumerate(jobs):
@@ -102,7 +112,7 @@ def submit_ranges(storage: Storage, executor: Executor, jobs: Sequence[WindowJob
         for k in dict.fromkeys(at):
             start, end = ranges[k]
             if (job.rel, start) not in futures:
-                futures[(job.rel, start)] = executor.submit(storage.read_range, job.rel, start, end)
+                futures[(job.rel, start)] = start_range(job.rel, start, end)
                 charged += end - start
             last[(job.rel, start)] = i
         shares.append(JobReads(job, tuple(starts[k] for k in at),

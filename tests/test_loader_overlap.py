@@ -174,7 +174,7 @@ def episode_span_of(ds, ep: int) -> tuple[str, int, int]:  # type: ignore[no-unt
     """(file, first byte, end byte) of the range a whole-episode fetch of `ep` reads."""
     with EpisodeByteCache(ds) as cache:
         record = ds.episode(ep)
-        _, span = cache._files.span(record, ds.video_keys[0])
+        span = cache._files.span(record, ds.video_keys[0]).span
         return record.videos[ds.video_keys[0]].path, span.byte_start, span.byte_end
 
 
