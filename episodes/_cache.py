@@ -30,6 +30,7 @@ episodes._inflight), what fits in memory (episodes._budget) and decoding
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Iterable, Sequence
@@ -55,7 +56,6 @@ from episodes._reads import (
     FrameRead,
     FrameRequest,
     checked_fetch,
-    half_frame,
     numbers_at,
 )
 from episodes._sidecar import sidecar_path
@@ -111,6 +111,7 @@ class EpisodeByteCache:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode-fetch")
         self._io = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode-ranges")
         self._reads: set[Future[RangeAnswer]] = set()  # frame-window reads on the wire, cancelled at close
+        self._slots = asyncio.Semaphore(workers)  # over HTTP, what the range threads bound elsewhere
         self._windows = WindowStarts(self._start_range, self._pool, self._budget, self._plan, self._counts.add,
                                      decode_threads=decode_threads, max_ready=max_decoders)
 
@@ -272,8 +273,9 @@ class EpisodeByteCache:
     # ---- frame windows -----------------------------------------------------
 
     def _start_range(self, rel: str, start: int, end: int) -> Future[RangeAnswer]:
-        """A frame-window range read started: over HTTP on the client's loop, elsewhere on the range threads."""
-        read = self._storage.start_range(rel, start, end, self._io)
+        """A frame-window range read started: over HTTP on the client's loop, elsewhere on the range threads; at
+        most `workers` on the wire at once either way."""
+        read = self._storage.start_range(rel, start, end, self._io, self._slots)
         self._reads.add(read)
         read.add_done_callback(self._reads.discard)
         return read
@@ -289,8 +291,8 @@ class EpisodeByteCache:
         try:
             at = self._files.span(record, key)
             index = at.index
-            seconds = index.pts[np.asarray(at.span.frames)] / index.timescale
-            numbers = numbers_at(seconds, half_frame(index.duration, index.timescale), request, record.length,
+            seconds = index.pts_seconds[np.asarray(at.span.frames)]
+            numbers = numbers_at(seconds, index.half_frame_s, request, record.length,
                                  self._files.where(record, key))
             windows = frame_windows(index, at.span, numbers)
         except EpisodeDataError as exc:

@@ -9,17 +9,17 @@ Over HTTP each attempt has `timeout_s` for the whole answer, headers and body
 (aiohttp's total timeout), so a server that accepts and never answers, or
 trickles a byte a second, costs at most `timeout_s` per attempt: a read fails
 within timeout_s x (retries + 1) plus the backoff between attempts
-(backoff_s x (1 + 2 + ... + 2^(retries-1)): 1.4 s with the defaults).
+(backoff_s x (1 + 2 + ... + 2^(retries-1)): 1.4 s with the defaults). The
+range GET itself is episodes._http's.
 """
 from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import functools
-import io
 import os
 import posixpath
-import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
@@ -31,17 +31,11 @@ import fsspec
 import pyarrow.parquet as pq
 
 from episodes._errors import DatasetFormatError, FetchError
-
-try:  # aiohttp backs fsspec's HTTP filesystem; without it HTTP roots cannot work anyway.
-    import aiohttp
-    HAVE_AIOHTTP = True
-except ImportError:  # pragma: no cover - aiohttp is a pinned requirement
-    HAVE_AIOHTTP = False
+from episodes._http import HAVE_AIOHTTP, RangeMismatch, ServerFault, client_timeout, http_range, is_client_error
+from episodes._range_file import RangeFile
 
 if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
     from fsspec import AbstractFileSystem
-    from fsspec.implementations.http import HTTPFileSystem
 
 T = TypeVar("T")
 # fsspec's options for a root's filesystem (credentials, client_kwargs, ...): whatever its protocol's filesystem
@@ -57,21 +51,8 @@ class StorageSettings(TypedDict, total=False):
     backoff_s: float
     timeout_s: float
 
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 # The protocols whose paths are files on this machine, where a symlink could lead out of the dataset.
 _LOCAL = ("file", "local")
-
-
-class ServerFault(Exception):
-    """A server's answer that cannot be the bytes asked for; `str()` says what it sent instead."""
-
-
-class RangeIgnored(ServerFault):
-    """The server answered a Range request with the whole file (HTTP 200): it does not serve ranges."""
-
-
-class RangeMismatch(ServerFault):
-    """The server's Content-Range is not the range asked for: a misbehaving cache or server, maybe transient."""
 
 
 def open_filesystem(url: str, **options: object) -> tuple[AbstractFileSystem, str]:
@@ -156,7 +137,7 @@ def _is_transient(exc: BaseException) -> bool:
         return status >= 500 or status == 429
     if isinstance(exc, (TimeoutError, ConnectionError, RangeMismatch)):
         return True
-    return HAVE_AIOHTTP and isinstance(exc, aiohttp.ClientError)
+    return is_client_error(exc)
 
 
 def _describe(exc: BaseException, timeout_s: float | None = None) -> str:
@@ -205,7 +186,7 @@ class Storage:
         protocol = fsspec.utils.get_protocol(self.root)
         if protocol in ("http", "https") and HAVE_AIOHTTP:
             client_kwargs = dict(options.get("client_kwargs", {}))
-            client_kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=self.timeout_s))
+            client_kwargs.setdefault("timeout", client_timeout(self.timeout_s))
             options["client_kwargs"] = client_kwargs
         self.fs, self._base = open_filesystem(self.root, **options)
         self._base = self._base.rstrip("/")
@@ -286,16 +267,20 @@ class Storage:
         _check_length(self.url(rel), start, end, data)
         return data
 
-    def start_range(self, rel: str, start: int, end: int, executor: Executor | None = None) -> Future[RangeAnswer]:
+    def start_range(self, rel: str, start: int, end: int, executor: Executor | None = None,
+                    slots: asyncio.Semaphore | None = None) -> Future[RangeAnswer]:
         """Bytes [start, end) of `rel` on their way: read_range's bytes, and the file as the answer describes it.
 
         Over HTTP the read runs on the HTTP client's own event loop, beside
         every other read in flight, and no thread waits for it: a read's
-        cost is the client's work alone. Elsewhere read_range runs on
-        `executor` (None: on this thread, before this returns).
+        cost is the client's work alone. Its requests take one of `slots`
+        while on the wire, in the order the reads were started: a link
+        shared by every read at once would land the first one last.
+        Elsewhere read_range runs on `executor` (None: on this thread,
+        before this returns), whose threads bound how many run at once.
         """
         if self._http:
-            return asyncio.run_coroutine_threadsafe(self._http_answer(rel, start, end), self.fs.loop)
+            return asyncio.run_coroutine_threadsafe(self._http_answer(rel, start, end, slots), self.fs.loop)
         if executor is not None:
             return executor.submit(lambda: RangeAnswer(self.read_range(rel, start, end)))
         done: Future[RangeAnswer] = Future()
@@ -305,7 +290,7 @@ class Storage:
             done.set_exception(exc)
         return done
 
-    async def _http_answer(self, rel: str, start: int, end: int) -> RangeAnswer:
+    async def _http_answer(self, rel: str, start: int, end: int, slots: asyncio.Semaphore | None) -> RangeAnswer:
         """read_range over HTTP, on the client's loop: retried as `_call` retries, the backoff slept on the loop."""
         path, url = self.path(rel), self.url(rel)
         _check_range(url, start, end)
@@ -314,15 +299,16 @@ class Storage:
         what = f"read of bytes [{start}, {end})"
         for attempt in range(self.retries + 1):
             try:
-                answer = await _http_range(self.fs, path, start, end)
+                async with slots or contextlib.nullcontext():
+                    got = await http_range(self.fs, path, start, end)
             except Exception as exc:
                 failure = self._failure(exc, url, what, attempt)
                 if failure is not None:
                     raise failure from exc
                 await asyncio.sleep(self.backoff_s * 2**attempt)
                 continue
-            _check_length(url, start, end, answer.data)
-            return answer
+            _check_length(url, start, end, got.data)
+            return RangeAnswer(got.data, None if got.total is None else FileInfo(got.total, got.version))
         raise AssertionError("unreachable")  # the loop always returns or raises
 
     def probe_ranges(self, rel: str) -> None:
@@ -398,7 +384,7 @@ class Storage:
         asked for, and a flaky server mid-read gives a FetchError, not a raw
         client exception.
         """
-        return pq.ParquetFile(_RangeFile(self, rel, self.info(rel).size))
+        return pq.ParquetFile(RangeFile(self, rel, self.info(rel).size))
 
 
 def _confinement(base: str) -> tuple[str, ...]:
@@ -413,61 +399,3 @@ def _confinement(base: str) -> tuple[str, ...]:
         if folder.parent.name == "snapshots" and (folder.parent.parent / "blobs").is_dir():
             return str(real), str(folder.parent.parent / "blobs")
     return (str(real),)
-
-
-async def _http_range(fs: HTTPFileSystem, path: str, start: int, end: int) -> RangeAnswer:
-    """GET bytes [start, end) of `path`, insisting that the answer is exactly that range; with what it says of the file.
-
-    fsspec's own range read returns whatever body comes back; a server that
-    ignores Range (200 and the whole file) or answers another range would
-    hand wrong bytes to the MP4 parser, which would then blame the file.
-    """
-    options = fs.kwargs.copy()
-    headers = {**options.pop("headers", {}), "Range": f"bytes={start}-{end - 1}"}
-    session = await fs.set_session()
-    async with session.get(fs.encode_url(path), headers=headers, **options) as response:
-        if response.status == 404:
-            raise FileNotFoundError(path)
-        response.raise_for_status()
-        if response.status == 200:
-            raise RangeIgnored("the server ignores Range requests: it answered HTTP 200 with the whole file")
-        answered = response.headers.get("Content-Range", "")
-        match = _CONTENT_RANGE.fullmatch(answered.strip())
-        if match is None or (int(match[1]), int(match[2])) != (start, end - 1):
-            raise RangeMismatch(f"the server answered Content-Range {answered or '(none)'!r} to a request for "
-                                f"bytes {start}-{end - 1}")
-        version = response.headers.get("ETag") or response.headers.get("Last-Modified")
-        data = await response.read()
-        return RangeAnswer(data, None if match[3] == "*" else FileInfo(int(match[3]), version))
-
-
-class _RangeFile(io.RawIOBase):
-    """A read-only, seekable file whose reads are `Storage.read_range` calls."""
-
-    def __init__(self, storage: Storage, rel: str, size: int) -> None:
-        super().__init__()
-        self._storage, self._rel, self._size, self._pos = storage, rel, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        view = memoryview(buffer)
-        end = min(self._pos + len(view), self._size)
-        if end <= self._pos:
-            return 0
-        data = self._storage.read_range(self._rel, self._pos, end)
-        view[: len(data)] = data
-        self._pos = end
-        return len(data)
