@@ -19,50 +19,19 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-from torchcodec.decoders import VideoDecoder
 
 from episodes._budget import Hold, Holds
 from episodes._indexes import StaleIndex
 from episodes._mp4 import MiniMp4
 from episodes._reads import FetchedFrames
+from episodes._ready_parts import Part, ReadyPart
 from episodes._windows import JobReads, window_mini
-
-
-@dataclass(frozen=True, eq=False)
-class Part:
-    """What can be decoded of a request: its frames in a mini-MP4, and a decoder already open over it, where the
-    fetch threads opened one (on the CPU) once its bytes had landed."""
-
-    fetched: FetchedFrames
-    decoder: VideoDecoder | None = None
-
-
-class ReadyPart:
-    """A request's whole Part as the fetch threads made it once its reads had all landed, for its reader to take;
-    None where they made none (no room for another open decoder, or a read failed: the reader then meets the
-    error itself)."""
-
-    def __init__(self) -> None:
-        self._made = threading.Event()
-        self._part: Part | None = None
-
-    def put(self, part: Part | None) -> None:
-        self._part = part
-        self._made.set()
-
-    def take(self) -> Part | None:
-        """The part, once made (only ever asked once its reads have all landed); None the second time."""
-        self._made.wait()
-        part, self._part = self._part, None
-        return part
 
 
 @dataclass(frozen=True, eq=False)
@@ -239,26 +208,3 @@ class WindowsInFlight(FetchInFlight):
             for read in start.share.reads.values():
                 read.cancel()
             self._budget.release(start.hold)
-
-
-def when_landed(reads: Sequence[Future[Any]], then: Callable[[], None]) -> None:
-    """Call `then` once every read of `reads` has finished, on the thread that finished the last.
-
-    The reads keep no hold on `then` once it has been called: it refers
-    to what refers to the reads, and a cycle would keep their bytes in
-    memory until the garbage collector's next full pass.
-    """
-    left, pending = [len(reads)], [then]
-    lock = threading.Lock()
-
-    def one(_: Future[Any]) -> None:
-        with lock:
-            left[0] -= 1
-            fire = pending.pop() if left[0] <= 0 and pending else None
-        if fire is not None:
-            fire()
-
-    if not reads:
-        one(Future())
-    for read in reads:
-        read.add_done_callback(one)

@@ -14,10 +14,12 @@ alike alone or together).
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -167,3 +169,26 @@ def window_mini(share: JobReads, blobs: Mapping[int, bytes], paid: int, fetch_s:
     numbers = job.numbers if runs is None else windows.frame_numbers[mine]
     return FetchedFrames(job.ep, job.key, numbers, mini, False, paid, 0, job.lookup_s, fetch_s,
                          time.perf_counter() - started)
+
+
+def when_landed(reads: Sequence[Future[Any]], then: Callable[[], None]) -> None:
+    """Call `then` once every read of `reads` has finished, on the thread that finished the last.
+
+    The reads keep no hold on `then` once it has been called: it refers
+    to what refers to the reads, and a cycle would keep their bytes in
+    memory until the garbage collector's next full pass.
+    """
+    left, pending = [len(reads)], [then]
+    lock = threading.Lock()
+
+    def one(_: Future[Any]) -> None:
+        with lock:
+            left[0] -= 1
+            fire = pending.pop() if left[0] <= 0 and pending else None
+        if fire is not None:
+            fire()
+
+    if not reads:
+        one(Future())
+    for read in reads:
+        read.add_done_callback(one)
