@@ -6,10 +6,11 @@ files from local disk: both fetch the next items' clips while an item
 decodes, so where the link carries an item's bytes in less time than the
 item takes to decode, the link hides behind decoding and the ratio is 1.
 The loader decodes and resizes on one thread, as one of two replicas does
-on this two-core host: the HTTP client's own work (about 15 ms of CPU per
-item of ten range requests, measured) then runs beside it, on the other
-core, as it would beside a replica that leaves one; a loader that takes
-every core pays it in its own time instead (0.8 of local disk here).
+on this two-core host: the HTTP client's own work, nginx's and the link
+relay's then run beside it, on the other core, as they would beside a
+replica that leaves one. Where no core is free they are paid in the
+loader's time: the note prints the CPU per item of this process and its
+children on each side, and the ratio they bound P3w to then.
 
 `overlap_rates` is the same comparison for bench/gpu_check.py's
 nvdec-overlap line (NVDEC decoding, nginx not needed), and its CPU stand-in.
