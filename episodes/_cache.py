@@ -112,7 +112,7 @@ class EpisodeByteCache:
         self._io = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode-ranges")
         self._reads: set[Future[RangeAnswer]] = set()  # frame-window reads on the wire, cancelled at close
         self._slots = asyncio.Semaphore(workers)  # over HTTP, what the range threads bound elsewhere
-        self._windows = WindowStarts(self._start_range, self._pool, self._budget, self._plan, self._counts.add,
+        self._windows = WindowStarts(self._start_ranges, self._pool, self._budget, self._plan, self._counts.add,
                                      decode_threads=decode_threads, max_ready=max_decoders)
 
     def __enter__(self) -> EpisodeByteCache:
@@ -272,13 +272,14 @@ class EpisodeByteCache:
 
     # ---- frame windows -----------------------------------------------------
 
-    def _start_range(self, rel: str, start: int, end: int) -> Future[RangeAnswer]:
-        """A frame-window range read started: over HTTP on the client's loop, elsewhere on the range threads; at
-        most `workers` on the wire at once either way."""
-        read = self._storage.start_range(rel, start, end, self._io, self._slots)
-        self._reads.add(read)
-        read.add_done_callback(self._reads.discard)
-        return read
+    def _start_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[Future[RangeAnswer]]:
+        """A batch's frame-window range reads started: over HTTP on the client's loop, elsewhere on the range
+        threads; at most `workers` on the wire at once either way."""
+        reads = self._storage.start_ranges(ranges, self._io, self._slots)
+        for read in reads:
+            self._reads.add(read)
+            read.add_done_callback(self._reads.discard)
+        return reads
 
     def _plan(self, request: FrameRequest) -> WindowJob | FetchedFrames:
         """The request's windows, or, when its whole episode is cached, its frames in that mini-MP4."""

@@ -31,7 +31,7 @@ import fsspec
 import pyarrow.parquet as pq
 
 from episodes._errors import DatasetFormatError, FetchError
-from episodes._http import HAVE_AIOHTTP, RangeMismatch, ServerFault, client_timeout, http_range, is_client_error
+from episodes._http import HAVE_AIOHTTP, client_timeout, describe, http_range, is_transient, run_on_loop
 from episodes._range_file import RangeFile
 
 if TYPE_CHECKING:
@@ -131,26 +131,6 @@ def _check_length(url: str, start: int, end: int, data: bytes) -> None:
         raise FetchError(f"{url}: read of bytes [{start}, {end}) returned {len(data)} bytes, expected {end - start}")
 
 
-def _is_transient(exc: BaseException) -> bool:
-    status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        return status >= 500 or status == 429
-    if isinstance(exc, (TimeoutError, ConnectionError, RangeMismatch)):
-        return True
-    return is_client_error(exc)
-
-
-def _describe(exc: BaseException, timeout_s: float | None = None) -> str:
-    if isinstance(exc, ServerFault):
-        return str(exc)
-    if isinstance(exc, TimeoutError) and timeout_s is not None:
-        return f"no complete answer within the timeout of {timeout_s:g} s"
-    status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        return f"HTTP {status} {getattr(exc, 'message', '')}".rstrip()
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
 class Storage:
     """One dataset root on any fsspec filesystem.
 
@@ -244,12 +224,12 @@ class Storage:
         # fsspec's HTTP info reports any failed HEAD+GET (a 503 too) as FileNotFoundError
         # raised from the server's answer: judge by that answer.
         cause = exc.__cause__ if isinstance(exc, FileNotFoundError) and exc.__cause__ else exc
-        if not _is_transient(cause):
+        if not is_transient(cause):
             if isinstance(exc, FileNotFoundError):
                 return FetchError(f"{url}: file not found")
-            return FetchError(f"{url}: {what} failed ({_describe(exc, self.timeout_s)})")
+            return FetchError(f"{url}: {what} failed ({describe(exc, self.timeout_s)})")
         if attempt == self.retries:
-            return FetchError(f"{url}: {what} failed after {attempt + 1} attempts ({_describe(cause, self.timeout_s)})")
+            return FetchError(f"{url}: {what} failed after {attempt + 1} attempts ({describe(cause, self.timeout_s)})")
         return None
 
     def read_bytes(self, rel: str) -> bytes:
@@ -259,7 +239,7 @@ class Storage:
     def read_range(self, rel: str, start: int, end: int) -> bytes:
         """Exactly bytes [start, end) of `rel`; fewer bytes is a FetchError."""
         if self._http:
-            return self.start_range(rel, start, end).result().data
+            return self.start_ranges([(rel, start, end)])[0].result().data
         _check_range(self.url(rel), start, end)
         if start == end:
             return b""
@@ -267,20 +247,24 @@ class Storage:
         _check_length(self.url(rel), start, end, data)
         return data
 
-    def start_range(self, rel: str, start: int, end: int, executor: Executor | None = None,
-                    slots: asyncio.Semaphore | None = None) -> Future[RangeAnswer]:
-        """Bytes [start, end) of `rel` on their way: read_range's bytes, and the file as the answer describes it.
+    def start_ranges(self, ranges: Sequence[tuple[str, int, int]], executor: Executor | None = None,
+                     slots: asyncio.Semaphore | None = None) -> list[Future[RangeAnswer]]:
+        """Bytes [start, end) of each (file, start, end) on their way: read_range's bytes, and the file as the answer
+        describes it.
 
-        Over HTTP the read runs on the HTTP client's own event loop, beside
-        every other read in flight, and no thread waits for it: a read's
-        cost is the client's work alone. Its requests take one of `slots`
-        while on the wire, in the order the reads were started: a link
-        shared by every read at once would land the first one last.
-        Elsewhere read_range runs on `executor` (None: on this thread,
-        before this returns), whose threads bound how many run at once.
+        Over HTTP the reads run on the HTTP client's own event loop, handed
+        to it at once, and no thread waits for each: a read's cost is the
+        client's work alone. Their requests take one of `slots` while on the
+        wire, in the order given: a link shared by every read at once would
+        land the first one last. Elsewhere read_range runs on `executor`
+        (None: on this thread, before this returns), whose threads bound how
+        many run at once.
         """
         if self._http:
-            return asyncio.run_coroutine_threadsafe(self._http_answer(rel, start, end, slots), self.fs.loop)
+            return run_on_loop(self.fs.loop, [self._http_answer(rel, start, end, slots) for rel, start, end in ranges])
+        return [self._start_range(rel, start, end, executor) for rel, start, end in ranges]
+
+    def _start_range(self, rel: str, start: int, end: int, executor: Executor | None) -> Future[RangeAnswer]:
         if executor is not None:
             return executor.submit(lambda: RangeAnswer(self.read_range(rel, start, end)))
         done: Future[RangeAnswer] = Future()

@@ -142,7 +142,8 @@ class WholeEpisodes:
             t1 = time.perf_counter()
             held = self._budget.hold_now(at.span.num_bytes) if hold is None else hold
             try:
-                answer = self._storage.start_range(record.videos[key].path, at.span.byte_start, at.span.byte_end).result()
+                (read,) = self._storage.start_ranges([(record.videos[key].path, at.span.byte_start, at.span.byte_end)])
+                answer = read.result()
                 if at.claim is not None:
                     at.claim.settle(answer.file)
                 t2 = time.perf_counter()

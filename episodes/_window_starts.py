@@ -19,7 +19,7 @@ from episodes._budget import Holds
 from episodes._inflight import Started, WindowsInFlight, WindowsStart
 from episodes._reads import FetchedFrames, FrameRequest
 from episodes._ready_parts import ReadyParts
-from episodes._windows import StartRange, WindowJob, range_bytes, submit_ranges, when_landed
+from episodes._windows import StartRanges, WindowJob, range_bytes, submit_ranges, when_landed
 
 # What the cache makes of a request before any byte is read: its windows, or its frames in a kept whole episode.
 Plan = Callable[[FrameRequest], WindowJob | FetchedFrames]
@@ -28,9 +28,9 @@ Plan = Callable[[FrameRequest], WindowJob | FetchedFrames]
 class WindowStarts:
     """How an EpisodeByteCache starts its frame-window fetches (see the module); `count` adds to its stats."""
 
-    def __init__(self, start_range: StartRange, pool: Executor, budget: Holds, plan: Plan,
+    def __init__(self, start_ranges: StartRanges, pool: Executor, budget: Holds, plan: Plan,
                  count: Callable[..., None], *, decode_threads: int, max_ready: int) -> None:
-        self._start_range, self._pool, self._budget = start_range, pool, budget
+        self._start_ranges, self._pool, self._budget = start_ranges, pool, budget
         self._plan, self._count = plan, count
         self._ready = ReadyParts(pool, count, room=max_ready, decode_threads=decode_threads)
 
@@ -55,7 +55,7 @@ class WindowStarts:
         hold = self._budget.hold_ahead(need) if ahead else self._budget.hold_now(need)
         if hold is None:
             return [None if isinstance(plan, WindowJob) else plan for plan in plans]
-        batch = submit_ranges(self._start_range, jobs, gap)
+        batch = submit_ranges(self._start_ranges, jobs, gap)
         reads = list({id(read): read for share in batch.jobs for read in share.reads.values()}.values())
 
         def cancel_reads() -> None:

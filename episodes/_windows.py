@@ -31,8 +31,8 @@ from episodes._mp4.writer import build_mini_mp4, gather_samples
 from episodes._reads import FetchedFrames
 from episodes._storage import RangeAnswer, coalesce_ranges
 
-# How a batch starts one range read: file, first byte, end byte (Storage.start_range on the cache's threads).
-StartRange = Callable[[str, int, int], "Future[RangeAnswer]"]
+# How a batch starts its range reads, each (file, first byte, end byte), in order (Storage.start_ranges).
+StartRanges = Callable[[Sequence[tuple[str, int, int]]], "list[Future[RangeAnswer]]"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,16 +96,16 @@ class RangeBatch:
     useful_bytes: int
 
 
-def submit_ranges(start_range: StartRange, jobs: Sequence[WindowJob], gap: int) -> RangeBatch:
+def submit_ranges(start_ranges: StartRanges, jobs: Sequence[WindowJob], gap: int) -> RangeBatch:
     """Start reading the runs of all jobs, coalesced per file with `gap`, in the order the jobs need them."""
     by_file: dict[str, list[WindowJob]] = {}
     for job in jobs:
         by_file.setdefault(job.rel, []).append(job)
     merged = {rel: coalesce_ranges([(r.byte_start, r.byte_end) for j in js for r in j.windows.runs], gap)
               for rel, js in by_file.items()}
-    futures: dict[tuple[str, int], Future[RangeAnswer]] = {}
+    order: dict[tuple[str, int], int] = {}   # each read's end byte, in the order the jobs first need it
     last: dict[tuple[str, int], int] = {}
-    shares = []
+    needs, charges = [], []
     for i, job in enumerate(jobs):
         ranges = merged[job.rel]
         starts = [start for start, _ in ranges]
@@ -113,18 +113,21 @@ def submit_ranges(start_range: StartRange, jobs: Sequence[WindowJob], gap: int) 
         charged = 0
         for k in dict.fromkeys(at):
             start, end = ranges[k]
-            if (job.rel, start) not in futures:
-                futures[(job.rel, start)] = start_range(job.rel, start, end)
+            if (job.rel, start) not in order:
+                order[(job.rel, start)] = end
                 charged += end - start
             last[(job.rel, start)] = i
-        shares.append(JobReads(job, tuple(starts[k] for k in at),
-                               {starts[k]: futures[(job.rel, starts[k])] for k in at}, charged))
+        needs.append(tuple(starts[k] for k in at))
+        charges.append(charged)
+    futures = dict(zip(order, start_ranges([(rel, start, end) for (rel, start), end in order.items()])))
+    shares = [JobReads(job, run_reads, {start: futures[(job.rel, start)] for start in run_reads}, charged)
+              for job, run_reads, charged in zip(jobs, needs, charges)]
     sizes = {(rel, start): end - start for rel, ranges in merged.items() for start, end in ranges}
     frees = [0] * len(shares)
     for read, i in last.items():
         frees[i] += sizes[read]
     return RangeBatch(tuple(dataclasses.replace(share, frees=free) for share, free in zip(shares, frees)),
-                      len(futures), sum(_distinct_bytes(js) for js in by_file.values()))
+                      len(order), sum(_distinct_bytes(js) for js in by_file.values()))
 
 
 def range_bytes(jobs: Sequence[WindowJob], gap: int) -> int:
