@@ -15,22 +15,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import heapq
 import itertools
 import math
 import random
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
-import pyarrow as pa
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
-
 import rnb.flags as flags
+from rnb.load_inputs import MAX_STREAMS, MAX_WAIT_S, TraceError, parse_schedule, read_trace
 
 # The largest count a POSIX semaphore holds (SEM_VALUE_MAX on Linux): the bound of every queue and of the
 # closed loop's requests in flight.
@@ -61,7 +55,7 @@ class RunKey:
     help: str
     integral: bool = False
     minimum: float = 0
-    maximum: int | None = None
+    maximum: float | None = None        # the value may reach it (an integer for an integer key)
     above: bool = False                 # the value must exceed `minimum`, not merely reach it
     choices: tuple[str, ...] = ()       # a choice key: one of these strings
     text: str = ""                      # a text key: what its string names ("a trace file ..."); its mode checks it
@@ -76,8 +70,11 @@ class RunKey:
             return self.text
         if self.integral:
             return (f"an integer >= {self.minimum:g}" if self.maximum is None
-                    else f"an integer from {self.minimum:g} to {self.maximum}")
-        return f"a number {'>' if self.above else '>='} {self.minimum:g}"
+                    else f"an integer from {self.minimum:g} to {int(self.maximum)}")
+        if self.maximum is None:
+            return f"a number {'>' if self.above else '>='} {self.minimum:g}"
+        return (f"a number > {self.minimum:g} and <= {self.maximum:g}" if self.above
+                else f"a number from {self.minimum:g} to {self.maximum:g}")
 
     def accepts(self, value: object) -> bool:
         """Whether a value from JSON or a parsed flag is in this key's range."""
@@ -192,7 +189,8 @@ class LoadMode:
         return False
 
 
-MEAN_INTERVAL = RunKey("mean_interval_ms", flags.MEAN_INTERVAL, "MS", "Poisson mean inter-arrival in ms; 0 = bulk (default 3)")
+MEAN_INTERVAL = RunKey("mean_interval_ms", flags.MEAN_INTERVAL, "MS", "Poisson mean inter-arrival in ms; 0 = bulk (default 3)",
+                       maximum=MAX_WAIT_S * 1000)
 CONCURRENCY = RunKey("concurrency", ("--concurrency",), "N",
                      "closed loop: keep N requests in flight, -mi is then ignored (default: off, open loop)",
                      integral=True, minimum=1, maximum=MAX_SEMAPHORE_VALUE)
@@ -268,8 +266,9 @@ class Poisson(LoadMode):
 
 
 STREAMS = RunKey("streams", ("--streams",), "N", "camera streams: N periodic sources of one request each per "
-                 "frame period (default: off)", integral=True, minimum=1)
-FPS = RunKey("fps", ("--fps",), "F", "frames per second of each stream (default 30)", minimum=0, above=True,
+                 f"frame period, at most {MAX_STREAMS} (default: off)", integral=True, minimum=1, maximum=MAX_STREAMS)
+# A frame period of at most a day, written as the frame rate of a day's period rounded up to 3 digits.
+FPS = RunKey("fps", ("--fps",), "F", "frames per second of each stream (default 30)", minimum=float(f"{1 / MAX_WAIT_S:.3g}"),
              needs="streams")
 STREAM_PHASE = RunKey("stream_phase", ("--stream-phase",), "PHASE",
                       "when in the frame period each stream issues: spread (stream s at s/(N F)), aligned (all at "
@@ -277,7 +276,8 @@ STREAM_PHASE = RunKey("stream_phase", ("--stream-phase",), "PHASE",
 JITTER = RunKey("jitter_ms", ("--jitter-ms",), "MS", "each frame issued up to MS ms after its time, "
                 "uniformly at random; below the frame period (default 0)", needs="streams")
 DEADLINE = RunKey("deadline_ms", ("--deadline-ms",), "MS", "a frame finishing later than MS ms "
-                  "after its time is late (default: the frame period, 1000/F)", minimum=0, above=True, needs="streams")
+                  "after its time is late (default: the frame period, 1000/F)", minimum=0, above=True,
+                  maximum=MAX_WAIT_S * 1000, needs="streams")
 STREAM_POLICY = RunKey("stream_policy", ("--stream-policy",), "POLICY",
                        "queue: every frame is processed; drop: a newer frame replaces the one a stream has waiting "
                        "(default queue)", choices=("queue", "drop"), needs="streams")
@@ -516,104 +516,3 @@ def _settings(values: Mapping[str, object]) -> LoadSettings:
 def _number(args: Mapping[str, object], key: str) -> float:
     value = args.get(key)
     return float(value) if isinstance(value, (int, float)) else math.nan
-
-
-class TraceError(ValueError):
-    """A trace that cannot be replayed; `str()` is what a refusal says after the flag or run key."""
-
-
-@dataclass(frozen=True)
-class Span:
-    """One span of a rate schedule: Poisson arrivals at a rate going linearly from `start` to `end` requests/s."""
-
-    start: float
-    end: float
-    seconds: float
-
-    def arrivals(self, begin: float, rng: random.Random) -> Iterator[float]:
-        """The span's arrival times from `begin` on, by thinning a Poisson process at the span's highest rate."""
-        peak = max(self.start, self.end)
-        due = 0.0
-        while peak > 0:
-            due += rng.expovariate(peak)
-            if due >= self.seconds:
-                return
-            rate = self.start + (self.end - self.start) * due / self.seconds
-            if rng.random() * peak < rate:
-                yield begin + due
-
-
-_SPAN = re.compile(r"\s*(?P<start>[0-9.eE+]+)(?:\s*-\s*(?P<end>[0-9.eE+]+))?\s*@\s*(?P<seconds>[0-9.eE+]+)\s*s?\s*")
-
-
-def parse_schedule(text: str) -> tuple[Span, ...]:
-    """The spans of a schedule such as `100@10s,300@5s,100-400@10s`; ValueError in the refusal's words."""
-    spans = []
-    for part in text.split(","):
-        match = _SPAN.fullmatch(part)
-        start, seconds = (_finite(match.group("start")), _finite(match.group("seconds"))) if match else (None, None)
-        end = _finite(match.group("end")) if match and match.group("end") else start
-        if start is None or end is None or seconds is None:
-            raise ValueError(f"expected spans RATE@SECONDS or RATE-RATE@SECONDS separated by commas, such as "
-                             f"\"100@10s,300@5s\", found {part.strip()!r}")
-        if seconds <= 0:
-            raise ValueError(f"expected each span to last more than 0 s, found {part.strip()!r}")
-        spans.append(Span(start, end, seconds))
-    if not any(span.start or span.end for span in spans):
-        raise ValueError(f"expected a schedule with a rate above 0 somewhere, found {text!r}")
-    return tuple(spans)
-
-
-def _finite(text: str | None) -> float | None:
-    try:
-        value = float(text) if text is not None else math.nan
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
-
-
-@functools.cache
-def read_trace(path: str) -> tuple[tuple[float, ...], tuple[int, ...] | None]:
-    """A trace's arrival offsets in seconds, sorted, and their streams if it names them; TraceError if unusable.
-
-    A job's log directory gives its requests' enqueue times, from its first.
-    """
-    where = Path(path)
-    if where.is_dir():
-        where = where / "timings.parquet"
-        if not where.is_file():
-            raise TraceError(f"expected a job's log directory holding timings.parquet, found none in {path}")
-        enqueue = pq.read_table(where, columns=["enqueue"]).column("enqueue").to_pylist()
-        times = sorted(time for time in enqueue if time is not None)
-        return tuple(time - times[0] for time in times), None
-    table = _trace_table(where)
-    if "offset_s" not in table.column_names:
-        raise TraceError(f"expected a column offset_s in {path}, found the columns {', '.join(table.column_names)}")
-    offsets = table.column("offset_s").to_pylist()
-    for row, offset in enumerate(offsets):
-        if not isinstance(offset, (int, float)) or not math.isfinite(offset) or offset < 0:
-            raise TraceError(f"expected an offset in seconds >= 0 in every row of {path}, found {offset!r} in row {row + 1}")
-        if row and offset < offsets[row - 1]:
-            raise TraceError(f"expected offsets sorted from the earliest in {path}, found {offset:g} after "
-                             f"{offsets[row - 1]:g} in row {row + 1}")
-    if not offsets:
-        raise TraceError(f"expected at least one arrival time in {path}, found none")
-    if "stream" not in table.column_names:
-        return tuple(float(offset) for offset in offsets), None
-    streams = table.column("stream").to_pylist()
-    if not all(isinstance(stream, int) and stream >= 0 for stream in streams):
-        raise TraceError(f"expected a stream number >= 0 in every row of {path}'s stream column")
-    return tuple(float(offset) for offset in offsets), tuple(streams)
-
-
-def _trace_table(path: Path) -> pa.Table:
-    if not path.is_file():
-        raise TraceError(f"expected a CSV or Parquet file of arrival offsets, or a job's log directory, found nothing "
-                         f"at {path}")
-    try:
-        if path.suffix == ".parquet":
-            return pq.read_table(path)
-        return pa_csv.read_csv(path)
-    except (pa.ArrowException, OSError) as error:
-        raise TraceError(f"expected a CSV or Parquet file of arrival offsets, found {path} unreadable "
-                         f"({str(error).splitlines()[0]})") from None

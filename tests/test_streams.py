@@ -125,9 +125,15 @@ def test_one_stream_at_30_fps_into_a_40_ms_step_drops_what_the_step_cannot_take(
 
 
 @pytest.mark.parametrize(("argv", "sentence"), [
-    (["--streams", "2", "--fps", "-30"], "command line: --fps: expected a number > 0, found -30"),
-    (["--streams", "2", "--fps", "0"], "command line: --fps: expected a number > 0, found 0"),
-    (["--streams", "0"], "command line: --streams: expected an integer >= 1, found 0"),
+    (["--streams", "2", "--fps", "-30"], "command line: --fps: expected a number >= 1.16e-05, found -30"),
+    (["--streams", "2", "--fps", "0"], "command line: --fps: expected a number >= 1.16e-05, found 0"),
+    (["--streams", "2", "--fps", "1e-300"], "command line: --fps: expected a number >= 1.16e-05, found 1e-300"),
+    (["--streams", "2", "--fps", "5e-324"], "command line: --fps: expected a number >= 1.16e-05, found 5e-324"),
+    (["--streams", "0"], "command line: --streams: expected an integer from 1 to 10000, found 0"),
+    (["--streams", "1000000000"], "command line: --streams: expected an integer from 1 to 10000, found 1000000000"),
+    (["--streams", str(10**20)], f"command line: --streams: expected an integer from 1 to 10000, found {10**20}"),
+    (["--streams", "2", "--deadline-ms", "1e9"],
+     "command line: --deadline-ms: expected a number > 0 and <= 8.64e+07, found 1e9"),
     (["--fps", "30"], "command line: --fps: expected --streams (or run.streams) beside it, found none"),
     (["--streams", "2", "--stream-policy", "leaky"],
      'command line: --stream-policy: expected one of "queue", "drop", found \'leaky\''),
