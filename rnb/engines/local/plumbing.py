@@ -311,6 +311,11 @@ class Plumbing:
             in_flight=ctx.Semaphore(concurrency) if concurrency else None,
         )
 
+    @property
+    def rings(self) -> tuple[RingQueue, ...]:
+        """Every queue that is a ring: requests, the inter-step queues, results."""
+        return (self.requests, *(ring for queues in self.step_queues for ring in queues.values()), self.results)
+
     def queued(self) -> dict[int, int]:
         """How many messages wait in each step's input queues (the request queue is step 0's), by step."""
         waiting = {0: self.requests.waiting()}

@@ -192,6 +192,10 @@ class Supervisor:
             if inbox.stuck or inbox.broken:
                 self.book.notes.append(f"the {inbox.name} queue was left cut short by a process that died writing to it "
                                   "(what was sent after that was lost)")
+        for ring in self.plumbing.rings:
+            if ring.recoveries:
+                self.book.notes.append(f"a lock of the {ring.name} was taken over {ring.recoveries} times from a process "
+                                       "that died holding it (a reader that died so took at most its one message with it)")
 
     def _kill(self, children: list[Child]) -> None:
         for child in children:
