@@ -1,6 +1,6 @@
 """Reliability under faults: every way a job can go wrong, tried many times, and how each trial ended.
 
-    .venv/bin/python bench/faults.py [--quick] [--json FILE] [--only crash,hold,signal,stall,config,remote,memory]
+    .venv/bin/python bench/faults.py [--quick] [--json FILE] [--only crash,hold,signal,stall,config,remote,memory,ring]
 
 One row per kind of fault.  `passes` counts the trials that ended as they
 must: the defined exit code and termination reason, a complete log (for a
@@ -23,9 +23,11 @@ shm` the entries left in the job's private /dev/shm ("n/a" where this
 machine gives no process its own mount namespace).  The memory rows run one
 bulk toy job per `-v` side by side and print main's peak RSS (meta.json's
 `main_peak_rss_bytes`, taken after the summary) and the bytes per item
-between successive sizes: what main holds per finished item.  Exit codes: 0
-every trial passed (and every memory job reached its target), 1 some did
-not, 2 bad arguments.
+between successive sizes: what main holds per finished item.  The ring row
+(bench/ring_stress.py) kills the holders of the local engine's queue locks
+for a while and counts what was acknowledged, lost and stranded.  Exit
+codes: 0 every trial passed (and every memory job reached its target, and
+the ring kept its promise), 1 some did not, 2 bad arguments.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from bench import ring_stress
 from bench.fault_inputs import TOY, check_config, hand_made, mutants, remote_trial
 from bench.fault_jobs import (
     HANG_S,
@@ -59,7 +62,8 @@ from bench.fault_jobs import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-GROUPS = ("crash", "hold", "signal", "stall", "config", "remote", "memory")
+GROUPS = ("crash", "hold", "signal", "stall", "config", "remote", "memory", "ring")
+RING_SECONDS = {True: 30.0, False: 120.0}   # how long the ring row kills, --quick or not
 MEMORY_VIDEOS = (2000, 12000, 40000)
 # A signal that stops a job from outside, and what the job must then record and return.
 STOPS = {"SIGINT": (signal.SIGINT, "interrupted", 130), "SIGTERM": (signal.SIGTERM, "terminated", 143)}
@@ -547,17 +551,20 @@ def main(argv: list[str] | None = None) -> int:
             rows += remote_rows(work, 3 if args.quick else 20)
         memory = memory_rows(work, MEMORY_VIDEOS[:2] if args.quick else MEMORY_VIDEOS, isolated) \
             if "memory" in groups else []
+        ring = [ring_stress.run(RING_SECONDS[args.quick])] if "ring" in groups else []
     if rows:
         print(table(rows))
     if memory:
         print(memory_table(memory))
+    if ring:
+        print(ring_stress.table(ring))
     for row in rows:
         for failure in row.failures:
             print(f"{row.id}: FAILED {failure}")
     if args.json:
-        Path(args.json).write_text(json.dumps([row.__dict__ for row in [*rows, *memory]], indent=2) + "\n")
+        Path(args.json).write_text(json.dumps([row.__dict__ for row in [*rows, *memory, *ring]], indent=2) + "\n")
     reached = all(row.finished == row.videos for row in memory)
-    return 0 if reached and all(row.passes == row.trials for row in rows) else 1
+    return 0 if reached and all(r.passed for r in ring) and all(row.passes == row.trials for row in rows) else 1
 
 
 if __name__ == "__main__":
