@@ -60,6 +60,7 @@ from bench.fault_jobs import (
     run_job,
     waiting_for_fork_server,
 )
+from bench.fault_starts import INSTANTS, TURNS, Instant, judge_stop, strike_at
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = ("crash", "hold", "signal", "stall", "config", "remote", "memory", "ring")
@@ -119,16 +120,16 @@ def after_start(work: Path, delay_s: float = 1.0, timeout_s: float = 120.0) -> N
     time.sleep(delay_s)
 
 
-def during_start_up(pid: int, timeout_s: float = 120.0) -> None:
+def during_start_up(pid: int, logs: Path, timeout_s: float = 120.0) -> None:
     """Wait until the main process is at its first child, waiting for its fork server to import torch."""
     deadline = time.time() + timeout_s
-    while not waiting_for_fork_server(pid) and time.time() < deadline:
+    while not waiting_for_fork_server(pid, logs) and time.time() < deadline:
         time.sleep(0.01)
 
 
 def signal_at(work: Path, sig: int, to_group: bool, start_up: bool = False) -> Callable[[int, int], float]:
     def act(pid: int, group: int) -> float:
-        during_start_up(pid) if start_up else after_start(work)
+        during_start_up(pid, work / "logs") if start_up else after_start(work)
         (os.killpg if to_group else os.kill)(group if to_group else pid, sig)
         return time.time()
     return act
@@ -201,10 +202,7 @@ def job_faults(groups: set[str]) -> list[JobFault]:
                                 code, reason, partial(signal_at, sig=sig, to_group=False)),
                        JobFault(f"signal-{name.lower()}-group", f"{name} to the whole process group mid-run", toy(),
                                 BUSY, code, reason, partial(signal_at, sig=sig, to_group=True))]
-        faults += [JobFault("signal-sigint-group-start-up", "Ctrl-C to the process group while children start",
-                            toy(), SHORT, 130, "interrupted",
-                            lambda w: signal_at(w, signal.SIGINT, True, start_up=True)),
-                   JobFault("signal-sigkill-main", "SIGKILL to the main process mid-run", toy(), BUSY, -9, None,
+        faults += [JobFault("signal-sigkill-main", "SIGKILL to the main process mid-run", toy(), BUSY, -9, None,
                             lambda w: signal_at(w, signal.SIGKILL, False)),
                    JobFault("signal-sigkill-main-start-up", "SIGKILL to the main process while children start",
                             toy(), SHORT, -9, None, lambda w: signal_at(w, signal.SIGKILL, False, start_up=True))]
@@ -225,6 +223,38 @@ def job_rows(work: Path, trials: int, groups: set[str], isolated: bool) -> list[
             passed, exit_s, note = judge(run, struck, kind.code, kind.reason)
             passed = passed and run.orphans == 0 and not run.leftovers
             row.add(passed, exit_s, f"trial {trial}: {note}", run.orphans, run.leftovers)
+        rows.append(row)
+        print(table([row], header=False), flush=True)
+    return rows
+
+
+def start_up_config(instant: Instant, work: Path) -> tuple[dict, list[str]]:
+    """The config a start-up row's job runs, and the arguments it needs beside it."""
+    if instant.config == "default":
+        return json.loads((REPO / "config" / "default.json").read_text()), ["--dataset", str(ensure_dataset(work))]
+    if instant.config == "hangs":
+        return toy(step1={"model": "bench.fault_models.Hangs", "inner": "models.toy.TinyConvNet", "at_init": True}), []
+    return toy(), []
+
+
+def start_up_rows(work: Path, trials: int, isolated: bool) -> list[FaultRow]:
+    """Ctrl-C or SIGTERM to the job's process group at each instant of start-up, the two in turn, on both engines."""
+    rows = []
+    for instant in INSTANTS:
+        row = FaultRow(f"signal-start-{instant.name}", f"SIGINT or SIGTERM (in turn) to the process group while "
+                                                       f"{instant.what}")
+        for trial in range(trials):
+            number, code, reason = TURNS[trial % len(TURNS)]
+            trial_dir = work / row.id / str(trial)
+            trial_dir.mkdir(parents=True)
+            config, extra = start_up_config(instant, work)
+            (trial_dir / "job.json").write_text(json.dumps(config))
+            logs = trial_dir / "logs"
+            run, struck = run_job(trial_dir, ["-c", str(trial_dir / "job.json"), *instant.argv, *extra],
+                                  strike_at(instant, trial_dir / "stderr", logs, number), isolated)
+            passed, gone_s, note = judge_stop(run, struck, logs, code, reason)
+            row.add(passed and run.orphans == 0, gone_s, f"trial {trial} ({signal.Signals(number).name}): {note}",
+                    run.orphans, run.leftovers)
         rows.append(row)
         print(table([row], header=False), flush=True)
     return rows
@@ -543,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rnb-faults-") as tmp:
         work = Path(tmp)
         rows += job_rows(work / "jobs", 1 if args.quick else 5, groups, isolated)
+        if "signal" in groups:
+            rows += start_up_rows(work / "starts", 2 if args.quick else 6, isolated)
         if "stall" in groups:
             rows += stall_rows(work / "stalls", 1 if args.quick else 5, isolated)
         if "config" in groups:

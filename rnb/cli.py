@@ -32,6 +32,7 @@ from rnb.engines.job import DEFAULT_STALL_S, JobResult, RunArgs, request_queue_n
 from rnb.engines.local.driver import run_job
 from rnb.engines.ray import cluster as ray_cluster
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
+from rnb.engines.stopping import STOPS
 from rnb.load import DEFAULTS as LOAD_DEFAULTS
 from rnb.load import LOAD_KEYS, LoadSettings, with_scenario
 from rnb.load import refusal as load_refusal
@@ -177,7 +178,11 @@ def prepare_log_dir(log_dir: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The whole command: its exit code (0 done, 1 failed job, 2 invalid request, 130 interrupted)."""
+    """The whole command: its exit code (0 done, 1 failed job, 2 invalid request, 130 interrupted, 143 terminated).
+
+    A stop before the job's log exists raises rnb.engines.stopping.Stopped
+    where the command's handlers are installed (rnb.launch prints it).
+    """
     for key, value in DEVICE_ORDER.items():
         os.environ.setdefault(key, value)
     try:
@@ -250,9 +255,6 @@ def _run_on_ray(config: PipelineConfig, args: RunArgs, placements: list[Placemen
     except ray_cluster.ClusterStartError as error:
         print(f"benchmark.py: {error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("benchmark.py: interrupted before the job started", file=sys.stderr)
-        return 130
     return _reported(result)
 
 
@@ -264,6 +266,10 @@ def _reported(result: JobResult) -> int:
     recorded in meta.json after it.  A log the log directory refused has
     no summary (its error said what is missing).
     """
+    stop = STOPS.received
+    if stop is not None and result.exit_code == stop.exit_code:
+        print(f"benchmark.py: {stop.sentence('after its log was opened: the log keeps what it measured')}",
+              file=sys.stderr)
     if result.logged and (result.job_dir / joblog.TIMINGS_FILE).exists():
         print(job_summary(result.job_dir))
         try:

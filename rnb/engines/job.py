@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from rnb.core.records import GpuRecord, JobMeta, JsonObject, ProcessRecord
 from rnb.core.termination import Termination
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.engines.spool import TimingsSpool
+from rnb.engines.stopping import STOPS
 from rnb.engines.streams import streams_record
 from rnb.load import MAX_SEMAPHORE_VALUE, LoadSettings, mode_of
 from rnb.pipeline.config import PipelineConfig
@@ -32,9 +32,6 @@ log = logging.getLogger(__name__)
 EXIT_CODES = {Termination.TARGET_REACHED: 0, Termination.MAX_DURATION: 0, Termination.INTERRUPTED: 130,
               Termination.TERMINATED: 143}
 DEFAULT_STALL_S = 60.0
-# What stops a job from outside, by the number a handler receives: Ctrl-C, and SIGTERM (kill, schedulers,
-# containers); children ignore both.
-STOP_SIGNALS: dict[int, Termination] = {signal.SIGINT: Termination.INTERRUPTED, signal.SIGTERM: Termination.TERMINATED}
 
 
 @dataclass(frozen=True)
@@ -150,7 +147,12 @@ class JobResult:
 
 
 def open_job_dir(config: PipelineConfig, args: RunArgs) -> Path:
-    """The job's new log directory, holding a copy of its config; LogWriteError (one sentence) if it cannot be made."""
+    """The job's new log directory, holding a copy of its config; LogWriteError (one sentence) if it cannot be made.
+
+    From here on a stop (Ctrl-C, SIGTERM) is the job's ending, logged like
+    any other (rnb.engines.stopping); one that came before raises Stopped.
+    """
+    STOPS.hold()
     job = joblog.job_id(time.time(), joblog.config_name(config.path), mode_of(args.load).job_label(args.load),
                         args.videos, args.batch_size, args.queue_size)
     where = Path(args.log_dir) / job

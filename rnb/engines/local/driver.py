@@ -20,7 +20,6 @@ import dataclasses
 import gc
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,7 +32,7 @@ from rnb.core.progress import CELLS, Progress, empty_cells
 from rnb.core.records import GpuRecord, MainGpuMemory, ProcessRecord
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
-from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
+from rnb.engines.job import JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.engines.live import LiveProgress, progress_mode
 from rnb.engines.local.lifeline import children_context
 from rnb.engines.local.plumbing import Plumbing, SharedSlot
@@ -42,6 +41,7 @@ from rnb.engines.local.transport import DeviceFirst, LocalWiring, client_main, r
 from rnb.engines.sampler import SampledGpu, Sampler
 from rnb.engines.spool import TimingsSpool
 from rnb.engines.stall import JobWatch, Stall, kept_stacks, stall_error
+from rnb.engines.stopping import STOPS
 from rnb.pipeline.config import PipelineConfig
 from rnb.pipeline.gpus import DEVICE_ORDER, device_memory_record
 from rnb.pipeline.plan import Placement, slot_bytes, with_device_uuids
@@ -71,38 +71,36 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     sampler = Sampler(args.sample_interval_ms / 1000.0,
                       tuple(SampledGpu(gpu.logical_index, gpu.physical_index) for gpu in gpus))
     sampler.watch("main", os.getpid())
-    previous = {number: signal.signal(number, lambda number, _: plumbing.flag.take_over(STOP_SIGNALS[signal.Signals(number)]))
-                for number in STOP_SIGNALS}
     start = None
     watch = JobWatch(args.stall_s, args.max_duration_s, time.time())
     stall: list[Stall] = []  # the stall that ended the job, if one did
     live = LiveProgress(["client", *(p.name for p in placements)], args.videos, progress_mode(args.quiet, sys.stderr))
-    try:
-        spawn_all(ctx, supervisor, config, args, placements, wirings)
-        for record in supervisor.book.records:
-            if record.pid is not None:  # every spawned child's record has one
-                sampler.watch(record.name, record.pid)
-        sampler.start()  # from start-up on, so that model loading shows too
-        start = _run_between_barriers(supervisor, job_dir.name, live, len(placements), watch, stall)
-    finally:
-        end = plumbing.flag.raised_at if plumbing.flag.is_set else time.time()
-        plumbing.flag.take_over(Termination.INTERRUPTED)  # a no-op unless we got here by an exception
-        supervisor.stop(**({"grace_s": STALLED_GRACE_S} if stall else {}))
-        live.close(spool.rows)
-        sampler.stop()
-        spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-        held = with_main_memory(gpus, placements)
-        left = release_main_slots(wirings.values(), on_cuda)
-        reason = plumbing.flag.reason
-        stacks = kept_stacks(job_dir)
-        for name, path in stacks.items():
-            supervisor.book.update(name, stacks=path)
-        stalled = stall_error(stall[0], job_dir, stacks) if stall else None
-        result = close_job(job_dir, config, args, with_release(held, left, supervisor.book), JobEnding(
-            start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.book.failure, args, stalled),
-            spool=spool, book=supervisor.book, counted=plumbing.finished_count if start is not None else None))
+    # A stop (Ctrl-C, SIGTERM) raises the flag; one during the first child's wait for the fork server cuts it short.
+    with STOPS.reacting(lambda stop: plumbing.flag.take_over(stop.termination)):
+        try:
+            if STOPS.cut_short(lambda: spawn_all(ctx, supervisor, config, args, placements, wirings)):
+                for record in supervisor.book.records:
+                    if record.pid is not None:  # every spawned child's record has one
+                        sampler.watch(record.name, record.pid)
+                sampler.start()  # from start-up on, so that model loading shows too
+                start = _run_between_barriers(supervisor, job_dir.name, live, len(placements), watch, stall)
+        finally:
+            end = plumbing.flag.raised_at if plumbing.flag.is_set else time.time()
+            plumbing.flag.take_over(Termination.INTERRUPTED)  # a no-op unless we got here by an exception
+            supervisor.stop(**_grace(plumbing.flag.reason, bool(stall)))
+            live.close(spool.rows)
+            sampler.stop()
+            spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
+            held = with_main_memory(gpus, placements)
+            left = release_main_slots(wirings.values(), on_cuda)
+            reason = plumbing.flag.reason
+            stacks = kept_stacks(job_dir)
+            for name, path in stacks.items():
+                supervisor.book.update(name, stacks=path)
+            stalled = stall_error(stall[0], job_dir, stacks) if stall else None
+            result = close_job(job_dir, config, args, with_release(held, left, supervisor.book), JobEnding(
+                start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.book.failure, args, stalled),
+                spool=spool, book=supervisor.book, counted=plumbing.finished_count if start is not None else None))
     return result
 
 
@@ -251,6 +249,14 @@ def _stop_if_stalled(supervisor: Supervisor, found: Stall | None, stall: list[St
         stall.append(found)
         supervisor.book.first_failure(found.process, found.sentence)
         supervisor.kill(found.process)
+
+
+def _grace(reason: Termination, stalled: bool) -> dict[str, float]:
+    """How long the children may take to leave on their own (Supervisor.stop): a stalled job's not stuck leave within a
+    poll; a stopped job's children still starting have nothing measured to flush, and are killed at once."""
+    if stalled:
+        return {"grace_s": STALLED_GRACE_S}
+    return {"starting_grace_s": 0.0} if reason in (Termination.INTERRUPTED, Termination.TERMINATED) else {}
 
 
 def _setup_failed(failure: Exception, spool: TimingsSpool) -> JobEnding:

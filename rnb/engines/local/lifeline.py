@@ -25,8 +25,9 @@ the job stalls, a child answers even when its Python code cannot run (a
 deadlock, a read or device call that never returns, an import that hangs),
 since the handler runs in C.
 
-Its module imports only the standard library and `rnb.pipeline.dotted`, so
-unpickling the child's entry point (`run`) is cheap too.
+Its module imports only the standard library, `rnb.pipeline.dotted` and
+`rnb.engines.stopping`, so unpickling the child's entry point (`run`) is
+cheap too.
 
 Children ignore Ctrl-C and SIGTERM from their first instruction: stopping
 them in order is the main process's business, and a Ctrl-C to the whole
@@ -57,6 +58,7 @@ from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from rnb.engines.stopping import STOPS
 from rnb.pipeline.dotted import load_object
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -123,10 +125,13 @@ def _stop_fork_server() -> None:
     multiprocessing keeps the server in a private global; its `_stop` is
     what its own tests use.  A server started early that no child has used
     (a config that failed its checks, a job sent to Ray) is killed first:
-    waiting would only let it finish importing torch for nobody.
+    waiting would only let it finish importing torch for nobody; so is
+    the server of a command that a stop ends.
     """
     server = multiprocessing.forkserver._forkserver
-    if _started_early and server._forkserver_pid is not None:  # type: ignore[attr-defined]  # not in typeshed
+    # A command ending by a stop (Ctrl-C, SIGTERM) leaves at once: a server still importing would hold it for seconds,
+    # and its children (all stopped by now, or not yet armed) die with it (PR_SET_PDEATHSIG).
+    if (_started_early or STOPS.received is not None) and server._forkserver_pid is not None:  # type: ignore[attr-defined]
         os.kill(server._forkserver_pid, signal.SIGKILL)  # type: ignore[attr-defined]
     waiter = threading.Thread(target=server._stop, daemon=True)  # type: ignore[attr-defined]  # not in typeshed
     waiter.start()
