@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -215,3 +216,18 @@ def test_a_recorded_job_longer_than_a_day_is_refused_as_a_trace(tmp_path: Path) 
     with pytest.raises(ValueError, match=r"expected a recorded job whose requests came within 86400 s \(one day\) of "
                                          r"its first, found one 86401 s after it in "):
         read_trace(str(job))
+
+
+@pytest.mark.slow
+def test_a_trace_whose_next_arrival_is_far_off_ends_as_stalled_once_the_pipeline_has_been_idle_for_stall_s(
+        tmp_path: Path, job_log) -> None:
+    trace = tmp_path / "gap.csv"
+    trace.write_text("offset_s\n0\n0.1\n0.2\n1000\n")
+    code = cli.main(["-c", "config/toy.json", "--arrivals", str(trace), "-v", "4", "--stall-s", "1.5", "--warmup", "0",
+                     "-q", "--log-dir", str(tmp_path / "logs")])
+    log = job_log(tmp_path / "logs")
+    assert code == 1 and (log.meta["termination_reason"], log.meta["finished_items"]) == ("stalled", 3)
+    assert log.meta["failed_process"] == "client" and re.match(
+        r"the client \(pid \d+\) has had nothing to send for 1\.\d s with every request sent so far finished: request 3 "
+        r"is due 1000\.0 s after the start, 99\d\.\d s from now \(a load this sparse needs a larger --stall-s\)",
+        log.meta["error"])

@@ -47,7 +47,9 @@ def generate(spec: ClientSpec, transport: ClientTransport) -> None:
     job_clock_start = start - (time.time() - now())   # the card's clock runs behind time.time() on other Ray nodes
     for item_id, arrival in zip(range(spec.videos), mode.arrivals(spec.load, spec.seed)):
         if arrival.due_s is not None:
+            transport.waits.waiting(time.time(), start + arrival.due_s, item_id)   # what the stall watch reads
             waited = leaky.sleep_until(start + arrival.due_s) if leaky else _sleep_until(start + arrival.due_s, transport)
+            transport.waits.sending()
             if not waited:
                 return
         if not transport.wait_for_room():

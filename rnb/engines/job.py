@@ -23,7 +23,7 @@ from rnb.core.termination import Termination
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.engines.spool import TimingsSpool
 from rnb.engines.stopping import STOPS
-from rnb.engines.streams import streams_record
+from rnb.engines.streams import streams_record, write_per_stream
 from rnb.load import MAX_SEMAPHORE_VALUE, LoadSettings, mode_of
 from rnb.pipeline.config import PipelineConfig
 
@@ -175,6 +175,9 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
     ending.spool.close()
     writes = ending.spool.writes
     failure = ending.book.failure
+    streams = _streams(job_dir, config, args, ending)
+    if streams is not None:   # every stream's row, which the summary cuts to a screenful
+        writes.attempt(job_dir / joblog.STREAMS_FILE, lambda: write_per_stream(job_dir / joblog.STREAMS_FILE, streams))
     error = "; and ".join(filter(None, (ending.error, writes.first))) or None
     meta = JobMeta(
         job_id=job_dir.name, config_path=config.path, args=logged_args(args), start_time=ending.start,
@@ -184,7 +187,7 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
         counted_items=ending.counted,
         processes=ending.book.records, main_peak_rss_bytes=joblog.main_peak_rss_bytes(), versions=joblog.versions(),
         host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine,
-        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"), streams=_streams(job_dir, config, args, ending))
+        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"), streams=streams)
     logged = writes.attempt(job_dir / joblog.META_FILE, lambda: joblog.write_meta(job_dir, meta))
     if not logged and writes.first and writes.first not in (error or ""):
         error = "; and ".join(filter(None, (error, writes.first)))

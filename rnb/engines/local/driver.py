@@ -28,7 +28,7 @@ from multiprocessing.context import BaseContext, ForkServerContext
 import torch
 
 from rnb.core.joblog import SAMPLES_FILE
-from rnb.core.progress import CELLS, Progress, empty_cells
+from rnb.core.progress import CELLS, ClientCells, Progress, empty_cells
 from rnb.core.records import GpuRecord, MainGpuMemory, ProcessRecord
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
@@ -234,7 +234,8 @@ def _run_between_barriers(supervisor: Supervisor, job: str, live: LiveProgress, 
             plumbing.flag.take_over(Termination.MAX_DURATION)
         else:
             _stop_if_stalled(supervisor, watch.running(supervisor.progress_now(), supervisor.demand_of_children,
-                                                       supervisor.book, now, plumbing.queued()), stall)
+                                                       supervisor.book, now, plumbing.queued(),
+                                                       ClientCells(plumbing.client_cells).read()), stall)
     return start
 
 
@@ -243,9 +244,10 @@ def _stop_if_stalled(supervisor: Supervisor, found: Stall | None, stall: list[St
     and the stalled child is killed."""
     if found is None or supervisor.plumbing.flag.is_set:
         return
+    seen = time.time()   # the job's end: taking the stacks is part of stopping it, not of what it measured
     log.info("the job stalled: asking every process for its Python stacks")
     supervisor.ask_for_stacks()
-    if supervisor.plumbing.flag.take_over(Termination.STALLED):
+    if supervisor.plumbing.flag.take_over(Termination.STALLED, seen):
         stall.append(found)
         supervisor.book.first_failure(found.process, found.sentence)
         supervisor.kill(found.process)

@@ -23,7 +23,7 @@ import torch
 
 from rnb.core.messages import Exited, Request, Results, Signal, Status, Wire
 from rnb.core.model import NonTensors
-from rnb.core.progress import Progress, empty_cells
+from rnb.core.progress import ClientCells, Progress, empty_cells
 from rnb.core.termination import POLL_S, Termination
 from rnb.core.timecard import Cards, TimeCard, as_cards
 from rnb.engines import client
@@ -198,6 +198,7 @@ class LocalClientTransport(_LocalParticipant):
     def __init__(self, plumbing: Plumbing, target: int) -> None:
         super().__init__(plumbing)
         self.target = target
+        self.waits = ClientCells(plumbing.client_cells)
 
     def wait_for_room(self) -> bool:
         in_flight = self.plumbing.in_flight

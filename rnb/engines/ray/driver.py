@@ -368,8 +368,10 @@ class RayJob:
             return
         else:
             seen = [(m.name, m.seen) for m in self.members if m.seen and m.seen.progress]
+            client = self.members[0].seen   # the client's latest look: whether it waits for a due time
             found = self.watch.running({name: look.progress for name, look in seen if look.progress},
-                                       lambda: {name: look.demand_s for name, look in seen}, self.book, now)
+                                       lambda: {name: look.demand_s for name, look in seen}, self.book, now,
+                                       client=client.client if client else None)
         if found is not None:
             self.stalled(found)
 
@@ -393,6 +395,7 @@ class RayJob:
     def stalled(self, found: Stall) -> None:
         """Every actor's Python stacks into the log first (what each was doing), then the flag; the stalled one is killed."""
         assert self.job_dir is not None
+        seen = time.time()   # the job's end: taking the stacks is part of stopping it, not of what it measured
         log.info("the job stalled: asking every actor for its Python stacks")
         asked = {m.actor.stacks.remote(): m for m in self._running()}
         answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=STACKS_WAIT_S) if asked else ([], [])
@@ -407,7 +410,7 @@ class RayJob:
                 path.write_text(text)
             except OSError:  # a log directory that cannot take them costs only the stacks
                 continue
-        self.raise_flag(Termination.STALLED)
+        self.raise_flag(Termination.STALLED, seen)
         if self.state is not None and self.state.reason == Termination.STALLED:
             self.stall = found
             self.book.first_failure(found.process, found.sentence)
