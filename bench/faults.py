@@ -1,6 +1,6 @@
 """Reliability under faults: every way a job can go wrong, tried many times, and how each trial ended.
 
-    .venv/bin/python bench/faults.py [--quick] [--json FILE] [--only crash,hold,signal,stall,config,remote,memory,ring]
+    .venv/bin/python bench/faults.py [--quick] [--json FILE] [--only crash,hold,signal,stall,config,remote,memory,ring,install]
 
 One row per kind of fault.  `passes` counts the trials that ended as they
 must: the defined exit code and termination reason, a complete log (for a
@@ -61,9 +61,10 @@ from bench.fault_jobs import (
     waiting_for_fork_server,
 )
 from bench.fault_starts import INSTANTS, TURNS, Instant, judge_stop, strike_at
+from bench.installed import check_installed
 
 REPO = Path(__file__).resolve().parents[1]
-GROUPS = ("crash", "hold", "signal", "stall", "config", "remote", "memory", "ring")
+GROUPS = ("crash", "hold", "signal", "stall", "config", "remote", "memory", "ring", "install")
 RING_SECONDS = {True: 30.0, False: 120.0}   # how long the ring row kills, --quick or not
 MEMORY_VIDEOS = (2000, 12000, 40000)
 # A signal that stops a job from outside, and what the job must then record and return.
@@ -481,6 +482,16 @@ def config_rows(work: Path, mutations: int, runs: int, isolated: bool) -> list[F
     return [hand, mutated, ran]
 
 
+def installed_row(work: Path) -> FaultRow:
+    """`pip install .` into a fresh environment, then rnb-benchmark from another directory (bench/installed.py)."""
+    row = FaultRow("installed-command", "pip install . into a fresh environment; rnb-benchmark --check and "
+                                       "-v 20 -mi 0 (the embedded default config) from another directory")
+    began = time.time()
+    problems = check_installed(work)
+    row.add(not problems, time.time() - began, "; ".join(problems))
+    return row
+
+
 def ensure_dataset(work: Path) -> Path:
     from episodes.testing.synthetic import SyntheticSpec, make_dataset
 
@@ -581,6 +592,9 @@ def main(argv: list[str] | None = None) -> int:
             rows += config_rows(work, 40 if args.quick else 300, 2 if args.quick else 10, isolated)
         if "remote" in groups:
             rows += remote_rows(work, 3 if args.quick else 20)
+        if "install" in groups:
+            rows.append(installed_row(work / "installed"))
+            print(table(rows[-1:], header=False), flush=True)
         memory = memory_rows(work, MEMORY_VIDEOS[:2] if args.quick else MEMORY_VIDEOS, isolated) \
             if "memory" in groups else []
         ring = [ring_stress.run(RING_SECONDS[args.quick])] if "ring" in groups else []

@@ -72,7 +72,8 @@ def run_value(key: str) -> Callable[[str], float]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = flags.CommandParser("benchmark.py", "Benchmark a multi-step, multi-process video inference pipeline.")
     parser.add_argument(*flags.CONFIG, dest="config_file_path",
-                        help="pipeline config JSON (default: the embedded default config, config/default.json)")
+                        help="pipeline config JSON (default: the embedded default config, rnb/pipeline/default.json, "
+                             "which config/default.json links to)")
     for key in LOAD_KEYS.values():
         parser.add_argument(*key.spellings, dest=key.name, metavar=key.metavar, type=key.parse, help=key.help)
     parser.add_argument(*flags.VIDEOS, dest="videos", metavar="N", type=run_value("videos"),
