@@ -48,7 +48,7 @@ from functools import partial
 from pathlib import Path
 
 from bench import ring_stress
-from bench.fault_inputs import TOY, check_config, hand_made, mutants, remote_trial
+from bench.fault_inputs import TOY, check_config, hand_made, load_inputs, mutants, remote_trial
 from bench.fault_jobs import (
     HANG_S,
     MARK,
@@ -366,11 +366,36 @@ def stall_rows(work: Path, trials: int, isolated: bool) -> list[FaultRow]:
                     f"{verdict.note}", run.orphans, run.leftovers, verdict.lost, verdict.end_s)
         rows.append(row)
         print(table([row], header=False), flush=True)
+    rows.append(idle_client_row(work / "idle-client", trials, isolated))
+    print(table(rows[-1:], header=False), flush=True)
     rows.append(remote_hang_row(work / "remote-hang", trials, isolated))
     print(table(rows[-1:], header=False), flush=True)
     rows.append(full_disk_row(work / "disk-full", trials))
     print(table(rows[-1:], header=False), flush=True)
     return rows
+
+
+def idle_client_row(work: Path, trials: int, isolated: bool) -> FaultRow:
+    """A trace whose sixth request is due 1000 s after its fifth: once the pipeline has been idle --stall-s, the job
+    ends as stalled, naming the client and when its next request is due, keeping the five it finished."""
+    row = FaultRow("stall-idle-client", f"a trace's next arrival 1000 s off, the pipeline idle: ended --stall-s "
+                                        f"({STALL_S:g} s) after the last item left, naming the client")
+    for trial in range(trials):
+        trial_dir = work / str(trial)
+        trial_dir.mkdir(parents=True)
+        (trial_dir / "gap.csv").write_text("offset_s\n0\n0.1\n0.2\n0.3\n0.4\n1000\n")
+        (trial_dir / "job.json").write_text(json.dumps(toy()))
+        run, _ = run_job(trial_dir, ["-c", str(trial_dir / "job.json"), "--arrivals", str(trial_dir / "gap.csv"),
+                                     "-v", "6", "--stall-s", f"{STALL_S:g}", "--warmup", "0"], isolated=isolated)
+        verdict = judge_stall(run, None, Ending(1, "stalled", rows=5))
+        meta = run.meta or {}
+        sentence = meta.get("error") or ""
+        last_left = (meta.get("end_time") or 0.0) - (meta.get("start_time") or 0.0)
+        passed = verdict.passed and meta.get("failed_process") == "client" and "request 5 is due 1000.0 s" in sentence
+        row.add(passed and run.orphans == 0 and not run.leftovers, verdict.exit_s,
+                f"trial {trial}: {verdict.note}; {sentence[:160]!r}", run.orphans, run.leftovers, verdict.lost,
+                last_left - 0.4)   # from the last arrival (0.4 s) to the end: the pipeline's drain, then --stall-s
+    return row
 
 
 def remote_hang_row(work: Path, trials: int, isolated: bool) -> FaultRow:
@@ -461,6 +486,11 @@ def config_rows(work: Path, mutations: int, runs: int, isolated: bool) -> list[F
     for what, argv in hand_made(work):
         passed, seconds, said = check_config(argv)
         hand.add(passed and said != "", seconds, f"{what}: {said}")
+    bounded = FaultRow("config-load-bounds", "load values no job could finish with, and bad traces and schedules: "
+                       "refused, --check")
+    for what, argv in load_inputs(work):
+        passed, seconds, said = check_config(argv)
+        bounded.add(passed and said != "", seconds, f"{what}: {said}")
     mutated = FaultRow("config-mutated", "random mutations of the shipped configs, --check (seed 0)")
     ran = FaultRow("config-mutated-run", "mutants of toy.json and default.json that pass --check, then run (-v 4): "
                    "exit 0 or 1 with a log")
@@ -479,7 +509,7 @@ def config_rows(work: Path, mutations: int, runs: int, isolated: bool) -> list[F
             exit_s = None if run.exit_time is None or run.meta is None else run.exit_time - run.meta["end_time"]
             ran.add(ok and run.orphans == 0 and not run.leftovers, exit_s, f"{what}: exit {run.returncode}",
                     run.orphans, run.leftovers)
-    return [hand, mutated, ran]
+    return [hand, bounded, mutated, ran]
 
 
 def installed_row(work: Path) -> FaultRow:
