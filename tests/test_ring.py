@@ -19,25 +19,12 @@ from typing import Any
 
 import pytest
 
+from bench.ring_stress import Flag
 from rnb.engines.local.ring import QueueClosed, RingQueue, UnreadableMessage
 
 CTX = mp.get_context("spawn")
 JOIN_S = 120.0  # a hang guard for spawned children: they may take long to start on a loaded machine
 PER_PRODUCER = 3000  # messages each producer of the six-process test puts
-
-
-class Flag:
-    """The job's flag as the ring reads it, in shared memory (TerminationFlag would bring torch into every child)."""
-
-    def __init__(self) -> None:
-        self._value = CTX.RawValue("b", 0)
-
-    @property
-    def is_set(self) -> bool:
-        return bool(self._value.value)
-
-    def raise_(self) -> None:
-        self._value.value = 1
 
 
 class DiesRinging:

@@ -31,7 +31,7 @@ from rnb.core.device import wait_until_done
 from rnb.core.progress import ClientCells, ClientWait, Progress, ProgressSnapshot, empty_cells, empty_client_cells
 from rnb.core.records import ProcessRecord
 from rnb.engines.job import JobBook
-from rnb.engines.stall import JobWatch, describe
+from rnb.engines.stall import JobWatch, Stall, describe
 
 REPO = Path(__file__).resolve().parents[1]
 STALL_S = 3.0
@@ -482,6 +482,12 @@ def signalled(argv: list[str], stop: signal.Signals) -> tuple[int, str]:
     return job.returncode, err
 
 
+def blamed(stall: Stall | None, process: str) -> str:
+    """The sentence of a stall put on `process`."""
+    assert stall is not None and stall.process == process, stall
+    return stall.sentence
+
+
 def test_a_step_whose_every_runner_is_stuck_ends_the_job_stall_s_after_its_calls_began_though_another_still_moves():
     """The final step's only runner sits in one call from 100 s on, computing nothing, with an item: step 0 still hands
     items on each second (into its queue), which used to put the stall off until step 0 stopped too."""
@@ -492,10 +498,9 @@ def test_a_step_whose_every_runner_is_stuck_ends_the_job_stall_s_after_its_calls
     for second in range(100, 110):
         moving = {"step0-g0-r0": snapshot(second, second + 1, float(second)), "step1-g0-r0": calling(4, 5, 100.0, 100.0)}
         assert watch.running(moving, lambda: flat, runners, float(second) + 0.5, {1: second - 99}) is None
-    stall = watch.running(moving, lambda: flat, runners, 110.0, {1: 10})
-    assert stall is not None and stall.process == "step1-g0-r0"
-    assert stall.sentence == ("step 1 replica 0 (pid 12, cuda:0) has held item 5 for 10.0 s with no item finished since "
-                              "and 10 items in its input queue, and its process has not computed since the job started")
+    assert blamed(watch.running(moving, lambda: flat, runners, 110.0, {1: 10}), "step1-g0-r0") == (
+        "step 1 replica 0 (pid 12, cuda:0) has held item 5 for 10.0 s with no item finished since and 10 items in its "
+        "input queue, and its process has not computed since the job started")
 
 
 def test_a_quiet_pipeline_whose_client_has_nothing_to_send_for_stall_s_has_stalled_saying_when_the_next_is_due():
@@ -508,11 +513,9 @@ def test_a_quiet_pipeline_whose_client_has_nothing_to_send_for_stall_s_has_stall
     assert watch.running(quiet, dict, RUNNERS, 1046.0, client=waiting) is None
     assert watch.running(quiet, dict, RUNNERS, 1055.9, client=waiting) is None   # quiet since 1046: not yet S
     assert watch.running(quiet, dict, RUNNERS, 1_000_000.0, client=None) is None   # sending, or no due time at all
-    stall = watch.running(quiet, dict, RUNNERS, 1056.0, client=waiting)
-    assert stall is not None and stall.process == "client"
-    assert stall.sentence == ("the client (pid 10) has had nothing to send for 15.0 s with every request sent so far "
-                              "finished: request 5 is due 86000.0 s after the start, 85944.0 s from now (a load this "
-                              "sparse needs a larger --stall-s)")
+    assert blamed(watch.running(quiet, dict, RUNNERS, 1056.0, client=waiting), "client") == (
+        "the client (pid 10) has had nothing to send for 15.0 s with every request sent so far finished: request 5 is "
+        "due 86000.0 s after the start, 85944.0 s from now (a load this sparse needs a larger --stall-s)")
 
 
 def test_the_client_cells_say_a_wait_whole_and_nothing_while_it_sends() -> None:
