@@ -57,8 +57,10 @@ class OwnProcesses:
         return [process for process in psutil.Process().children(recursive=True) if process.pid not in self.before]
 
     def end(self) -> None:
-        """SIGKILL every process the job's Ray started, those orphaned since included."""
+        """SIGKILL every process the job's Ray started, those orphaned since included; what this process starts
+        later no longer carries the mark."""
         kill_all([*self.started, *self.descendants(), *marked(OWN_RAY_MARK)])
+        os.environ.pop(OWN_RAY_MARK, None)
 
 
 def marked(key: str) -> list[psutil.Process]:
