@@ -147,9 +147,15 @@ def command_line(pid: int) -> bytes:
 
 
 def _inside(report: Path, mark: str, command: list[str]) -> int:
-    """In the trial's namespace: a fresh /dev/shm, the job, then what it left there (one JSON line each)."""
-    isolated = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4g", "tmpfs", "/dev/shm"],
-                              capture_output=True).returncode == 0
+    """In the trial's namespace: a fresh /dev/shm, the job, then what it left there (one JSON line each).
+
+    Only in a mount namespace of its own (run_job's `isolated`, through
+    unshare): mounted in its caller's, the tmpfs would hide the machine's
+    /dev/shm from every process on it, and the named semaphores of jobs
+    already running with it (their children open them by name).
+    """
+    isolated = _namespace_of_its_own() and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4g", "tmpfs", "/dev/shm"], capture_output=True).returncode == 0
     for stop in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop, lambda *_: None)  # a signal to the trial's group is the job's to handle, not ours
     job = subprocess.Popen(command, env={**os.environ, MARK: mark})
@@ -165,6 +171,14 @@ def _inside(report: Path, mark: str, command: list[str]) -> int:
     with report.open("a") as out:
         out.write(json.dumps({"rc": rc, "exit_time": exit_time, "gone_time": gone_time, "leftovers": left}) + "\n")
     return 0
+
+
+def _namespace_of_its_own() -> bool:
+    """Whether this process's mount namespace is another than its parent's (unshare --mount started it)."""
+    try:
+        return os.readlink("/proc/self/ns/mnt") != os.readlink(f"/proc/{os.getppid()}/ns/mnt")
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

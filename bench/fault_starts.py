@@ -55,9 +55,10 @@ def importing_torch(pid: int, logs: Path) -> bool:
 
 
 def spawning(pid: int, logs: Path) -> bool:
-    """The fork server has forked the job's first child."""
+    """The log directory exists and the fork server has forked the job's first child (the early server, still
+    importing torch, may run a short-lived program of its own: that is not a child of the job)."""
     server = fork_server_of(pid)
-    return server is not None and bool(children(server))
+    return server is not None and bool(job_dirs(logs)) and bool(children(server))
 
 
 def loading_models(count: int) -> Probe:

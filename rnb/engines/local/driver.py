@@ -34,7 +34,7 @@ from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
 from rnb.engines.job import JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.engines.live import LiveProgress, progress_mode
-from rnb.engines.local.lifeline import children_context
+from rnb.engines.local.lifeline import children_context, end_fork_server
 from rnb.engines.local.plumbing import Plumbing, SharedSlot
 from rnb.engines.local.supervisor import Supervisor
 from rnb.engines.local.transport import DeviceFirst, LocalWiring, client_main, runner_main
@@ -78,7 +78,10 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     # A stop (Ctrl-C, SIGTERM) raises the flag; one during the first child's wait for the fork server cuts it short.
     with STOPS.reacting(lambda stop: plumbing.flag.take_over(stop.termination)):
         try:
-            if STOPS.cut_short(lambda: spawn_all(ctx, supervisor, config, args, placements, wirings)):
+            if not STOPS.cut_short(lambda: spawn_all(ctx, supervisor, config, args, placements, wirings)):
+                supervisor.kill_all()   # started, none of them ready: nothing measured
+                end_fork_server()       # with the child it may have been forking when the stop came
+            else:
                 for record in supervisor.book.records:
                     if record.pid is not None:  # every spawned child's record has one
                         sampler.watch(record.name, record.pid)

@@ -133,6 +133,10 @@ class Supervisor:
             time.sleep(0.01)
         time.sleep(0.02)  # each handler writes all its threads at once; let the last ones end theirs
 
+    def kill_all(self) -> None:
+        """Stop every child now (a job stopped while they start: none has measured anything)."""
+        self._kill(self.alive())
+
     def kill(self, name: str) -> None:
         """Stop one child now (a stalled one, whose stacks are taken): it cannot leave on its own."""
         self._kill([child for child in self.alive() if child.name == name])
