@@ -75,13 +75,9 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     watch = JobWatch(args.stall_s, args.max_duration_s, time.time())
     stall: list[Stall] = []  # the stall that ended the job, if one did
     live = LiveProgress(["client", *(p.name for p in placements)], args.videos, progress_mode(args.quiet, sys.stderr))
-    # A stop (Ctrl-C, SIGTERM) raises the flag; one during the first child's wait for the fork server cuts it short.
-    with STOPS.reacting(lambda stop: plumbing.flag.take_over(stop.termination)):
+    with STOPS.reacting(lambda stop: plumbing.flag.take_over(stop.termination)):   # a stop raises the flag
         try:
-            if not STOPS.cut_short(lambda: spawn_all(ctx, supervisor, config, args, placements, wirings)):
-                supervisor.kill_all()   # started, none of them ready: nothing measured
-                end_fork_server()       # with the child it may have been forking when the stop came
-            else:
+            if spawned(ctx, supervisor, config, args, placements, wirings):
                 for record in supervisor.book.records:
                     if record.pid is not None:  # every spawned child's record has one
                         sampler.watch(record.name, record.pid)
@@ -202,6 +198,18 @@ def spawn_all(ctx: ForkServerContext, supervisor: Supervisor, config: PipelineCo
         supervisor.spawn(ctx, runner_main, arguments, ProcessRecord(
             p.name, "runner", p.step, p.group, p.instance, p.device, threads=p.threads,
             output_device=p.output_device if p.output_shapes else None))
+
+
+def spawned(ctx: ForkServerContext, supervisor: Supervisor, config: PipelineConfig, args: RunArgs,
+            placements: list[Placement], wirings: Mapping[str, LocalWiring]) -> bool:
+    """Spawn every child (spawn_all); False if a stop came first or cut the spawning short (the first child may wait
+    seconds for the fork server's imports): then the children started are killed (none is ready, nothing is
+    measured) and the fork server too, with any child it was forking when the stop came."""
+    if STOPS.cut_short(lambda: spawn_all(ctx, supervisor, config, args, placements, wirings)):
+        return True
+    supervisor.kill_all()
+    end_fork_server()
+    return False
 
 
 def _run_between_barriers(supervisor: Supervisor, job: str, live: LiveProgress, runners: int, watch: JobWatch,
