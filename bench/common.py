@@ -53,24 +53,26 @@ class Side:
 
 @dataclass(frozen=True)
 class Goal:
-    """What the ratio must satisfy, e.g. Goal(">=", 0.95)."""
+    """What the ratio must satisfy, e.g. Goal(">=", 0.95), or Goal("within", 0.05): 0.95 to 1.05."""
 
     op: str
     target: float
 
     def __post_init__(self) -> None:
-        if self.op not in (">=", "<=", "=="):
-            raise ValueError(f"a goal's operator must be '>=', '<=' or '==', not {self.op!r}")
+        if self.op not in (">=", "<=", "==", "within"):
+            raise ValueError(f"a goal's operator must be '>=', '<=', '==' or 'within', not {self.op!r}")
 
     def met(self, ratio: float) -> bool:
         if self.op == ">=":
             return ratio >= self.target
         if self.op == "<=":
             return ratio <= self.target
+        if self.op == "within":   # a ratio of two sides that must agree: 1 give or take the target
+            return abs(ratio - 1.0) <= self.target
         return ratio == self.target
 
     def __str__(self) -> str:
-        return f"{self.op} {self.target:g}"
+        return f"1 ± {self.target:g}" if self.op == "within" else f"{self.op} {self.target:g}"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@
                   notes and item 0 decodes no slower than 3x the median; NVML's decoder percentage shown
     nvdec-frames  NVDEC's frames against CPU decoding's: every value within 3 of 255 (torchcodec's own tolerance
                   for its CUDA 13 build), PSNR shown
+    nvdec-overlap the loader decodes on NVDEC while the network fetches: clips fetched ahead through the WAN
+                  profile (100 Mbit/s, 20 ms) reach 0.9 of the slower of the link and the same loader from local
+                  disk, every item after the first fetched ahead and decoded on NVDEC
     fallback      32x32 H.264, under NVDEC's minimum width: without require_nvdec the items say "cpu-fallback" and
                   the notes say why; with it the job exits 1 with one sentence
     contexts      NVML's compute processes during two jobs: one per GPU runner, the main process only where it

@@ -381,6 +381,21 @@ def check_nvdec(datasets: Datasets, work: Path, deadline: Deadline) -> Check:
                                 "(shown, not judged)", notes=notes)
 
 
+def check_nvdec_overlap(datasets: Datasets, work: Path, deadline: Deadline) -> Check:
+    """The loader decodes on NVDEC while the network fetches: clips fetched ahead through the WAN profile reach the
+    slower of the link and decoding from local disk (bench.overlap_bench.overlap_rates)."""
+    from bench.overlap_bench import overlap_rates
+
+    found = isolated(overlap_rates, str(datasets.get("good", deadline)), "cuda:0", deadline=deadline, own_s=ISOLATED_S)
+    bound = min(found["local_items_per_s"], found["link_items_per_s"])
+    ok = found["devices"] == ["nvdec"] and found["fetched_ahead"] == 1.0 and found["wan_items_per_s"] >= 0.9 * bound
+    return verdict("nvdec-overlap", ok, f"items/s through the WAN profile {found['wan_items_per_s']:.1f}, from local "
+                                        f"disk {found['local_items_per_s']:.1f}, the link's {found['link_items_per_s']:.1f} "
+                                        f"(goal: 0.9 of the slower); fetched ahead {found['fetched_ahead']:.0%}, waited "
+                                        f"{found['wait_ms']:.1f} ms, decoding {found['decode_ms']:.1f} ms; decode_device "
+                                        f"{found['devices']}", **found)
+
+
 def compare_frames(root: str) -> dict[str, float]:
     """Frames of three instants of each episode decoded on NVDEC and on the CPU: the largest and mean differences."""
     from episodes import EpisodeByteCache, FrameRequest, open_dataset
@@ -717,5 +732,6 @@ def gpu_rows(effort: Effort) -> list[Row]:
 CHECKS: dict[str, CheckFunction] = {  # cheap and dataset-free first; NVDEC's need the bundle's torchcodec
     "seam": functools.partial(check_seam, CudaSpinner), "uuid": check_uuid, "pinned": check_pinned,
     "stage-times": check_stage_times, "nvdec": check_nvdec, "nvdec-frames": check_nvdec_frames,
+    "nvdec-overlap": check_nvdec_overlap,
     "fallback": check_fallback, "contexts": check_contexts, "busy": check_busy, "ipc": check_ipc, "dtype": check_dtype,
 }

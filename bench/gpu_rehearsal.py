@@ -56,11 +56,11 @@ STAND_IN_TESTS = textwrap.dedent("""
 
 
 class SleepSpinner:
-    """AsyncSleep's device (models.toy.SleepingDevice) as the seam check's device: a spin is a sleep on its thread.
+    """AsyncSleep's device (models.toy.SleepingDevice) as the seam check's device: a spin is work booked on its clock.
 
-    Its marks hand over to a worker thread, which costs more than a CUDA
-    event, and a loaded CPU wakes that thread late: hence the looser bounds,
-    which still catch an error of scale (a mark read in seconds or in µs).
+    Waiting on its marks is a sleep, which a loaded CPU ends late: hence the
+    looser bounds, which still catch an error of scale (a mark read in
+    seconds or in µs).
     """
 
     events_bound_us = 2000.0

@@ -48,8 +48,9 @@ NET_KW = {"clips": 2, "classes": 10}
 
 
 def run_job(config: dict[str, Any], items: int, workdir: Path, extra: tuple[str, ...] = (),
-            deadline: Deadline = NO_DEADLINE) -> Path:
-    """Run one bulk job of `config` through benchmark.py in a session of its own; its job directory.
+            deadline: Deadline = NO_DEADLINE, load: tuple[str, ...] = ("-mi", "0")) -> Path:
+    """Run one job of `config` through benchmark.py in a session of its own, bulk unless `load` says otherwise; its
+    job directory.
 
     Raises unless it reached its target; past min(JOB_S, the time left before
     `deadline`) the job is killed with its process group (bench.bounded.Overrun).
@@ -57,7 +58,7 @@ def run_job(config: dict[str, Any], items: int, workdir: Path, extra: tuple[str,
     config_path = workdir / "config.json"
     config_path.write_text(json.dumps(config), encoding="utf-8")
     log_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="logs-"))
-    child = start([sys.executable, str(REPO / "benchmark.py"), "-c", str(config_path), "-mi", "0", "-v", str(items),
+    child = start([sys.executable, str(REPO / "benchmark.py"), "-c", str(config_path), *load, "-v", str(items),
                    "--log-dir", str(log_dir), *extra], cwd=REPO, env=child_environment())
     stdout, stderr = finish(child, deadline, JOB_S, f"the harness job in {log_dir}")
     jobs = list(log_dir.iterdir())
@@ -596,7 +597,7 @@ def p6_scaling(effort: Effort) -> list[Row]:
         compare("P6", "2 CPU loader replicas / 1 replica (2-core machine)", Goal(">=", 1.8),
                 Side.of("2 replicas", "items/s", [r for r, _ in two]), Side.of("1 replica", "items/s", [r for r, _ in one]),
                 note),
-        compare("P6c", "P6 against its bound: items per loader CPU-second, 2 replicas / 1", None,
+        compare("P6c", "P6 against its bound: items per loader CPU-second, 2 replicas / 1", Goal(">=", 0.95),
                 Side.of("2 replicas", "items/CPU-s", [r / c for r, c in two]),
                 Side.of("1 replica", "items/CPU-s", [r / c for r, c in one])),
     ]

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from bench.common import Effort, Goal, Report, Row, table_text, write_json
 
 if TYPE_CHECKING:
+    from bench.loadgen_bench import Runs
     from episodes.testing.server import NginxServer
 
 DATA_CACHE = Path(__file__).resolve().parents[1] / "data" / "bench"
@@ -50,6 +51,12 @@ class Workspace:
     def dataset(self) -> Path:
         from bench.episode_bench import QUICK_SPEC, SPEC, grainy_dataset
         return grainy_dataset(DATA_CACHE, QUICK_SPEC if self.effort.quick else SPEC)
+
+    @functools.cached_property
+    def loadgen_runs(self) -> Runs:
+        """The runs L1 and L2 both read (bench/loadgen_bench.py), measured once for the two."""
+        from bench.loadgen_bench import measure
+        return measure(self.effort, self.dir)
 
     @functools.cached_property
     def server(self) -> NginxServer:
@@ -126,11 +133,35 @@ def _floor(name: str) -> Callable[[Effort, Workspace], list[Row]]:
     return run
 
 
+def _overlap(name: str) -> Callable[[Effort, Workspace], list[Row]]:
+    def run(effort: Effort, space: Workspace) -> list[Row]:
+        from bench.access_bench import datasets
+        from bench.overlap_bench import rss_rows, wan_loader_rows
+        rows = wan_loader_rows if name == "P3w" else rss_rows
+        return rows(datasets(DATA_CACHE)[2], space.dir, effort)
+    return run
+
+
 def _streams(name: str) -> Callable[[Effort, Workspace], list[Row]]:
     def run(effort: Effort, space: Workspace) -> list[Row]:
         from bench import stream_bench
         return getattr(stream_bench, name)(effort)
     return run
+
+
+def l1_loadgen_client(effort: Effort, space: Workspace) -> list[Row]:
+    from bench.loadgen_bench import l1_rows
+    return l1_rows(space.loadgen_runs)
+
+
+def l2_loadgen_floor(effort: Effort, space: Workspace) -> list[Row]:
+    from bench.loadgen_bench import l2_rows
+    return l2_rows(space.loadgen_runs)
+
+
+def l3_verdicts(effort: Effort, space: Workspace) -> list[Row]:
+    from bench.verdict_corpus import l3_rows
+    return l3_rows(effort)
 
 
 BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
@@ -145,6 +176,8 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P3s": _access("P3s"),
     "P3r": _access("P3r"),
     "P3rd": _floor("P3rd"),
+    "P3w": _overlap("P3w"),
+    "P3m": _overlap("P3m"),
     "P4": p4_decode,
     "P4r": _access("P4r"),
     "P5": _harness("p5_ipc"),
@@ -168,6 +201,9 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "T1s": _tune("t1s"),
     "S1": _streams("s1"),
     "S2": _streams("s2"),
+    "L1": l1_loadgen_client,
+    "L2": l2_loadgen_floor,
+    "L3": l3_verdicts,
 }
 
 

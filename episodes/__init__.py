@@ -34,8 +34,16 @@ over one). On a CUDA device torchcodec may silently decode on the CPU
 instead of NVDEC: `FrameRead.backend` (a `DecodeBackend`, where its
 `DecodeDevice` is "cpu", "nvdec" or "cpu-fallback") says which happened,
 and `decode_backend(decoder, device)` asks a decoder of one's own.
-`get_frames(ep, key, timestamps)` is read_frames of one request, frames
-only. `index_files(paths)` readies MP4 indexes ahead of reads and
+`start_fetch(requests, fetch=..., ahead=...)` starts the fetch phase and
+returns at once, one `FetchInFlight` per request: `result()` waits for its
+bytes whole, `decode_frames` decodes it part by part as its range reads
+land (read_frames does this: every request's reads start at once, and
+the first decodes while the later ones are still on the wire); with
+`ahead` (a prefetch for reads to come) a fetch starts only where its bytes
+fit the budget. Kept mini-MP4s and the bytes of fetches not yet decoded
+share `byte_budget` (`CacheStats.peak_bytes_held` never exceeds it while
+one reader reads at a time). `get_frames(ep, key, timestamps)` is
+read_frames of one request, frames only. `index_files(paths)` readies MP4 indexes ahead of reads and
 `stats()` returns the running `CacheStats`. Frames are bit-identical to
 torchcodec's exact decode of the whole source file.
 
@@ -72,6 +80,7 @@ from episodes._decode import (
     open_decoder,
 )
 from episodes._errors import DatasetFormatError, EpisodeDataError, FetchError, Mp4FormatError
+from episodes._inflight import FetchInFlight
 from episodes._mp4 import MiniMp4
 from episodes._reads import CacheStats, Fetch, FetchedFrames, FrameRead, FrameRequest
 from episodes._source import EpisodeDataset, SourceKind, open_episodes
@@ -90,6 +99,7 @@ __all__ = [
     "EpisodeRecord",
     "Fetch",
     "FetchError",
+    "FetchInFlight",
     "FetchedFrames",
     "FrameRead",
     "FrameRequest",

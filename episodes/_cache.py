@@ -24,22 +24,25 @@ that an earlier read had already paid for is `bytes_reused`.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from os import PathLike
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
 from torchcodec.decoders import VideoDecoder
 
+from episodes._budget import ByteBudget, Hold
 from episodes._dataset import EpisodeRecord
 from episodes._decode import decode_backend, decode_mini_mp4, open_decoder
 from episodes._errors import EpisodeDataError, Mp4FormatError, reworded
+from episodes._inflight import EpisodeInFlight, FetchInFlight, WindowsInFlight
 from episodes._mp4 import MiniMp4, Mp4Index, build_index, episode_span, synthesize_mini_mp4
 from episodes._mp4.span import EpisodeSpan
 from episodes._mp4.windows import frame_windows
@@ -56,11 +59,14 @@ from episodes._reads import (
 )
 from episodes._sidecar import IndexSidecar, sidecar_path
 from episodes._source import EpisodeDataset
-from episodes._windows import WindowJob, fetch_ranges, window_mini
+from episodes._window_starts import WindowStarts
+from episodes._windows import WindowJob
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
 DEFAULT_COALESCE_GAP = 256 * 1024  # LeRobot's --coalesce-gap-kb default
+# How a read got its episode's kept mini-MP4: kept already, by joining a fetch in flight, or by fetching it.
+Got = Literal["kept", "joined", "fetched"]
 
 
 @dataclass(frozen=True)
@@ -92,11 +98,14 @@ class _Decoder:
 class EpisodeByteCache:
     """Frames of any episode of `ds`, fetching only the bytes they need.
 
-    Thread-safe. Whole-episode mini-MP4s are kept in an LRU bounded by
-    `byte_budget`; `prefetch` fills it from a pool of `workers` threads; two
-    requests for the same (episode, camera) share one fetch. Frame windows
-    (fetch="windows") read their coalesced ranges on another pool of
-    `workers` threads and are not kept. With `cache_dir`, MP4 indexes
+    Thread-safe. Whole-episode mini-MP4s are kept in an LRU; `prefetch`
+    fills it from a pool of `workers` threads; two requests for the same
+    (episode, camera) share one fetch. Frame windows (fetch="windows") read
+    their coalesced ranges on another pool of `workers` threads and are not
+    kept. Kept mini-MP4s and the bytes of fetches in flight or not yet
+    decoded share `byte_budget` (episodes._budget): a fetch started ahead
+    of its reader (`prefetch`, `start_fetch(ahead=True)`) starts only where
+    its bytes fit. With `cache_dir`, MP4 indexes
     persist in a sidecar file under it (one directory per dataset root,
     never inside the dataset), so a later cache over the same root reads no
     MP4 header; without, each cache builds them from the headers, once per
@@ -119,7 +128,6 @@ class EpisodeByteCache:
                              "decode_threads >= 0")
         self._ds = ds
         self._storage = ds.storage
-        self._byte_budget = byte_budget
         self._max_decoders = max_decoders
         self._decode_threads = decode_threads
         self._coalesce_gap = coalesce_gap
@@ -128,11 +136,13 @@ class EpisodeByteCache:
         self._lock = threading.Lock()
         self._counts: dict[str, int | float] = asdict(CacheStats())
         self._indexes: dict[str, Future[Mp4Index]] = {}
-        self._minis: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
+        self._budget: ByteBudget[_Entry] = ByteBudget(byte_budget)
         self._inflight: dict[tuple[int, str], Future[_Entry]] = {}
         self._decoders: OrderedDict[tuple[int, str, str], _Decoder] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode-fetch")
         self._io = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode-ranges")
+        self._windows = WindowStarts(self._storage, self._io, self._pool, self._budget, self._plan, self._add,
+                                     decode_threads=decode_threads, max_ready=max_decoders)
         self._closed = False
 
     def __enter__(self) -> EpisodeByteCache:
@@ -149,13 +159,16 @@ class EpisodeByteCache:
         self._io.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             self._decoders.clear()
-            self._minis.clear()
-            self._counts.update(cached_items=0, cached_bytes=0)
+        self._budget.clear()
 
     def stats(self) -> CacheStats:
         """The totals since the cache opened (a snapshot: later reads do not change it)."""
+        budget = self._budget
         with self._lock:
-            return CacheStats(**self._counts)  # type: ignore[arg-type]  # the counts are CacheStats' own fields
+            counts = CacheStats(**self._counts)  # type: ignore[arg-type]  # the counts are CacheStats' own fields
+        return replace(counts, cached_items=len(budget), cached_bytes=budget.kept_bytes, evictions=budget.evictions,
+                       bytes_held=budget.held_bytes, peak_bytes_held=budget.peak,
+                       prefetches_skipped=budget.skipped, prefetches_dropped=budget.dropped)
 
     def _add(self, **amounts: float) -> None:
         with self._lock:
@@ -172,15 +185,17 @@ class EpisodeByteCache:
         self, requests: Sequence[FrameRequest], *, fetch: Fetch = "episode", device: str | torch.device = "cpu",
         coalesce_gap: int | None = None,
     ) -> list[FrameRead]:
-        """Each request's frames, uint8 (N, C, H, W) on `device`, with what reading them cost: fetch, then decode.
+        """Each request's frames, uint8 (N, C, H, W) on `device`, with what reading them cost.
 
         `fetch` "episode" reads each episode whole once and keeps it;
         "windows" reads only the samples these frames need, ranges of one
         file closer than `coalesce_gap` bytes (default: the cache's) merged
-        across the requests (see fetch_frames).
+        across the requests (see fetch_frames). Every fetch starts at once
+        and each request decodes as soon as its bytes are in, the first
+        while the others' are still on the wire (see start_fetch).
         """
-        fetched = self.fetch_frames(requests, fetch=fetch, coalesce_gap=coalesce_gap)
-        return [self.decode_frames(got, device=device) for got in fetched]
+        started = self.start_fetch(requests, fetch=fetch, coalesce_gap=coalesce_gap, device=device)
+        return [self.decode_frames(got, device=device) for got in started]
 
     def get_frames(
         self, ep: int, key: str, timestamps: Sequence[float] | np.ndarray | torch.Tensor,
@@ -202,22 +217,73 @@ class EpisodeByteCache:
         mini-MP4 of just its samples, unless its whole episode is already
         cached (then that one: a hit, its bytes reused).
         """
+        return [self._fetched(got) for got in self.start_fetch(requests, fetch=fetch, coalesce_gap=coalesce_gap)]
+
+    def start_fetch(
+        self, requests: Sequence[FrameRequest], *, fetch: Fetch = "episode", coalesce_gap: int | None = None,
+        ahead: bool = False, device: str | torch.device | None = None,
+    ) -> list[FetchInFlight]:
+        """Start the fetch phase of each request on the cache's threads: one FetchInFlight each, at once.
+
+        Bytes are fetched as fetch_frames says; `result()` waits for them
+        whole, `decode_frames` decodes them part by part as they land. With
+        `ahead` (a prefetch, for reads to come) nothing is planned on this
+        thread, and a fetch starts only where its bytes fit the budget
+        beside what is kept and in flight; one that did not, or was dropped
+        before its reader came, is fetched when read. With `device` "cpu"
+        (where the frames will be decoded), a request's frame-window
+        mini-MP4 is cut and its decoder opened as soon as its bytes have
+        landed, on the fetch threads, up to `max_decoders` ahead of their
+        readers (an NVDEC decoder is opened by its reader).
+        """
         self._check_open()
         gap = self._coalesce_gap if coalesce_gap is None else coalesce_gap
         if gap < 0:
             raise ValueError(f"coalesce_gap must be >= 0 bytes, not {gap}")
-        if checked_fetch(fetch) == "windows":
-            return self._fetch_windows(requests, gap)
-        return [self._fetch_episode(request) for request in requests]
+        if checked_fetch(fetch) == "episode":
+            return [EpisodeInFlight(int(r.episode), r.key, functools.partial(self._fetch_episode, r),
+                                    self._pool.submit(self._prefetched, int(r.episode), r.key) if ahead else None)
+                    for r in requests]
+        cpu = device is not None and torch.device(device).type == "cpu"
+        return list(self._windows.start(requests, gap, ahead=ahead, cpu=cpu))
 
-    def decode_frames(self, fetched: FetchedFrames, *, device: str | torch.device = "cpu") -> FrameRead:
-        """The decode phase: the frames a fetch_frames result holds, decoded on `device`, with the whole read's cost.
+    def decode_frames(self, fetched: FetchedFrames | FetchInFlight, *, device: str | torch.device = "cpu") -> FrameRead:
+        """The decode phase: a request's frames decoded on `device`, with the whole read's cost.
 
-        Nothing is looked up or charged again. The decoder of a whole
-        episode's mini-MP4 is kept for later reads of that episode.
+        Given a FetchedFrames, nothing is looked up or charged again; given
+        a FetchInFlight, each of its parts is decoded as soon as its bytes
+        have landed and the frames are put together in the order asked.
+        The decoder of a whole episode's mini-MP4 is kept for later reads
+        of that episode.
         """
+        if isinstance(fetched, FetchedFrames):
+            return self._decode(fetched, str(torch.device(device)))
+        reads = [(part.fetched, self._decode(part.fetched, str(torch.device(device)), part.decoder))
+                 for part in fetched.parts()]
+        self._waited(fetched)
+        first, last = reads[0][1], reads[-1][1]
+        frames = reads[0][1].frames if len(reads) == 1 else _in_order(reads, fetched.frame_numbers)
+        return FrameRead(frames, last.cache_hit, sum(r.bytes_fetched for _, r in reads),
+                         sum(r.bytes_reused for _, r in reads), sum(r.frames_decoded for _, r in reads),
+                         first.lookup_s, fetched.wait_s if isinstance(fetched, WindowsInFlight) else last.fetch_s,
+                         sum(r.synthesize_s for _, r in reads), sum(r.decode_s for _, r in reads), last.backend)
+
+    def _fetched(self, got: FetchInFlight) -> FetchedFrames:
+        """`got` waited for whole, its wait counted."""
+        fetched = got.result()
+        self._waited(got)
+        return fetched
+
+    def _waited(self, got: FetchInFlight) -> None:
+        """A windows read's costs, counted once read: its fetch time, the time its reader waited for its bytes,
+        and the time cutting its mini-MP4s took (a whole episode's fetch counts its own)."""
+        if isinstance(got, WindowsInFlight):
+            self._add(fetch_s=got.wait_s, synthesize_s=got.cut_s)
+
+    def _decode(self, fetched: FetchedFrames, device: str, opened: VideoDecoder | None = None) -> FrameRead:
+        """One mini-MP4's frames decoded on `device` (by `opened`, a CPU decoder already open over a frame-window
+        mini-MP4, where given), with the cost of the read that fetched it."""
         ep, key, mini = int(fetched.episode), fetched.key, fetched.mini
-        device = str(torch.device(device))
         t0 = time.perf_counter()
         try:
             if mini.whole_episode:
@@ -226,7 +292,8 @@ class EpisodeByteCache:
                     frames = decode_mini_mp4(mini, fetched.frame_numbers, decoder=entry.decoder)
                     backend = decode_backend(entry.decoder, device)
             else:
-                decoder = open_decoder(mini, device, num_threads=self._decode_threads)
+                decoder = opened if opened is not None and device == "cpu" else \
+                    open_decoder(mini, device, num_threads=self._decode_threads)
                 frames = decode_mini_mp4(mini, fetched.frame_numbers, decoder=decoder)
                 backend = decode_backend(decoder, device)
         except (RuntimeError, ValueError) as exc:
@@ -254,29 +321,50 @@ class EpisodeByteCache:
 
     # ---- ahead of reads ------------------------------------------------------
 
-    def prefetch(self, ep: int, keys: Iterable[str] | None = None) -> list[Future[MiniMp4]]:
+    def prefetch(self, ep: int, keys: Iterable[str] | None = None) -> list[Future[MiniMp4 | None]]:
         """Start fetching the episode's cameras (all by default) whole, into the LRU, on the thread pool.
 
-        The futures hold the mini-MP4s or the errors; nobody has to wait on
-        them. The first read that uses a prefetched mini-MP4 is charged its bytes.
+        The futures hold the mini-MP4s, None where one did not fit the byte
+        budget beside what is kept and in flight, or the errors; nobody has
+        to wait on them. The first read that uses a prefetched mini-MP4 is
+        charged its bytes.
         """
         self._check_open()
         keys = self._ds.video_keys if keys is None else keys
         return [self._pool.submit(self._prefetched, ep, key) for key in keys]
 
-    def _prefetched(self, ep: int, key: str) -> MiniMp4:
-        return self._entry(ep, key)[0].mini
+    def _prefetched(self, ep: int, key: str) -> MiniMp4 | None:
+        """The episode's mini-MP4 fetched ahead and kept: only where its bytes fit the budget (else None)."""
+        slot = (int(ep), key)
+        kept = self._budget.get(slot)
+        if kept is not None:
+            return kept.mini
+        record = self._record(*slot)
+        try:
+            span = self._span(record, key)[1]
+        except EpisodeDataError as exc:
+            raise reworded(exc, self._storage.url(record.videos[key].path), f"episode {ep}, camera {key}") from exc
+        hold = self._budget.hold_ahead(span.num_bytes)
+        if hold is None:
+            return None
+        try:
+            entry, got = self._entry(*slot, hold)
+        finally:
+            self._budget.release(hold)  # already let go of where this fetch kept its mini-MP4
+        return entry.mini
 
     def index_files(self, paths: Iterable[str]) -> None:
         """Have the MP4 index of each video file ready now (paths relative to the root, as VideoSegment.path).
 
         From the sidecar when it holds the file as it is, else from the
         file's headers (and then into the sidecar): what a first read of
-        the file would otherwise do on its way.
+        the file would otherwise do on its way. The files are indexed
+        concurrently: each costs a round trip at least (the sidecar checks
+        that the file is still the one it indexed).
         """
         self._check_open()
-        for rel in paths:
-            self._index(rel)
+        for _ in self._io.map(self._index, list(dict.fromkeys(paths))):
+            pass
 
     # ---- indexes -------------------------------------------------------
 
@@ -351,42 +439,48 @@ class EpisodeByteCache:
         """The request's frames in its episode's whole mini-MP4, from the LRU or fetched, and its cost."""
         ep, key = int(request.episode), request.key
         record = self._record(ep, key)
-        entry, hit = self._entry(ep, key)
+        entry, got = self._entry(ep, key)
         numbers = frame_numbers_of(entry.mini, request, record.length, self._where(record, key))
         with self._lock:
             cost, entry.cost = entry.cost, None
             if cost is None:
                 self._counts["bytes_reused"] += entry.payload_bytes
         if cost is None:
-            return FetchedFrames(ep, key, numbers, entry.mini, hit, 0, entry.payload_bytes)
-        return FetchedFrames(ep, key, numbers, entry.mini, hit, cost.bytes_fetched, 0, cost.lookup_s, cost.fetch_s,
-                             cost.synthesize_s)
+            return FetchedFrames(ep, key, numbers, entry.mini, got == "kept", 0, entry.payload_bytes)
+        return FetchedFrames(ep, key, numbers, entry.mini, got == "kept", cost.bytes_fetched, 0, cost.lookup_s,
+                             cost.fetch_s, cost.synthesize_s, fetched_ahead=got != "fetched")
 
-    def _entry(self, ep: int, key: str) -> tuple[_Entry, bool]:
-        """The episode's LRU slot, fetched (or joined while another caller fetches it) on a miss; and whether it hit.
+    def _entry(self, ep: int, key: str, hold: Hold | None = None) -> tuple[_Entry, Got]:
+        """The episode's LRU slot, fetched (or joined while another caller fetches it) on a miss; and how it was got.
 
-        Its cost stays in the slot for the first read to claim (_fetch_episode).
+        Its cost stays in the slot for the first read to claim
+        (_fetch_episode). A fetch made here holds its bytes by `hold`, or by
+        a hold of its own for a read asked for now.
         """
         self._check_open()
         slot = (int(ep), key)
-        with self._lock:
-            entry = self._minis.get(slot)
-            if entry is not None:
-                self._minis.move_to_end(slot)
-                self._counts["hits"] += 1
-        if entry is not None:
-            return entry, True
+        kept = self._budget.get(slot)
+        if kept is not None:
+            self._add(hits=1)
+            return kept, "kept"
 
         def fetch() -> _Entry:
-            with self._lock:  # a fetch that finished since the check above left it in the LRU
-                done = self._minis.get(slot)
+            done = self._budget.get(slot)  # a fetch that finished since the check above left it in the LRU
             if done is not None:
                 return done
-            entry = self._fetch(*slot)
-            self._remember(slot, entry)
+            entry, held = self._fetch(*slot, hold)
+            started = time.perf_counter()
+            with self._lock:
+                closed = self._closed
+            if closed:
+                self._budget.release(held)
+            else:
+                self._budget.keep(slot, entry, len(entry.mini.data), held)
+            self._add(store_s=time.perf_counter() - started)
             return entry
 
-        return self._shared(self._inflight, slot, fetch, keep=False, counters=("misses", "shared_fetches"))[0], False
+        entry, made = self._shared(self._inflight, slot, fetch, keep=False, counters=("misses", "shared_fetches"))
+        return entry, "fetched" if made else "joined"
 
     def _record(self, ep: int, key: str) -> EpisodeRecord:
         record = self._ds.episode(ep)
@@ -404,68 +498,43 @@ class EpisodeByteCache:
         index = self._index(segment.path)
         return index, episode_span(index, segment.from_timestamp, segment.to_timestamp, expected_frames=record.length)
 
-    def _fetch(self, ep: int, key: str) -> _Entry:
+    def _fetch(self, ep: int, key: str, hold: Hold | None) -> tuple[_Entry, Hold]:
+        """The episode's bytes read and wrapped, and what holds them: `hold`, else a hold taken now for them.
+
+        A hold taken here is let go of if the fetch fails.
+        """
         record = self._record(ep, key)
         url = self._storage.url(record.videos[key].path)
+        t0 = time.perf_counter()
         try:
-            t0 = time.perf_counter()
             index, span = self._span(record, key)
-            t1 = time.perf_counter()
+        except EpisodeDataError as exc:
+            raise reworded(exc, url, f"episode {ep}, camera {key}") from exc
+        t1 = time.perf_counter()
+        held = self._budget.hold_now(span.num_bytes) if hold is None else hold
+        try:
             payload = self._storage.read_range(record.videos[key].path, span.byte_start, span.byte_end)
             t2 = time.perf_counter()
             mini = synthesize_mini_mp4(index, span, payload)
             t3 = time.perf_counter()
-        except EpisodeDataError as exc:
-            raise reworded(exc, url, f"episode {ep}, camera {key}") from exc
-        own = int(index.size[np.asarray(span.frames)].sum())
-        self._add(bytes_fetched=len(payload), bytes_planned=len(payload), bytes_useful=own, range_requests=1,
+        except BaseException as exc:
+            if hold is None:
+                self._budget.release(held)
+            if isinstance(exc, EpisodeDataError):
+                raise reworded(exc, url, f"episode {ep}, camera {key}") from exc
+            raise
+        useful = int(index.size[np.asarray(span.frames)].sum())
+        self._add(bytes_fetched=len(payload), bytes_planned=len(payload), bytes_useful=useful, range_requests=1,
                   lookup_s=t1 - t0, fetch_s=t2 - t1, synthesize_s=t3 - t2)
-        return _Entry(mini, len(payload), _Cost(len(payload), t1 - t0, t2 - t1, t3 - t2))
-
-    def _remember(self, slot: tuple[int, str], entry: _Entry) -> None:
-        started = time.perf_counter()
-        size = len(entry.mini.data)
-        with self._lock:
-            if self._closed or size > self._byte_budget:
-                return
-            self._minis[slot] = entry
-            self._counts["cached_bytes"] += size
-            while self._counts["cached_bytes"] > self._byte_budget:
-                _, old = self._minis.popitem(last=False)
-                self._counts["cached_bytes"] -= len(old.mini.data)
-                self._counts["evictions"] += 1
-            self._counts["cached_items"] = len(self._minis)
-            self._counts["store_s"] += time.perf_counter() - started
+        return _Entry(mini, len(payload), _Cost(len(payload), t1 - t0, t2 - t1, t3 - t2)), held
 
     # ---- frame windows -----------------------------------------------------
-
-    def _fetch_windows(self, requests: Sequence[FrameRequest], gap: int) -> list[FetchedFrames]:
-        """Each request planned (windows, or a cached episode's mini-MP4), the batch's ranges read, the minis cut."""
-        plans = [self._plan(request) for request in requests]
-        jobs = [plan for plan in plans if isinstance(plan, WindowJob)]
-        batch = fetch_ranges(self._storage, self._io, jobs, gap)
-        self._add(range_requests=batch.range_requests, bytes_useful=batch.useful_bytes)
-        for job in jobs:
-            w = job.windows
-            self._add(misses=1, windows=len(w.frame_numbers), window_runs=len(w.runs), bytes_planned=w.planned_bytes,
-                      bytes_fetched=batch.charged[id(job)], lookup_s=job.lookup_s, fetch_s=batch.waited[id(job)])
-        out: list[FetchedFrames] = []
-        for plan in plans:
-            if isinstance(plan, WindowJob):
-                cut = window_mini(plan, batch.blobs[id(plan)], batch.charged[id(plan)], batch.waited[id(plan)])
-                self._add(synthesize_s=cut.synthesize_s)
-                out.append(cut)
-            else:
-                out.append(plan)
-        return out
 
     def _plan(self, request: FrameRequest) -> WindowJob | FetchedFrames:
         """The request's windows, or, when its whole episode is cached, its frames in that mini-MP4."""
         ep, key = int(request.episode), request.key
         record = self._record(ep, key)
-        with self._lock:
-            cached = (ep, key) in self._minis
-        if cached:
+        if (ep, key) in self._budget:
             return self._fetch_episode(request)
         rel = record.videos[key].path
         started = time.perf_counter()
@@ -479,3 +548,12 @@ class EpisodeByteCache:
             raise reworded(exc, self._storage.url(rel), f"episode {ep}, camera {key}") from exc
         return WindowJob(ep, key, rel, self._storage.url(rel), numbers, record.length, index, windows,
                          time.perf_counter() - started)
+
+
+def _in_order(reads: Sequence[tuple[FetchedFrames, FrameRead]], numbers: np.ndarray) -> torch.Tensor:
+    """The frames of a read's parts, each part's distinct frames ascending, in the order the request asked: `numbers`."""
+    held = np.concatenate([part.frame_numbers for part, _ in reads])
+    frames = torch.cat([read.frames for _, read in reads])
+    order = np.argsort(held, kind="stable")
+    pick = order[np.searchsorted(held[order], numbers)]
+    return frames[torch.from_numpy(pick).to(frames.device)]

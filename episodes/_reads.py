@@ -32,6 +32,12 @@ class CacheStats:
     coalescing). `bytes_planned` is what the windows (or episode ranges)
     span one by one, `bytes_fetched` what was read, `bytes_useful` the
     sample bytes decoding uses.
+
+    The byte budget (episodes._budget): `bytes_held` is what the cache
+    holds now, kept mini-MP4s (`cached_bytes`) and fetches not yet handed
+    over, `peak_bytes_held` the most it ever held; `prefetches_skipped`
+    counts fetches ahead that did not start because their bytes would not
+    fit, `prefetches_dropped` those let go of to make room for a read.
     """
 
     hits: int = 0
@@ -52,6 +58,10 @@ class CacheStats:
     window_runs: int = 0
     range_requests: int = 0
     frames_decoded: int = 0
+    bytes_held: int = 0
+    peak_bytes_held: int = 0
+    prefetches_skipped: int = 0
+    prefetches_dropped: int = 0
     lookup_s: float = 0.0
     fetch_s: float = 0.0
     synthesize_s: float = 0.0
@@ -92,7 +102,8 @@ class FetchedFrames:
     (its own fetch, or a prefetch made before anyone used it);
     `bytes_reused` what it used that an earlier read had paid for. Times
     are those of the fetch that produced the bytes it paid for, 0 when it
-    reused them.
+    reused them. `fetched_ahead`: the bytes it paid for were fetched before
+    it asked, by a prefetch (it may have waited for that fetch to end).
     """
 
     episode: int
@@ -105,6 +116,7 @@ class FetchedFrames:
     lookup_s: float = 0.0
     fetch_s: float = 0.0
     synthesize_s: float = 0.0
+    fetched_ahead: bool = False
 
 
 @dataclass(frozen=True)

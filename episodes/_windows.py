@@ -1,17 +1,22 @@
-"""Frame windows fetched: the coalesced range reads of a batch of requests, and each request's mini-MP4.
+"""Frame windows fetched: the coalesced range reads of a batch of requests, and mini-MP4s cut from what arrived.
 
 The cache plans a WindowJob per request (episodes._mp4.windows says which
-samples its frames need); fetch_ranges merges the runs of all jobs that lie
-in one file, whatever their episode, into range requests no closer than
-the coalescing gap, reads them concurrently, and hands each job the blobs
-its runs lie in; window_mini cuts the runs out of those blobs into a
-mini-MP4 of just those samples.
+samples its frames need); submit_ranges merges the runs of all jobs that lie
+in one file, whatever their episode, into range requests no closer than the
+coalescing gap and starts them on an executor, in the order the jobs first
+need them, so the first request's bytes come first; it tells each job which
+read each of its runs lies in. window_mini cuts runs out of the blobs read
+into a mini-MP4 of just those samples: all of a job's runs once every read
+is in, or those whose reads are in so far, so that decoding can start while
+the rest is on the wire (each run starts where decoding can, so runs decode
+alike alone or together).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Sequence
-from concurrent.futures import Executor
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,48 +52,75 @@ class WindowJob:
         return f"{self.url}: episode {self.ep}, camera {self.key}"
 
 
-@dataclass(frozen=True)
-class RangeBatch:
-    """The fetched ranges of a batch, per job (keyed by id): its blobs (start, bytes), bytes charged, seconds waited.
+@dataclass(frozen=True, eq=False)
+class JobReads:
+    """A job's share of a batch's range reads: for each of its runs, the start of the read it lies in.
 
-    A range several jobs share is charged to the first of them, so the
-    charges add up to the bytes read. `useful_bytes` counts the distinct
-    samples all jobs need, file by file.
+    `reads` holds the reads it needs by start byte; `charged` is what it
+    pays, the reads no job before it in the batch needed, and `frees` what
+    is no longer needed once it is done, the reads no job after it needs.
     """
 
-    blobs: dict[int, list[tuple[int, bytes]]]
-    charged: dict[int, int]
-    waited: dict[int, float]
+    job: WindowJob
+    run_reads: tuple[int, ...]
+    reads: dict[int, Future[bytes]]
+    charged: int
+    frees: int = 0
+
+    def blob(self, start: int) -> bytes:
+        """The bytes of the read starting at `start`, waited for; a failed read is the job's error."""
+        try:
+            return self.reads[start].result()
+        except EpisodeDataError as exc:
+            raise reworded(exc, self.job.url, f"episode {self.job.ep}, camera {self.job.key}") from exc
+
+
+@dataclass(frozen=True)
+class RangeBatch:
+    """A batch's range reads, started: each job's share, the reads made, the distinct useful sample bytes."""
+
+    jobs: tuple[JobReads, ...]
     range_requests: int
     useful_bytes: int
 
 
-def fetch_ranges(storage: Storage, executor: Executor, jobs: Sequence[WindowJob], gap: int) -> RangeBatch:
-    """Read the runs of all jobs, coalesced per file with `gap`, concurrently on `executor`."""
+def submit_ranges(storage: Storage, executor: Executor, jobs: Sequence[WindowJob], gap: int) -> RangeBatch:
+    """Start reading the runs of all jobs, coalesced per file with `gap`, on `executor`, in the order jobs need them."""
     by_file: dict[str, list[WindowJob]] = {}
     for job in jobs:
         by_file.setdefault(job.rel, []).append(job)
     merged = {rel: coalesce_ranges([(r.byte_start, r.byte_end) for j in js for r in j.windows.runs], gap)
               for rel, js in by_file.items()}
-    futures = {(rel, start): executor.submit(storage.read_range, rel, start, end)
-               for rel, ranges in merged.items() for start, end in ranges}
-    batch = RangeBatch({}, {}, {}, len(futures), sum(_distinct_bytes(js) for js in by_file.values()))
-    charged: set[tuple[str, int]] = set()
+    futures: dict[tuple[str, int], Future[bytes]] = {}
+    last: dict[tuple[str, int], int] = {}
+    shares = []
+    for i, job in enumerate(jobs):
+        ranges = merged[job.rel]
+        starts = [start for start, _ in ranges]
+        at = [int(np.searchsorted(starts, r.byte_start, side="right")) - 1 for r in job.windows.runs]
+        charged = 0
+        for k in dict.fromkeys(at):
+            start, end = ranges[k]
+            if (job.rel, start) not in futures:
+                futures[(job.rel, start)] = executor.submit(storage.read_range, job.rel, start, end)
+                charged += end - start
+            last[(job.rel, start)] = i
+        shares.append(JobReads(job, tuple(starts[k] for k in at),
+                               {starts[k]: futures[(job.rel, starts[k])] for k in at}, charged))
+    sizes = {(rel, start): end - start for rel, ranges in merged.items() for start, end in ranges}
+    frees = [0] * len(shares)
+    for read, i in last.items():
+        frees[i] += sizes[read]
+    return RangeBatch(tuple(dataclasses.replace(share, frees=free) for share, free in zip(shares, frees)),
+                      len(futures), sum(_distinct_bytes(js) for js in by_file.values()))
+
+
+def range_bytes(jobs: Sequence[WindowJob], gap: int) -> int:
+    """What submit_ranges would read for `jobs`: the bytes of their runs coalesced per file with `gap`."""
+    by_file: dict[str, list[tuple[int, int]]] = {}
     for job in jobs:
-        starts = [start for start, _ in merged[job.rel]]
-        needed = sorted({starts[int(np.searchsorted(starts, r.byte_start, side="right")) - 1] for r in job.windows.runs})
-        began, blobs, paid = time.perf_counter(), [], 0
-        for start in needed:
-            try:
-                blobs.append((start, futures[(job.rel, start)].result()))
-            except EpisodeDataError as exc:
-                raise reworded(exc, job.url, f"episode {job.ep}, camera {job.key}") from exc
-            if (job.rel, start) not in charged:
-                charged.add((job.rel, start))
-                paid += len(blobs[-1][1])
-        batch.blobs[id(job)], batch.charged[id(job)] = blobs, paid
-        batch.waited[id(job)] = time.perf_counter() - began
-    return batch
+        by_file.setdefault(job.rel, []).extend((r.byte_start, r.byte_end) for r in job.windows.runs)
+    return sum(end - start for ranges in by_file.values() for start, end in coalesce_ranges(ranges, gap))
 
 
 def _distinct_bytes(jobs: Sequence[WindowJob]) -> int:
@@ -97,19 +129,31 @@ def _distinct_bytes(jobs: Sequence[WindowJob]) -> int:
     return int(jobs[0].index.size[samples].sum())
 
 
-def window_mini(job: WindowJob, blobs: list[tuple[int, bytes]], paid: int, fetch_s: float) -> FetchedFrames:
-    """The job's mini-MP4 cut out of its fetched blobs, and what it cost (`paid` bytes, `fetch_s` waited)."""
+def window_mini(share: JobReads, blobs: Mapping[int, bytes], paid: int, fetch_s: float,
+                runs: Sequence[int] | None = None) -> FetchedFrames:
+    """A mini-MP4 of the job's `runs` (indices into its runs, all by default) cut out of `blobs` (by read start).
+
+    With every run, its frames are the request's, in the order asked;
+    with some, the distinct frames those runs show, ascending. `paid` and
+    `fetch_s` are the bytes and seconds the result reports.
+    """
+    job = share.job
     started = time.perf_counter()
-    blob_starts = [start for start, _ in blobs]
-    parts = []
+    picked = range(len(job.windows.runs)) if runs is None else runs
+    windows = job.windows
     try:
-        for run in job.windows.runs:
-            start, blob = blobs[int(np.searchsorted(blob_starts, run.byte_start, side="right")) - 1]
-            parts.append(gather_samples(job.index, np.arange(run.start, run.stop), blob, start))
-        mini: MiniMp4 = build_mini_mp4(job.index, job.windows.samples, b"".join(parts), job.windows.frame_samples,
-                                       job.windows.frame_numbers, job.length)
+        parts, samples = [], []
+        for k in picked:
+            run, start = windows.runs[k], share.run_reads[k]
+            span = np.arange(run.start, run.stop)
+            parts.append(gather_samples(job.index, span, blobs[start], start))
+            samples.append(span)
+        shown = np.concatenate(samples)
+        mine = np.isin(windows.frame_samples, shown)
+        mini: MiniMp4 = build_mini_mp4(job.index, shown, b"".join(parts), windows.frame_samples[mine],
+                                       windows.frame_numbers[mine], job.length)
     except Mp4FormatError as exc:
         raise reworded(exc, job.url, f"episode {job.ep}, camera {job.key}") from exc
-    return FetchedFrames(job.ep, job.key, job.numbers, mini, False, paid, 0, job.lookup_s, fetch_s,
+    numbers = job.numbers if runs is None else windows.frame_numbers[mine]
+    return FetchedFrames(job.ep, job.key, numbers, mini, False, paid, 0, job.lookup_s, fetch_s,
                          time.perf_counter() - started)
-

@@ -7,16 +7,29 @@ written {"choices": [1, 15], "weights": [10, 1]}.  The draw depends only on
 `seed` and the item id, so every replica samples an item the same way.
 
 `fetch` says what is read from storage: "episode" (the default) the
-episode's whole byte range, kept in the cache for later items and
-prefetched `prefetch` requests ahead; "clips" only the GOPs that hold the
-sampled clips (episodes' frame windows), a fraction of the bytes and of the
-samples decoded when keyframes are frequent. Clips are not prefetched: which
-frames an item needs depends on its item id, unknown before it arrives.
+episode's whole byte range, kept in the cache for later items; "clips" only
+the GOPs that hold the sampled clips (episodes' frame windows), a fraction
+of the bytes and of the samples decoded when keyframes are frequent.
 
-The time card gets events fetch_start/fetch_finish (getting the mini-MP4,
-waiting for a prefetch included) and decode_start/decode_finish, and fields
-episode, num_clips, frames_decoded, bytes_fetched (source bytes this item
-caused to be read: its own fetch, or a prefetch made for it),
+The loader decodes while the network fetches: while an item decodes, the
+bytes of the items after it are in flight. A request names the episodes
+that come next (the source's `lookahead`); they are the next items' (item
+ids follow the requests), so the loader draws their clips ahead, from the
+same seeded sampler that draws them when they arrive, and starts fetching
+them: up to `prefetch` items ahead, each only where its bytes fit the
+cache's `byte_budget` beside what is kept and in flight, so how far ahead
+it gets is the budget's call. An item another replica took is let go of
+when a later one arrives. Within an item, clips decode as their ranges land
+while later ones are still on the wire.
+
+The time card gets the events of one of two spans, fetch_start/fetch_finish
+(the item waited for a fetch of its own) or prefetch_wait_start/
+prefetch_wait_finish (for a fetch started ahead of it: 0 where it had
+landed), each until the first of its bytes could be decoded, then
+decode_start/decode_finish (decoding, and waiting for the later parts of an
+item's bytes), and fields episode, num_clips, frames_decoded, bytes_fetched
+(source bytes this item caused to be read: its own fetch, or a prefetch
+made for it),
 bytes_reused (source bytes it used that an earlier item had paid for) and
 decode_device (where its frames were decoded: "cpu", "nvdec", or
 "cpu-fallback" when torchcodec fell back to the CPU on a GPU runner).  On a
@@ -39,7 +52,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +71,7 @@ from episodes import (
     EpisodeDataError,
     EpisodeDataset,
     Fetch,
-    FetchedFrames,
+    FetchInFlight,
     FrameRequest,
     SourceKind,
     decode_backend,
@@ -67,7 +82,7 @@ from episodes import (
 from models.clips import ClipCount, NumClips, clip_shape
 from rnb.core.keywords import Count, Natural
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
-from rnb.core.timecard import TimeCard, one_card
+from rnb.core.timecard import TimeCard, now, one_card
 from rnb.pipeline.config import KeywordError
 from rnb.pipeline.dataset_source import READ_RETRIES, READ_TIMEOUT_S, EpisodeRequest
 
@@ -115,13 +130,43 @@ def to_clips(frames: torch.Tensor, num_clips: int, size: int, order: torch.Tenso
 
 @dataclass(frozen=True)
 class ClipPlan:
-    """What to read for one request: where, which frames, and the episode's mini-MP4."""
+    """What to read for one item: where, which frames."""
 
     ds: EpisodeDataset
     cache: EpisodeByteCache
     episode: int
     camera: str
     frames: np.ndarray            # (num_clips, clip_length) episode frame numbers
+    item_id: int = 0
+
+    @property
+    def request(self) -> FrameRequest:
+        """The frames to read: each distinct clip frame once (clips may overlap in a short episode)."""
+        return FrameRequest(self.episode, self.camera, frame_numbers=np.unique(self.frames))
+
+    @property
+    def ahead_key(self) -> tuple[int, int, int, str]:
+        """What a fetch started ahead for this item is found by: its cache, item, episode and camera."""
+        return id(self.cache), self.item_id, self.episode, self.camera
+
+
+class ItemStride:
+    """How far apart the item ids a replica gets lie: 1 when it reads its queue alone, about the number of
+    replicas where several share it (the median of its last gaps), so that it fetches ahead the items it is
+    likely to get rather than its siblings'."""
+
+    def __init__(self, window: int = 8) -> None:
+        self._last: int | None = None
+        self._gaps: deque[int] = deque(maxlen=window)
+
+    def saw(self, item_id: int) -> None:
+        if self._last is not None and item_id > self._last:
+            self._gaps.append(item_id - self._last)
+        self._last = item_id
+
+    @property
+    def stride(self) -> int:
+        return max(1, round(statistics.median(self._gaps))) if self._gaps else 1
 
 
 class EpisodeReader:
@@ -150,6 +195,8 @@ class EpisodeReader:
         self.seed = seed
         self.usage_cache = usage_cache
         self._open: dict[tuple[str, str], tuple[EpisodeDataset, EpisodeByteCache]] = {}
+        self._ahead: dict[tuple[int, int, int, str], FetchInFlight] = {}
+        self._stride = ItemStride()
 
     def _dataset(self, kind: SourceKind, root: str, timeout_s: float = READ_TIMEOUT_S, retries: int = READ_RETRIES,
                  ) -> tuple[EpisodeDataset, EpisodeByteCache]:
@@ -160,6 +207,10 @@ class EpisodeReader:
                                                             cache_dir=cache_dir(), decode_threads=self.decode_threads,
                                                             coalesce_gap=self.coalesce_gap)
         return self._open[(kind, root)]
+
+    def caches(self) -> list[EpisodeByteCache]:
+        """The caches opened so far, one per dataset read (their stats say what was fetched and held)."""
+        return [cache for _, cache in self._open.values()]
 
     def locate(self, request: Request, item_id: int) -> tuple[EpisodeDataset, EpisodeByteCache, int, str]:
         """A request's dataset, its cache, the episode and the camera (an EpisodeRequest, or an int with `dataset`)."""
@@ -177,24 +228,53 @@ class EpisodeReader:
     def plan(self, request: Request, item_id: int) -> ClipPlan:
         """Resolve a request (an EpisodeRequest, or an int when `dataset` is set) and sample its clips."""
         ds, cache, episode, camera = self.locate(request, item_id)
-        upcoming: Sequence[int] = request.upcoming if isinstance(request, EpisodeRequest) else ()
-        for ahead in upcoming[: self.prefetch] if self.fetch_mode == "episode" else ():
-            cache.prefetch(ahead, [camera])
+        return self._planned(ds, cache, episode, camera, item_id)
+
+    def _planned(self, ds: EpisodeDataset, cache: EpisodeByteCache, episode: int, camera: str,
+                 item_id: int) -> ClipPlan:
+        """Item `item_id`'s clips of `episode`: drawn from the seed and the item id alone, whenever it is drawn."""
         rng = np.random.default_rng([self.seed, item_id])
         frames = sample_clip_frames(ds.episode_length(episode), self.clip_count.draw(rng), self.clip_length, rng)
-        return ClipPlan(ds, cache, episode, camera, frames)
+        return ClipPlan(ds, cache, episode, camera, frames, item_id)
 
-    def fetch(self, plan: ClipPlan, card: TimeCard) -> FetchedFrames:
-        """The plan's distinct frames fetched: in the whole episode's mini-MP4, or in one of just the clips' GOPs."""
-        card.record("fetch_start")
-        request = FrameRequest(plan.episode, plan.camera, frame_numbers=np.unique(plan.frames))
-        got = plan.cache.fetch_frames([request], fetch=self.fetch_mode)[0]
-        card.record("fetch_finish")
-        card.set_field("episode", plan.episode)
-        card.set_field("num_clips", len(plan.frames))
-        card.set_field("bytes_fetched", got.bytes_fetched)
-        card.set_field("bytes_reused", got.bytes_reused)
-        return got
+    def fetch(self, plan: ClipPlan, device: torch.device | None = None) -> FetchInFlight:
+        """The item's fetch: the one started ahead for it, else started now; fetches ahead for earlier items
+        (which another replica took) are let go of. `device`: where its frames will decode, if here."""
+        self._stride.saw(plan.item_id)
+        for key in [key for key in self._ahead if key[1] < plan.item_id]:
+            self._ahead.pop(key).cancel()
+        started = self._ahead.pop(plan.ahead_key, None)
+        return started or plan.cache.start_fetch([plan.request], fetch=self.fetch_mode, device=device)[0]
+
+    def fetch_ahead(self, plan: ClipPlan, request: Request, device: torch.device | None = None) -> None:
+        """Start fetching the next items this replica is likely to get after `plan`'s (ItemStride), as far as the
+        request names them and `prefetch` allows."""
+        upcoming: Sequence[int] = request.upcoming if isinstance(request, EpisodeRequest) else ()
+        stride = self._stride.stride
+        for ahead_by in range(stride, min(len(upcoming), stride * self.prefetch) + 1, stride):
+            later, episode = plan.item_id + ahead_by, upcoming[ahead_by - 1]
+            # as locate() maps them: a step's own `dataset` takes the source's episode numbers modulo its size
+            ahead = self._planned(plan.ds, plan.cache, episode % plan.ds.num_episodes, plan.camera, later)
+            if ahead.ahead_key not in self._ahead:
+                self._ahead[ahead.ahead_key] = plan.cache.start_fetch([ahead.request], fetch=self.fetch_mode,
+                                                                      ahead=True, device=device)[0]
+
+
+def fetched_span(card: TimeCard, got: FetchInFlight, began: float) -> float:
+    """Stamp the item's wait for its first bytes (its own fetch, or a prefetch's wait) from `began`; when it ended."""
+    span = "prefetch_wait" if got.fetched_ahead else "fetch"
+    ended = began + got.first_wait_s
+    card.record(f"{span}_start", began)
+    card.record(f"{span}_finish", ended)
+    return ended
+
+
+def read_costs(card: TimeCard, plan: ClipPlan, bytes_fetched: int, bytes_reused: int) -> None:
+    """What the item read, on its card: its episode, its clips and the source bytes it caused or reused."""
+    card.set_field("episode", plan.episode)
+    card.set_field("num_clips", len(plan.frames))
+    card.set_field("bytes_fetched", bytes_fetched)
+    card.set_field("bytes_reused", bytes_reused)
 
 
 class NvdecUnavailable(RuntimeError):
@@ -246,15 +326,36 @@ def synchronized(frames: torch.Tensor) -> torch.Tensor:
     return frames
 
 
-def decode_clips(frames: np.ndarray, decode: Callable[[], torch.Tensor], size: int, card: TimeCard) -> torch.Tensor:
-    """The clips from `decode()`, the distinct frames of `frames` in ascending order (clips may overlap in a
+def clips_of(frames: np.ndarray, decoded: torch.Tensor, size: int) -> torch.Tensor:
+    """The clips of `frames` from `decoded`, their distinct frames in ascending order (clips may overlap in a
     short episode, and each frame is decoded once)."""
     _, inverse = np.unique(frames, return_inverse=True)
+    return to_clips(decoded, len(frames), size, order=torch.from_numpy(inverse.reshape(-1)))
+
+
+def decode_clips(frames: np.ndarray, decode: Callable[[], torch.Tensor], size: int, card: TimeCard) -> torch.Tensor:
+    """The clips from `decode()` (clips_of), its time on the card as the decode span."""
     card.record("decode_start")
     decoded = synchronized(decode())
     card.record("decode_finish")
     card.set_field("frames_decoded", len(decoded))
-    return to_clips(decoded, len(frames), size, order=torch.from_numpy(inverse.reshape(-1)))
+    return clips_of(frames, decoded, size)
+
+
+def read_clips(plan: ClipPlan, got: FetchInFlight, device: torch.device, size: int, card: TimeCard,
+               watch: DecodeWatch) -> torch.Tensor:
+    """The item's clips, decoded on `device` as its bytes land: its wait for the first of them, then the decode
+    (later parts' waits included), stamped on its card with what it read."""
+    began = now()
+    read = plan.cache.decode_frames(got, device=device)
+    decoded = synchronized(read.frames)
+    ended = now()
+    card.record("decode_start", fetched_span(card, got, began))
+    card.record("decode_finish", ended)
+    card.set_field("frames_decoded", len(decoded))
+    read_costs(card, plan, read.bytes_fetched, read.bytes_reused)
+    watch.saw(read.backend, f"episode {plan.episode} of {plan.ds.root} ({plan.camera})", card)
+    return clips_of(plan.frames, decoded, size)
 
 
 def warm_up(reader: EpisodeReader, request: Request, device: torch.device, size: int, watch: DecodeWatch) -> str:
@@ -350,14 +451,11 @@ class EpisodeLoader:
 
     def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
         card = one_card(time_card, type(self).__name__)
-        plan = self.reader.plan(non_tensors["request"], card.item_id)
-        got = self.reader.fetch(plan, card)
-
-        def decode() -> torch.Tensor:
-            read = plan.cache.decode_frames(got, device=self.device)
-            self.watch.saw(read.backend, f"episode {plan.episode} of {plan.ds.root} ({plan.camera})", card)
-            return read.frames
-        clips = decode_clips(plan.frames, decode, self.size, card)
+        request = non_tensors["request"]
+        plan = self.reader.plan(request, card.item_id)
+        got = self.reader.fetch(plan, self.device)
+        self.reader.fetch_ahead(plan, request, self.device)
+        clips = read_clips(plan, got, self.device, self.size, card, self.watch)
         out = {"request": non_tensors["request"], "episode": plan.episode, "num_clips": len(plan.frames)}
         if self.tabular:
             out["tabular"] = plan.ds.episode_columns(plan.episode, self.tabular)
@@ -401,8 +499,15 @@ class EpisodeFetcher:
 
     def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
         card = one_card(time_card, type(self).__name__)
-        plan = self.reader.plan(non_tensors["request"], card.item_id)
-        mini = self.reader.fetch(plan, card).mini
+        request = non_tensors["request"]
+        plan = self.reader.plan(request, card.item_id)
+        got = self.reader.fetch(plan)
+        self.reader.fetch_ahead(plan, request)
+        began = now()
+        fetched = got.result()
+        fetched_span(card, got, began)
+        read_costs(card, plan, fetched.bytes_fetched, fetched.bytes_reused)
+        mini = fetched.mini
         if len(mini.data) > self.max_bytes:
             raise ValueError(f"item {card.item_id}: episode {plan.episode}'s mini-MP4 has {len(mini.data)} bytes, "
                              f"more than max_bytes ({self.max_bytes}); raise the step's max_bytes")

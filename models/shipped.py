@@ -13,9 +13,9 @@ from models.aggregator import Aggregator
 from models.batcher import Batcher
 from models.episode import EpisodeDecoder, EpisodeFetcher, EpisodeLoader
 from models.r2p1d import R2P1DRunner, R2P1DSingleStep
-from models.toy import AsyncSleep, CpuSpin, GpuSpin, SegmentMerger, SyntheticFrames, TinyConvNet
+from models.toy import AsyncSleep, CpuSpin, GpuSpin, SegmentMerger, SyncSleep, SyntheticFrames, TinyConvNet
 from rnb.core.model import StepModelClass
 
 MODEL_CLASSES: tuple[StepModelClass, ...] = (
     Aggregator, Batcher, EpisodeLoader, EpisodeFetcher, EpisodeDecoder, R2P1DRunner, R2P1DSingleStep,
-    SyntheticFrames, TinyConvNet, SegmentMerger, AsyncSleep, CpuSpin, GpuSpin)
+    SyntheticFrames, TinyConvNet, SegmentMerger, AsyncSleep, SyncSleep, CpuSpin, GpuSpin)

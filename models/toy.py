@@ -6,8 +6,8 @@ weights, data or a GPU.
 """
 from __future__ import annotations
 
+import collections
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -151,54 +151,63 @@ class SegmentMerger:
 
 
 class SleepingDevice:
-    """A CPU stand-in for a GPU stream: work queued on it runs in order on a worker thread, each piece for its time.
+    """A CPU stand-in for a GPU stream: work queued on it runs in order, each piece for its time, on a clock of its own.
 
-    `submit` returns at once, as a kernel launch does; the worker sleeps the
-    work's time and only then applies its effect (writes the output), so a
-    reader that does not wait for the device reads unfinished data, as it
-    would on a GPU.  `mark` (rnb.core.device.DeviceQueue) queues a marker
-    behind everything submitted so far; waiting on it blocks until the worker
-    reaches it, using no CPU, as a runner polling a CUDA event nearly does.
-    Its calls hold no CPU: the tuner's sleeping example
-    (config/tune-example.json) is worked out on that.
+    `submit` returns at once, as a kernel launch does, and books the work
+    after whatever is booked already: the device is done with it at a time
+    known when it is queued, as a stream's work would be done, so no thread
+    stands in for the device.  The work's effect (writing the output) is
+    applied only once that time has passed and someone looks (a mark's
+    `query` or `wait`), so a reader that does not wait for the device reads
+    unfinished data, as it would on a GPU.  `mark` (rnb.core.device.DeviceQueue)
+    is a point after everything submitted so far; waiting on it sleeps until
+    then, using no CPU, as a runner waiting on a CUDA event does.  Its calls
+    hold no CPU: the tuner's sleeping example (config/tune-example.json) is
+    worked out on that.
     """
 
-    def __init__(self) -> None:
-        self._work: queue.SimpleQueue[tuple[float, Callable[[], object]]] = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="sleeping-device", daemon=True).start()
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._busy_until = 0.0   # when the work booked so far is done, on `clock`
+        self._pending: collections.deque[tuple[float, Callable[[], object]]] = collections.deque()
+        self._lock = threading.Lock()   # a runner's model and its loop may look from different threads
 
     def submit(self, seconds: float, effect: Callable[[], object]) -> None:
-        self._work.put((seconds, effect))
+        with self._lock:
+            self._busy_until = max(self._busy_until, self._clock()) + seconds
+            self._pending.append((self._busy_until, effect))
 
     def mark(self) -> SleepMark:
-        mark = SleepMark()
-        self._work.put((0.0, mark.reached))
-        return mark
+        with self._lock:
+            return SleepMark(self, max(self._busy_until, self._clock()))
 
-    def _run(self) -> None:
-        while True:
-            seconds, effect = self._work.get()
-            if seconds > 0:
-                time.sleep(seconds)
-            effect()
+    def catch_up(self, until: float) -> None:
+        """Apply, in order, the effects of the work done by `until`."""
+        with self._lock:
+            while self._pending and self._pending[0][0] <= until:
+                self._pending.popleft()[1]()
+
+    def now(self) -> float:
+        return self._clock()
 
 
 class SleepMark:
-    """A marker in a SleepingDevice's queue: when the worker reached it (rnb.core.device.DeviceMark)."""
+    """A point in a SleepingDevice's queue: the time the work booked before it is done (rnb.core.device.DeviceMark)."""
 
-    def __init__(self) -> None:
-        self._reached = threading.Event()
-        self.at = 0.0  # time.monotonic() when reached
-
-    def reached(self) -> None:
-        self.at = time.monotonic()
-        self._reached.set()
+    def __init__(self, device: SleepingDevice, at: float) -> None:
+        self.device = device
+        self.at = at   # when the device reaches this mark, on its clock
 
     def query(self) -> bool:
-        return self._reached.is_set()
+        reached = self.device.now() >= self.at
+        if reached:
+            self.device.catch_up(self.at)
+        return reached
 
     def wait(self) -> None:
-        self._reached.wait()
+        while (left := self.at - self.device.now()) > 0:
+            time.sleep(left)
+        self.device.catch_up(self.at)
 
     def ms_since(self, earlier: DeviceMark) -> float:
         if not isinstance(earlier, SleepMark):
@@ -245,6 +254,30 @@ class AsyncSleep:
         self.device_queue.submit(self.seconds + self.seconds_per_item * len(cards), lambda: output.copy_(result))
         passed = non_tensors if tensors else {"request": non_tensors["request"]}
         return StepOutput((output,), passed, time_card)
+
+
+class SyncSleep:
+    """The plainest step there is: its call sleeps `ms` and hands its input on as it came, making no tensor.
+
+    The counterpart of a LoadGen system under test whose worker sleeps and
+    completes the sample: whatever a job of it costs beyond `ms` per item is
+    the harness's (bench rows L1 and L2 hold it to that).  Without an input
+    tensor (as step 0) it has no output to declare, so it can only be a
+    pipeline's final step there.
+    """
+
+    def __init__(self, device: torch.device, ms: Ms = 0.0) -> None:
+        self.seconds = ms / 1000.0
+
+    @staticmethod
+    def output_shape(input_shapes: tuple[tuple[int, ...], ...] | None = None,
+                     **kwargs: object) -> tuple[tuple[int, ...], ...] | None:
+        """Its input's shapes; None as step 0, where it makes nothing."""
+        return input_shapes
+
+    def __call__(self, tensors: Tensors, non_tensors: NonTensors, time_card: Cards) -> StepOutput:
+        time.sleep(self.seconds)
+        return StepOutput(tensors, non_tensors, time_card)
 
 
 class CpuSpin:

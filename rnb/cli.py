@@ -25,16 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import rnb.flags as flags
-from rnb.analysis.summary import job_summary
+from rnb.analysis.summary import job_summary, judged
 from rnb.console import terminal_logging
 from rnb.core import joblog
 from rnb.engines.job import DEFAULT_STALL_S, JobResult, RunArgs, request_queue_note
+from rnb.engines.loadgen import loadgen_refusal
 from rnb.engines.local.driver import run_job
 from rnb.engines.ray import cluster as ray_cluster
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.engines.stopping import STOPS
 from rnb.load import DEFAULTS as LOAD_DEFAULTS
-from rnb.load import LOAD_KEYS, LoadSettings, with_scenario
+from rnb.load import EXCLUSIVE, LOAD_KEYS, SCENARIO_KEYS, LoadSettings, mode_of, with_scenario
 from rnb.load import refusal as load_refusal
 from rnb.pipeline.config import RUN_CHOICES, RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
@@ -55,6 +56,10 @@ DEFAULTS: dict[str, Any] = {"videos": 2000, "batch_size": 1, "queue_size": 50000
                             "stall_s": DEFAULT_STALL_S, "max_duration_s": 0.0}
 
 
+# The load keys that choose a mode: one of them on the command line replaces the config's load mode.
+MODE_CHOOSERS: tuple[str, ...] = (*EXCLUSIVE, "mean_interval_ms", "scenario")
+SCENARIO_SETTINGS = {key.name for key in SCENARIO_KEYS} - {"scenario"}
+
 # The flags that a config's "run" object may also set, each checked against its range in RUN_KEYS (the load
 # modes' flags are rnb.load.LOAD_KEYS).
 RUN_FLAGS: dict[str, tuple[str, ...]] = {
@@ -70,6 +75,11 @@ def run_value(key: str) -> Callable[[str], float]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return benchmark_parser().parse_args(argv)
+
+
+def benchmark_parser() -> flags.CommandParser:
+    """benchmark.py's flags: RnB's, the load modes' (rnb.load) and the harness's own."""
     parser = flags.CommandParser("benchmark.py", "Benchmark a multi-step, multi-process video inference pipeline.")
     parser.add_argument(*flags.CONFIG, dest="config_file_path",
                         help="pipeline config JSON (default: the embedded default config, rnb/pipeline/default.json, "
@@ -112,15 +122,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"(default {DEFAULT_STALL_S:g}; 0 never)")
     parser.add_argument("--max-duration", dest="max_duration_s", type=run_value("max_duration_s"), metavar="S",
                         help="end the job after S seconds of measured time, keeping what it measured (default 0: no maximum)")
-    return parser.parse_args(argv)
+    return parser
 
 
 def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
     """Command line over config "run" over DEFAULTS (parse_args checked each flag's range); a bad mix raises ConfigError."""
     values = _combined(ns, config, DEFAULTS)
     load = _checked_load(ns, config, values["videos"])
+    if load.scenario is not None and ns.warmup is None and "warmup" not in config.run:
+        values["warmup"] = 0   # LoadGen counts every query of a scenario's run
     _check_warmup(ns, config, values["warmup"], values["videos"])
     engine = ns.engine or str(config.run.get("engine", RUN_CHOICES["engine"][0]))  # _parse_run checked it is a choice
+    if load.client == "loadgen":
+        _check_loadgen(ns, config, engine, values["max_duration_s"])
     if ns.ray_address is not None and engine != "ray":
         raise ConfigError(flags.WHERE, "--ray-address", f"expected the Ray engine (--engine ray or the config's "
                                                         f"\"run\": {{\"engine\": \"ray\"}}), found the {engine} engine")
@@ -130,8 +144,11 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
 
 def _checked_load(ns: argparse.Namespace, config: PipelineConfig, videos: int) -> LoadSettings:
     """The job's load settings; ConfigError naming the flag, or the config's run key, that makes a bad mix."""
-    given = [key for key in LOAD_KEYS if getattr(ns, key) is not None or key in config.run]
-    load = with_scenario(LoadSettings(**_combined(ns, config, LOAD_DEFAULTS)), given)
+    run = _standing_run_load(ns, config)
+    given = [key for key in LOAD_KEYS if getattr(ns, key) is not None or key in run]
+    values: dict[str, Any] = {key: getattr(ns, key) if getattr(ns, key) is not None else run.get(key, default)
+                              for key, default in LOAD_DEFAULTS.items()}
+    load = with_scenario(LoadSettings(**values), given)
     problem = load_refusal(load, given, videos)
     if problem is None:
         return load
@@ -139,6 +156,28 @@ def _checked_load(ns: argparse.Namespace, config: PipelineConfig, videos: int) -
     if getattr(ns, key) is not None:
         raise ConfigError(flags.WHERE, flags.flag_name(LOAD_KEYS[key].spellings), expected)
     raise ConfigError(config.path, f"run.{key}", expected)
+
+
+def _check_loadgen(ns: argparse.Namespace, config: PipelineConfig, engine: str, max_duration_s: float) -> None:
+    """Refuse --client loadgen (or run.client) where LoadGen cannot drive the job: not installed, Ray, a maximum duration."""
+    problem = loadgen_refusal(engine, max_duration_s)
+    if problem is not None:
+        raise ConfigError(*((flags.WHERE, "--client") if ns.client is not None else (config.path, "run.client")), problem)
+
+
+def _standing_run_load(ns: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
+    """The config's load keys that the command line leaves standing: all of them, unless a flag chooses a load
+    mode; then only that mode's keys (the config's run.fps stands beside --streams, its run.streams not beside
+    --arrivals): a flag's load mode replaces the config's."""
+    run = {key: value for key, value in config.run.items() if key in LOAD_KEYS}
+    flagged = {key: getattr(ns, key) for key in LOAD_KEYS if getattr(ns, key) is not None}
+    if not any(key in flagged for key in MODE_CHOOSERS):
+        return run
+    values: dict[str, Any] = {**LOAD_DEFAULTS, **flagged}
+    mode = mode_of(with_scenario(LoadSettings(**values), flagged))
+    # A scenario's own settings (its query size, target, minimum duration, client) stand beside a flagged scenario.
+    kept = {declared.name for declared in mode.keys} | (SCENARIO_SETTINGS if "scenario" in flagged else set())
+    return {key: value for key, value in run.items() if key in kept}
 
 
 def _combined(ns: argparse.Namespace, config: PipelineConfig, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -272,9 +311,10 @@ def _reported(result: JobResult) -> int:
         print(f"benchmark.py: {stop.sentence('after its log was opened: the log keeps what it measured')}",
               file=sys.stderr)
     if result.logged and (result.job_dir / joblog.TIMINGS_FILE).exists():
-        print(job_summary(result.job_dir))
+        window = judged(result.job_dir)
+        print(job_summary(result.job_dir, window))
         try:
-            joblog.record_main_peak_rss(result.job_dir)
+            joblog.record_after_summary(result.job_dir, None if window.scenario is None else window.scenario.to_json())
         except OSError:
             pass  # meta.json stands as written, with the peak before the summary
     print(f"job log: {result.job_dir}{'' if result.logged else ' (incomplete: no meta.json)'}")

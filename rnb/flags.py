@@ -14,7 +14,7 @@ import difflib
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
 CONFIG = ("-c", "--config_file_path", "--config", "--config-file-path")
@@ -24,6 +24,13 @@ BATCH = ("-b", "--batch_size", "--batch-size")
 QUEUE_SIZE = ("-qs", "--queue_size", "--queue-size")
 QUIET = ("-q", "--quiet")
 WHERE = "command line"   # where a flag's error is, as a config error names its file
+# Every spelling benchmark.py takes besides its load modes' (rnb.load), so that sweep.py, which passes the flags
+# it does not know on to benchmark.py, can refuse one that neither knows; tests/test_sweep.py holds the two
+# commands to each other.
+BENCHMARK: tuple[str, ...] = (
+    *CONFIG, *VIDEOS, *BATCH, *QUEUE_SIZE, *QUIET, "--check", "--cpu", "--warmup", "--log-dir", "--seed",
+    "--sample-interval-ms", "--dataset", "--allow-busy-gpus", "--max-replicas", "--engine", "--ray-address",
+    "--stall-s", "--max-duration", "-h", "--help")
 
 
 def flag_name(spellings: tuple[str, ...]) -> str:
@@ -33,11 +40,16 @@ def flag_name(spellings: tuple[str, ...]) -> str:
 
 def shown(text: str) -> str:
     """A flag's text as a refusal quotes it: a number as written, anything else in quotes."""
+    return text if _is_number(text) else repr(text)
+
+
+def _is_number(text: str) -> bool:
+    """Whether a token is a number (a negative value such as `-1` is not a flag)."""
     try:
         float(text)
     except ValueError:
-        return repr(text)
-    return text
+        return False
+    return True
 
 
 def integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -123,6 +135,21 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{WHERE}: {self.sentence(message)}\n")
+
+    def parse_passing_on(self, argv: Sequence[str] | None, known: Collection[str],
+                         to: str) -> tuple[argparse.Namespace, list[str]]:
+        """This command's flags, and the rest to pass on to the command `to`, whose flags are `known`; a flag that
+        neither command knows is refused here, with the closest flag of either as the hint."""
+        args, extra = self.parse_known_args(argv)
+        for token in extra:
+            name = token.split("=")[0]
+            if name.startswith("-") and name not in known and not _is_number(name):
+                own = [spelling for action in self._actions for spelling in action.option_strings]
+                close = difflib.get_close_matches(name, [*own, *known], n=1)
+                hint = f" (did you mean {close[0]}?)" if close else f" (see {self.prog} --help and {to} --help)"
+                self.exit(2, f"{WHERE}: {name}: expected a flag of {self.prog} or of {to}, which {self.prog} passes "
+                             f"on, found an unknown one{hint}\n")
+        return args, extra
 
     def refuse(self, spellings: tuple[str, ...] | str, expected: str) -> NoReturn:
         """Refuse one flag's value found bad after parsing: `command line: FLAG: expected ..., found ...`."""

@@ -9,7 +9,8 @@ and tells the analysis where its jobs go on a load curve.  The command line
 (rnb.analysis) read these declarations instead of keeping lists of their
 own; docs/development.md says how to add a mode.
 
-This module imports only rnb.flags, so that every layer may import it.
+This module imports only rnb.flags and rnb.load_inputs (what a trace and a
+schedule are read from), so that every layer may import it.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from typing import ClassVar
 
 import rnb.flags as flags
 from rnb.load_inputs import MAX_STREAMS, MAX_WAIT_S, TraceError, parse_schedule, read_trace
+from rnb.load_inputs import OFFERED_FILE as OFFERED_FILE  # the engines and the analysis read these through rnb.load
+from rnb.load_inputs import Span as Span
 
 # The largest count a POSIX semaphore holds (SEM_VALUE_MAX on Linux): the bound of every queue and of the
 # closed loop's requests in flight.
@@ -36,6 +39,7 @@ STREAM_FIELD, FRAME_FIELD, DEADLINE_FIELD, LATE_FIELD = "stream", "frame", "dead
 # The time-card field of a request's due time (epoch seconds on the job's clock), for the modes whose exact times
 # matter (LoadMode.records_due): a request's enqueue minus it is the client's timing error.
 DUE_FIELD = "due"
+FATES = ("processed", "dropped", "unfinished")
 
 Setting = int | float | str | None   # one load setting's value, as a flag, a config and meta.json give it
 
@@ -122,7 +126,17 @@ class LoadSettings:
     stream_policy: str = "queue"
     arrivals: str | None = None         # a trace: a CSV or Parquet file of offsets, or a job's log directory
     rate_schedule: str | None = None    # "100@10s,300@5s" or ramps "100-300@10s": requests/s for each span
-    scenario: str | None = None         # a LoadGen scenario's name, which sets the keys of SCENARIOS
+    scenario: str | None = None         # a LoadGen scenario's name (SCENARIOS): its load, and its rules for the verdict
+    samples_per_query: int = 8          # multi-stream: samples issued together, the next query once all are done
+    target_latency_ms: float | None = None   # None: the scenario's LoadGen default (Scenario.target_latency_ms)
+    min_duration_ms: float = 10000.0    # a scenario's minimum duration, LoadGen's min_duration_ms (its default)
+    client: str = "rnb"                 # who issues the requests: RnB's client, or MLPerf LoadGen ("loadgen")
+
+    @property
+    def scenario_target_ms(self) -> float | None:
+        """The scenario's target latency: --target-latency-ms, else LoadGen's default for it (None for offline)."""
+        spec = SCENARIOS.get(self.scenario or "")
+        return self.target_latency_ms if self.target_latency_ms is not None or spec is None else spec.target_latency_ms
 
     @property
     def deadline_s(self) -> float:
@@ -188,6 +202,16 @@ class LoadMode:
         """Whether every request is offered at once, so the load is all the pipeline can take."""
         return False
 
+    def query_size(self, settings: LoadSettings) -> int:
+        """How many requests go together, the first of them only once every request before it has finished: 1
+        (each on its own) but for LoadGen's multi-stream queries."""
+        return 1
+
+    def open_loop(self, settings: LoadSettings) -> bool:
+        """Whether requests go at their due times whether or not earlier ones finished, and are all served: a job
+        whose requests were served slower than they were offered then measured a growing queue (OVERLOADED_BY)."""
+        return False
+
 
 MEAN_INTERVAL = RunKey("mean_interval_ms", flags.MEAN_INTERVAL, "MS", "Poisson mean inter-arrival in ms; 0 = bulk (default 3)",
                        maximum=MAX_WAIT_S * 1000)
@@ -212,9 +236,13 @@ class ClosedLoop(LoadMode):
         while True:
             yield Arrival(None)
 
+    # Its curve on analyze.py's plots, the key ordering its points, and their labels' prefix.
+    curve: ClassVar[tuple[str, str, str]] = (" (closed loop)", "concurrency", "c")
+
     def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
-        concurrency = _number(args, "concurrency")
-        return CurvePoint(" (closed loop)", concurrency, f"c {concurrency:g}")
+        name, key, prefix = self.curve
+        size = _number(args, key)
+        return CurvePoint(name, size, f"{prefix} {size:g}")
 
 
 class Bulk(LoadMode):
@@ -263,6 +291,9 @@ class Poisson(LoadMode):
     def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
         interval = _number(args, "mean_interval_ms")
         return CurvePoint("", -interval, f"mi {interval:g}")
+
+    def open_loop(self, settings: LoadSettings) -> bool:
+        return True
 
 
 STREAMS = RunKey("streams", ("--streams",), "N", "camera streams: N periodic sources of one request each per "
@@ -334,7 +365,12 @@ class Streams(LoadMode):
 
     def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
         streams = _number(args, "streams")
-        return CurvePoint(f" (streams at {_number(args, 'fps'):g} fps)", streams, f"s {streams:g}")
+        policy = args.get("stream_policy") or "queue"   # queue and drop are two loads: a curve each
+        return CurvePoint(f" (streams at {_number(args, 'fps'):g} fps, {policy})", streams, f"s {streams:g}")
+
+    def open_loop(self, settings: LoadSettings) -> bool:
+        """Under the drop policy a stream's frames wait for the pipeline: what it dropped is its figure, not a queue."""
+        return settings.stream_policy == "queue"
 
 
 ARRIVALS = RunKey("arrivals", ("--arrivals",), "FILE", "replay a trace: a CSV or Parquet file with a column offset_s "
@@ -383,6 +419,9 @@ class Trace(LoadMode):
     def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
         return CurvePoint(f" (trace {args.get('arrivals')})", 0.0, "trace")
 
+    def open_loop(self, settings: LoadSettings) -> bool:
+        return True
+
 
 class Schedule(LoadMode):
     """Poisson at a rate that follows a schedule of spans (bursts, ramps), repeated until -v requests are sent."""
@@ -417,6 +456,9 @@ class Schedule(LoadMode):
     def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
         return CurvePoint(f" (schedule {args.get('rate_schedule')})", 0.0, "schedule")
 
+    def open_loop(self, settings: LoadSettings) -> bool:
+        return True
+
     def short_of_its_load(self, args: Mapping[str, object], requests: int) -> str | None:
         """The measured requests must cover one whole cycle of the schedule, from the first measured request's due
         time on: a job that stops inside a cycle measured only some of its rates.  The due times are the job's own
@@ -433,19 +475,110 @@ class Schedule(LoadMode):
                 f"{schedule} ({cycle_s:g} s from the first measured one, {needed - warmup} requests).")
 
 
+@dataclass(frozen=True)
+class Scenario:
+    """One of MLPerf LoadGen's scenarios: its name there, what it issues, and the defaults LoadGen judges it by.
+
+    The percentile is the one LoadGen reports and early stopping bounds (its
+    TestSettings defaults); the target latency is Server's bound
+    (server_target_latency_ns) and, for the stream scenarios, the latency
+    LoadGen expects (single_stream_expected_latency_ns,
+    multi_stream_expected_latency_ns), which only sizes its schedule.
+    """
+
+    name: str                          # as --scenario spells it
+    loadgen: str                       # mlperf_loadgen.TestScenario's member
+    percentile: float                  # 0.99 is 99th
+    target_latency_ms: float | None    # LoadGen's default; None: Offline has none
+
+    def sets(self, settings: LoadSettings) -> dict[str, Setting]:
+        """The load keys the scenario gives RnB's client (docs/running.md puts LoadGen's definitions beside them)."""
+        sets: dict[str, dict[str, Setting]] = {"offline": {"mean_interval_ms": 0}, "single-stream": {"concurrency": 1},
+                                               "multi-stream": {"concurrency": settings.samples_per_query}}
+        return sets.get(self.name, {})
+
+
+SCENARIOS: dict[str, Scenario] = {spec.name: spec for spec in (
+    Scenario("offline", "Offline", 0.99, None), Scenario("server", "Server", 0.99, 100.0),
+    Scenario("single-stream", "SingleStream", 0.90, 1.0), Scenario("multi-stream", "MultiStream", 0.99, 8.0))}
+SCENARIO = RunKey("scenario", ("--scenario",), "NAME",
+                  "a LoadGen scenario, issued and judged by LoadGen's rules: offline (-mi 0), server (Poisson at -mi), "
+                  "single-stream (one request at a time), multi-stream (queries of --samples-per-query requests in "
+                  "lockstep) (default: none, RnB's own verdict)", choices=tuple(SCENARIOS))
+SAMPLES_PER_QUERY = RunKey("samples_per_query", ("--samples-per-query",), "N",
+                           "multi-stream: requests in each query, issued together, the next query once all of them "
+                           "finished (default 8, LoadGen's)", integral=True, minimum=1, needs="scenario")
+TARGET_LATENCY = RunKey("target_latency_ms", ("--target-latency-ms",), "MS",
+                        "server: the bound on the scenario's p99 latency (default 100, LoadGen's "
+                        "server_target_latency); single-stream, multi-stream: the latency LoadGen expects, which "
+                        "sizes its schedule (defaults 1 and 8, LoadGen's)", minimum=0, above=True, needs="scenario")
+MIN_DURATION = RunKey("min_duration_ms", ("--min-duration-ms",), "MS",
+                      "a scenario's minimum duration (default 10000, LoadGen's min_duration_ms)", needs="scenario")
+CLIENT = RunKey("client", ("--client",), "NAME", "who issues the scenario's requests: rnb (this harness's client) or "
+                "loadgen (MLPerf LoadGen itself, pip install '.[loadgen]') (default rnb)", choices=("rnb", "loadgen"),
+                needs="scenario")
+SCENARIO_KEYS = (SCENARIO, SAMPLES_PER_QUERY, TARGET_LATENCY, MIN_DURATION, CLIENT)
+
+
+class MultiStream(ClosedLoop):
+    """LoadGen's MultiStream: a query of N requests at once, the next query only when all N have finished (a closed
+    loop of N whose room is taken a whole query at a time)."""
+
+    name = "multi_stream"
+    keys = (SAMPLES_PER_QUERY,)
+
+    def chosen(self, settings: LoadSettings) -> bool:
+        return settings.scenario == "multi-stream"
+
+    def job_label(self, settings: LoadSettings) -> str:
+        return f"ms{settings.samples_per_query}"
+
+    curve = (" (multi-stream)", "samples_per_query", "ms")
+
+    def query_size(self, settings: LoadSettings) -> int:
+        return settings.samples_per_query
+
+
+class LoadGenDriven(LoadMode):
+    """MLPerf LoadGen issues the requests of its scenario itself (rnb.engines.loadgen): none of RnB's modes applies."""
+
+    name = "loadgen"
+    keys = (CLIENT,)
+    # What a LoadGen-driven job reads besides the scenario's own keys; -mi only as Server's target rate.
+    reads = ("mean_interval_ms",)
+
+    def chosen(self, settings: LoadSettings) -> bool:
+        return settings.client == "loadgen"
+
+    def job_label(self, settings: LoadSettings) -> str:
+        spec = SCENARIOS[settings.scenario or "server"]
+        rate = f"-mi{settings.mean_interval_ms:g}" if spec.name == "server" else ""
+        size = f"{settings.samples_per_query}" if spec.name == "multi-stream" else ""
+        return f"lg-{spec.loadgen.lower()}{size}{rate}"
+
+    def refusal(self, settings: LoadSettings, videos: int) -> tuple[str, str] | None:
+        if settings.scenario == "server" and settings.mean_interval_ms <= 0:
+            return "mean_interval_ms", ("expected a mean gap > 0 ms, LoadGen's Server target rate being 1000 / -mi, "
+                                        f"found {settings.mean_interval_ms:g}")
+        return None
+
+    def arrivals(self, settings: LoadSettings, seed: int) -> Iterator[Arrival]:
+        """LoadGen keeps its schedule to itself: the requests have no due times of RnB's."""
+        while True:
+            yield Arrival(None)
+
+    def curve_point(self, args: Mapping[str, object]) -> CurvePoint:
+        interval = _number(args, "mean_interval_ms")
+        return CurvePoint(f" (LoadGen {args.get('scenario')})", -interval, f"lg mi {interval:g}")
+
+
 # Asked in this order: the first mode whose `chosen` says yes is the job's.
-MODES: tuple[LoadMode, ...] = (Streams(), Trace(), Schedule(), ClosedLoop(), Bulk(), Poisson())
+MODES: tuple[LoadMode, ...] = (LoadGenDriven(), Streams(), Trace(), Schedule(), MultiStream(), ClosedLoop(), Bulk(),
+                               Poisson())
 # The keys that each choose a mode of their own: at most one may be set.
 EXCLUSIVE = ("streams", "arrivals", "rate_schedule", "concurrency")
 # Every load key once, in LoadSettings' order: flags, run keys and LoadSettings fields.
-SCENARIO = RunKey("scenario", ("--scenario",), "NAME",
-                  "a LoadGen scenario by its name: offline (-mi 0), server (Poisson at -mi), single-stream "
-                  "(--concurrency 1), multi-stream (--concurrency 8) (default: none)",
-                  choices=("offline", "server", "single-stream", "multi-stream"))
-# What each LoadGen scenario sets (docs/running.md puts LoadGen's definitions beside these).
-SCENARIOS: dict[str, dict[str, Setting]] = {"offline": {"mean_interval_ms": 0}, "server": {},
-                                            "single-stream": {"concurrency": 1}, "multi-stream": {"concurrency": 8}}
-_DECLARED = {SCENARIO.name: SCENARIO, **{key.name: key for mode in MODES for key in mode.keys}}
+_DECLARED = {**{key.name: key for key in SCENARIO_KEYS}, **{key.name: key for mode in MODES for key in mode.keys}}
 LOAD_KEYS: dict[str, RunKey] = {field.name: _DECLARED[field.name] for field in dataclasses.fields(LoadSettings)}
 DEFAULTS: dict[str, Setting] = dataclasses.asdict(LoadSettings())
 
@@ -456,8 +589,12 @@ def mode_of(settings: LoadSettings) -> LoadMode:
 
 
 def with_scenario(settings: LoadSettings, given: Iterable[str]) -> LoadSettings:
-    """The settings with their scenario's keys set where the command line and the config left them to defaults."""
-    chosen = SCENARIOS.get(settings.scenario or "", {})
+    """The settings with their scenario's keys set where the command line and the config left them to defaults
+    (for RnB's client: LoadGen issues a LoadGen-driven job's requests itself)."""
+    spec = SCENARIOS.get(settings.scenario or "")
+    if spec is None or settings.client == "loadgen":
+        return settings
+    chosen = spec.sets(settings)
     return _settings({**dataclasses.asdict(settings), **{key: value for key, value in chosen.items() if key not in set(given)}})
 
 
@@ -469,19 +606,44 @@ def refusal(settings: LoadSettings, given: Iterable[str], videos: int) -> tuple[
     alone, rather than silently ignored.
     """
     given = list(given)
-    for key, value in SCENARIOS.get(settings.scenario or "", {}).items():
-        if getattr(settings, key) != value:
-            return "scenario", (f"expected {_flag(key)} {value} or none beside it (the {settings.scenario} scenario), "
-                                f"found {_flag(key)} {getattr(settings, key)}")
     for name in given:
         needed = LOAD_KEYS[name].needs
         if needed is not None and getattr(settings, needed) is None:
             return name, (f"expected {flags.flag_name(LOAD_KEYS[needed].spellings)} (or run.{needed}) beside it, "
                           "found none")
+    problem = _scenario_refusal(settings, given, videos)
+    if problem is not None:
+        return problem
     chosen = [name for name in EXCLUSIVE if getattr(settings, name) is not None]
     if len(chosen) > 1:
         return chosen[0], f"expected one load mode, found {' and '.join(_flag(name) for name in chosen)} together"
     return mode_of(settings).refusal(settings, videos)
+
+
+def _scenario_refusal(settings: LoadSettings, given: list[str], videos: int) -> tuple[str, str] | None:
+    """A scenario's own refusals: keys it does not read, keys it contradicts, a -v it cannot split into queries."""
+    spec = SCENARIOS.get(settings.scenario or "")
+    if spec is None:
+        return None
+    if settings.client == "loadgen":
+        stray = [name for name in given if name in (*EXCLUSIVE, *LoadGenDriven.reads)
+                 and not (name == "mean_interval_ms" and spec.name == "server")]
+        if stray:
+            return stray[0], (f"expected none beside --client loadgen, whose {spec.name} scenario LoadGen issues itself"
+                              f", found {_flag(stray[0])}")
+    for key, value in spec.sets(settings).items():
+        if settings.client == "rnb" and getattr(settings, key) != value:
+            return "scenario", (f"expected {_flag(key)} {value} or none beside it (the {settings.scenario} scenario), "
+                                f"found {_flag(key)} {getattr(settings, key)}")
+    if "samples_per_query" in given and spec.name != "multi-stream":
+        return "samples_per_query", f"expected the multi-stream scenario beside it, found {spec.name}"
+    if "target_latency_ms" in given and spec.target_latency_ms is None:
+        return "target_latency_ms", f"expected a scenario with a latency target beside it, found {spec.name}"
+    if spec.name == "multi-stream" and videos % settings.samples_per_query:
+        blamed = "samples_per_query" if "samples_per_query" in given else "scenario"
+        return blamed, (f"expected -v to be whole queries of {settings.samples_per_query} requests "
+                        f"({_flag('samples_per_query')}), found -v {videos}")
+    return None
 
 
 def _flag(name: str) -> str:

@@ -33,6 +33,9 @@ MAX_WAIT_S = 86_400.0
 MAX_STREAMS = 10_000
 MAX_RATE = 1e6   # requests/s of a schedule's span: more than any pipeline here takes, so still a bulk load
 OFFSET, STREAM = "offset_s", "stream"
+# The log of every request a job's client offered (rnb.engines.offered), dropped ones included, and each one's fate:
+# what `--arrivals logs/JOB` replays.
+OFFERED_FILE = "offered.parquet"
 _KINDS = "a CSV or Parquet file of arrival offsets, or a job's log directory"
 
 
@@ -64,11 +67,14 @@ def shown_cell(cell: object) -> str:
 def read_trace(path: str) -> tuple[tuple[float, ...], tuple[int, ...] | None]:
     """A trace's arrival offsets in seconds, sorted, and their streams if it names them; TraceError if unusable.
 
-    A job's log directory gives its requests' enqueue times, from its first.
+    A job's log directory gives what its client offered, from its first
+    request: every request's due time and stream (OFFERED_FILE), dropped
+    ones included; a log without them (an older one, a load without due
+    times, a killed client) gives its finished items' enqueue times.
     """
     where = Path(path)
     if where.is_dir():
-        return _recorded_job(where), None
+        return _recorded_job(where)
     header, rows = _table(where)
     if OFFSET not in header:
         raise TraceError(f"expected a column {OFFSET} in {_shown(where)}, found the columns "
@@ -81,17 +87,33 @@ def read_trace(path: str) -> tuple[tuple[float, ...], tuple[int, ...] | None]:
     return offsets, _streams(where, [row[header.index(STREAM)] for row in rows])
 
 
-def _recorded_job(folder: Path) -> tuple[float, ...]:
-    timings = folder / "timings.parquet"
-    if not timings.is_file():
-        raise TraceError(f"expected a job's log directory holding timings.parquet, found none in {_shown(folder)}")
-    enqueue = pq.read_table(timings, columns=["enqueue"]).column("enqueue").to_pylist()
-    times = sorted(time for time in enqueue if time is not None)
-    offsets = tuple(time - times[0] for time in times)
+def _recorded_job(folder: Path) -> tuple[tuple[float, ...], tuple[int, ...] | None]:
+    offered = _offered(folder / OFFERED_FILE)
+    if offered is None:
+        timings = folder / "timings.parquet"
+        if not timings.is_file():
+            raise TraceError(f"expected a job's log directory holding timings.parquet, found none in {_shown(folder)}")
+        enqueue = pq.read_table(timings, columns=["enqueue"]).column("enqueue").to_pylist()
+        times = sorted(time for time in enqueue if time is not None)
+        offered = tuple(time - times[0] for time in times), None
+    offsets = offered[0]
     if offsets and offsets[-1] > MAX_WAIT_S:
         raise TraceError(f"expected a recorded job whose requests came within {MAX_WAIT_S:g} s (one day) of its "
                          f"first, found one {offsets[-1]:g} s after it in {_shown(folder)}")
-    return offsets
+    return offered
+
+
+def _offered(path: Path) -> tuple[tuple[float, ...], tuple[int, ...] | None] | None:
+    """A job's offered requests as a trace: their due times from the first, and their streams where every one has
+    one; None where the file is missing or a request has no due time."""
+    if not path.is_file():
+        return None
+    table = pq.read_table(path, columns=["due", "stream"])
+    due, streams = table.column("due").to_pylist(), table.column("stream").to_pylist()
+    if not due or any(when is None for when in due):
+        return None
+    return (tuple(when - due[0] for when in due),
+            tuple(streams) if all(stream is not None for stream in streams) else None)
 
 
 def _table(path: Path) -> tuple[list[str], list[list[object]]]:

@@ -25,6 +25,7 @@ from rnb.analysis.jobs import (
     stat_column,
     summarize_job,
 )
+from rnb.analysis.plots import jobs_figure
 from rnb.analysis.summary import job_summary
 from rnb.core.joblog import SPOOL_DIR
 from rnb.engines.sampler import SampledGpu, Sampler
@@ -218,10 +219,10 @@ def test_the_table_names_the_config_and_the_batches_also_of_a_log_in_the_old_lay
     done = run_analyze(str(log_copy), "--min-items", "1", "--min-duration", "0")
     assert done.returncode == 0, done.stderr
     header, rule, *rows = done.stdout.split("\n\n")[0].splitlines()
-    assert header.split()[:5] == ["job", "config", "batch", "reason", "validity"]
-    cells = {row.split()[0]: row.split()[1:5] for row in rows}
-    assert cells == {real_job.name: ["toy", "1/1", "target", "reached"],
-                     old.name: ["toy", "-/-", "target", "reached"]}
+    assert header.split()[:6] == ["job", "config", "batch", "load", "reason", "validity"]
+    cells = {row.split()[0]: row.split()[1:8] for row in rows}
+    assert cells == {real_job.name: ["toy", "1/1", "bulk", "(all", "at", "once)", "target"],
+                     old.name: ["toy", "-/-", "bulk", "(all", "at", "once)", "target"]}
 
 
 def test_the_summary_throughput_is_the_measured_window_analyze_reports(real_job: Path) -> None:
@@ -237,14 +238,17 @@ def test_plot_is_a_png_with_a_load_panel_only_when_a_config_ran_at_several_loads
         real_job: Path, log_copy: Path, tmp_path: Path) -> None:
     single, several = tmp_path / "single.png", tmp_path / "several.png"
     assert run_analyze(str(log_copy), "--plot", str(single)).returncode == 0
+    panels = [axes.get_title() for axes in jobs_figure(load_jobs(log_copy).jobs)[0].axes]
     clone_job(log_copy, real_job.name, "at-mi-5", args={**json.loads((real_job / "meta.json").read_text())["args"],
                                                         "mean_interval_ms": 5})
     assert run_analyze(str(log_copy), "--plot", str(several)).returncode == 0
     for path in (single, several):
         data = path.read_bytes()
         assert data[:8] == PNG_SIGNATURE and len(data) > 1000
-    one_panel, two_panels = matplotlib.image.imread(single), matplotlib.image.imread(several)
-    assert one_panel.shape[1] == 800 and two_panels.shape[1] == 1300
+    assert "throughput against p99 latency" not in panels
+    assert "throughput against p99 latency" in [axes.get_title() for axes in jobs_figure(load_jobs(log_copy).jobs)[0].axes]
+    # Two jobs are drawn one row each over time, under the stages and the load curve, and named in a key.
+    assert matplotlib.image.imread(several).shape[0] > matplotlib.image.imread(single).shape[0]
 
 
 def test_plot_says_which_jobs_time_rows_it_left_out(real_job: Path, log_copy: Path, tmp_path: Path) -> None:

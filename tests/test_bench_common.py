@@ -67,7 +67,9 @@ def test_a_zero_denominator_names_the_row_and_repetition() -> None:
 
 
 def test_an_unknown_goal_operator_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"^a goal's operator must be '>=', '<=' or '==', not '>'$"):
+    assert Goal("within", 0.05).met(1.049) and Goal("within", 0.05).met(0.951) and not Goal("within", 0.05).met(1.06)
+    assert str(Goal("within", 0.05)) == "1 ± 0.05"
+    with pytest.raises(ValueError, match=r"^a goal's operator must be '>=', '<=', '==' or 'within', not '>'$"):
         Goal(">", 1)
 
 

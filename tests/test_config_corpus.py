@@ -84,7 +84,10 @@ CASES: dict[str, tuple[str, str]] = {
     "run_queue_size_null": ("run.queue_size", "expected an integer from 1 to 2147483647, found null"),
     "run_queue_size_huge": ("run.queue_size", "expected an integer from 1 to 2147483647, found 2147483648"),
     "run_seed_boolean": ("run.seed", "expected an integer >= 0, found false"),
-    "run_unknown_key": ("run.vidoes", "expected one of the run keys"),
+    "run_unknown_key": ("run.vidoes", 'expected one of the run keys (mean_interval_ms, concurrency, streams, fps, '
+                                      'stream_phase, jitter_ms, deadline_ms, stream_policy, arrivals, rate_schedule, '
+                                      'scenario, videos, batch_size, queue_size, warmup, seed, stall_s, '
+                                      'max_duration_s, engine), found an unknown key (did you mean "videos"?)'),
     "run_videos_string": ("run.videos", 'expected an integer >= 1, found the string "40"'),
     "run_videos_zero": ("run.videos", "expected an integer >= 1, found 0"),
     "run_warmup_negative": ("run.warmup", "expected an integer >= 0, found -3"),
@@ -100,7 +103,8 @@ CASES: dict[str, tuple[str, str]] = {
     "step_not_object": ("pipeline[1]", 'expected an object, found the string "models.toy.TinyConvNet"'),
     "third_step_in_queue_mismatch": ("pipeline[2].queue_groups[1].in_queue", "out_queues of pipeline[1] {0, 1}, found 2"),
     "top_level_list": ("(top level)", "expected an object, found the list"),
-    "unknown_top_key": ("pipline", "expected one of the top-level keys"),
+    "unknown_top_key": ("pipline", 'expected one of the top-level keys (pipeline, source, run, video_path_iterator, '
+                                   'description), found an unknown key (did you mean "pipeline"?)'),
     "video_path_iterator_not_iterable": ("source.video_path_iterator", "to have a callable __iter__, found none"),
     "video_path_iterator_twice": ("video_path_iterator", "found both"),
 }

@@ -157,7 +157,7 @@ def test_every_item_logs_the_replica_output_queue_and_batch_of_each_step(tmp_pat
     job = load_jobs(tmp_path / "logs").jobs.to_pylist()[0]
     assert (job["config"], job["batch_sizes"], job["batch_size"]) == ("config", "1/2/2", 1)
     header = format_summary(load_jobs(tmp_path / "logs").jobs).splitlines()[0].split()
-    assert header[:4] == ["job", "config", "batch", "reason"]
+    assert header[:5] == ["job", "config", "batch", "load", "reason"]
     assert all(len(seen) == 1 for seen in batches.values())  # a batch stays one batch at the next step
     assert sorted(seen.pop() for seen in batches.values()) == [0, 1, 2, 3]
     assert log.children_left == []

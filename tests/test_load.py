@@ -82,3 +82,21 @@ def test_the_command_line_beats_the_config_which_beats_the_defaults(tmp_path) ->
     assert cli.resolve_args(cli.parse_args([]), config).load == LoadSettings(mean_interval_ms=7, concurrency=4)
     assert cli.resolve_args(cli.parse_args(["--concurrency", "2"]), config).load.concurrency == 2
     assert cli.resolve_args(cli.parse_args([]), parse_config(document, "toy.json")).load == LoadSettings()
+
+
+def test_a_flags_load_mode_replaces_the_configs(tmp_path) -> None:
+    """docs/running.md: flags override the config's run keys; a flag that chooses a mode replaces the config's
+    mode, whose other keys then stand only where they belong to the flag's mode."""
+    document = json.loads(open("config/streams-example.json").read())   # run: streams 1, fps 30, deadline 250 ms
+    config = parse_config(document, "streams-example.json")
+    trace = tmp_path / "trace.csv"
+    trace.write_text("offset_s\n" + "".join(f"{i / 10}\n" for i in range(600)))
+    replayed = cli.resolve_args(cli.parse_args(["--arrivals", str(trace)]), config).load
+    assert replayed == LoadSettings(arrivals=str(trace))
+    more = cli.resolve_args(cli.parse_args(["--streams", "3"]), config).load
+    assert more == LoadSettings(streams=3, fps=30, deadline_ms=250)
+    assert cli.resolve_args(cli.parse_args(["-mi", "5"]), config).load == LoadSettings(mean_interval_ms=5)
+    assert cli.resolve_args(cli.parse_args(["--fps", "15"]), config).load == LoadSettings(streams=1, fps=15,
+                                                                                          deadline_ms=250)
+    assert cli.resolve_args(cli.parse_args(["--scenario", "offline"]), config).load == LoadSettings(
+        mean_interval_ms=0, scenario="offline")

@@ -384,7 +384,7 @@ def test_every_model_and_selector_class_shipped_is_in_the_tuple_mypy_checks_agai
     """models/shipped.py and selector.py hold each class to rnb.core.model's protocols; none may be left out."""
     modules = [importlib.import_module(f"models.{info.name}") for info in pkgutil.iter_modules(models.__path__)]
     assert classes_defined_in(modules, "output_shape") == set(shipped.MODEL_CLASSES)
-    assert len(shipped.MODEL_CLASSES) == 13
+    assert len(shipped.MODEL_CLASSES) == 14
     assert classes_defined_in([selector_module], "select") == set(selector_module.SELECTOR_CLASSES) == {
         selector_module.RoundRobinSelector, LargeSmallSelector}
 
@@ -456,3 +456,24 @@ def test_cpu_spin_computes_its_cpu_time_per_item_and_hands_its_input_on():
     passed, = CpuSpin(torch.device("cpu"), ms=1.0)((frames,), {"request": None}, cards).tensors
     assert torch.equal(passed, frames) and passed.data_ptr() != frames.data_ptr()
     assert CpuSpin.output_shape(input_shapes=((4, 10),)) == ((4, 10),)
+
+
+def test_sync_sleep_sleeps_in_its_call_and_hands_its_input_on_as_it_came():
+    import time
+
+    from models.toy import SyncSleep
+    frames, cards, extra = torch.ones(2, 3), (TimeCard(1),), {"request": 7}
+    before = time.monotonic()
+    output = SyncSleep(torch.device("cpu"), ms=20.0)((frames,), extra, cards)
+    assert time.monotonic() - before >= 0.02
+    assert output.tensors[0] is frames and output.non_tensors is extra and output.time_card is cards  # nothing made
+    assert SyncSleep.output_shape() is None and SyncSleep.output_shape(input_shapes=((2, 3),)) == ((2, 3),)
+
+
+def test_sync_sleep_as_a_first_step_feeding_another_is_refused_for_lack_of_an_output():
+    raw = {"source": {"synthetic": True}, "pipeline": [
+        {"model": "models.toy.SyncSleep", "queue_groups": [{"gpus": [-1], "out_queues": [0]}], "num_shared_tensors": 2},
+        {"model": "models.toy.SyncSleep", "queue_groups": [{"gpus": [-1], "in_queue": 0}]}]}
+    with pytest.raises(ConfigError, match=r"pipeline\[0\]\.model: expected output_shape\(\) to give a non-empty tuple "
+                                          r"of shapes \(tuples of positive ints\) because the step feeds another, found None"):
+        plan_runners(parse_config(raw, "sleep.json"), 1)

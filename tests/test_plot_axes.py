@@ -11,7 +11,8 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from rnb.analysis.html import figure, page, stage_figure
+from rnb.analysis.figures import figure, stage_figure
+from rnb.analysis.html import page
 from rnb.tune.report import Point, pareto_figure
 from tests.test_trace import handmade, run_analyze  # noqa: F401  (the fixture is used by name)
 from tests.tune_support import render
@@ -20,13 +21,14 @@ PREDICTED = [Point("1 | b8 | 1 | 1", 120.0, 35.0), Point("2 | b8 | 1 | 1", 230.0
 MEASURED = {"2 | b8 | 1 | 1": [Point("8", 125.0, 22.0), Point("4.5", 221.0, 140.0), Point("4", 248.0, 2600.0)]}
 
 
-def test_the_job_page_draws_both_plots_with_axes_that_span_their_data(handmade: Path, tmp_path: Path) -> None:
+def test_the_job_page_draws_its_plots_with_axes_that_span_their_data(handmade: Path, tmp_path: Path) -> None:
     out = tmp_path / "job.html"
     done = run_analyze(str(handmade), "--html", str(out), "--min-items", "1", "--min-duration", "0")
     assert done.returncode == 0, done.stderr
     seen = render(out)
-    assert seen.errors == () and seen.fetched == () and seen.plots == 2
-    assert seen.misfit_axes == ()
+    # stages, rates, latency: the hand-made job has no samples and no streams
+    assert seen.errors == () and seen.fetched == () and seen.plots == 3
+    assert seen.misfit_axes == () and seen.overlaps == () and seen.legends_on_data == ()
     text = out.read_text()
     body = text[text.index("</head>"):]
     # The title names the job once; the stage table names each step's model.
@@ -39,13 +41,14 @@ def test_stages_a_hundredfold_apart_stand_side_by_side_on_a_log_axis(tmp_path: P
     row = {"num_steps": 2, "step_models": '["models.toy.SyntheticFrames", "models.r2p1d.R2P1DRunner"]',
            "copy0_mean_ms": 0.3, "inside0_mean_ms": 2.0, "copy1_mean_ms": 0.4, "inside1_mean_ms": 800.0}
     out = tmp_path / "stages.html"
-    out.write_text(page("stages", [stage_figure(row, "stages")]), encoding="utf-8")
+    steps = ["step 0 (SyntheticFrames)", "step 1 (R2P1DRunner)"]
+    out.write_text(page("stages", [stage_figure(row, "stages", steps)]), encoding="utf-8")
     text = out.read_text()
     assert '"barmode":"group"' in text and '"type":"log"' in text and "step 1 (R2P1DRunner)" in text
     seen = render(out)
     assert seen.errors == () and seen.plots == 1 and seen.misfit_axes == ()
     row.update(copy0_mean_ms=30.0, inside0_mean_ms=200.0, copy1_mean_ms=40.0)   # within a hundredfold: stacked
-    assert '"barmode":"stack"' in stage_figure(row, "stages")
+    assert '"barmode":"stack"' in stage_figure(row, "stages", steps)
 
 
 def test_the_tuners_log_scale_plot_spans_its_points_and_the_bound(tmp_path: Path) -> None:

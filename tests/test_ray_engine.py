@@ -363,3 +363,23 @@ def test_a_runner_that_hangs_while_loading_its_model_on_ray_ends_start_up_as_sta
     assert log.meta["error"].startswith("step 1 replica 0 (pid ") and "has not become ready" in log.meta["error"]
     assert "in __init__" in (log.dir / "stacks" / "step1-g0-r0.txt").read_text()
     assert ray_cluster.alive_actors(log.meta["job_id"]) == []
+
+
+def test_a_ray_stream_job_logs_every_frame_offered_and_says_who_missed_the_dropped(ray_cluster, tmp_path, job_log):
+    """2 streams at 30 fps into a 20 ms step under drop: the client actor's Offered reaches the log through the
+    JobControl, so offered.parquet holds every frame with its fate, as on the local engine."""
+    done = benchmark(["-c", "config/streams-example.json", "--engine", "ray", "--ray-address", ray_cluster.address,
+                      "--streams", "2", "--stream-policy", "drop", "-v", "90", "--warmup", "0", "--log-dir",
+                      str(tmp_path / "logs")])
+    out, err = done.communicate(timeout=JOB_TIMEOUT_S)
+    assert done.returncode == 0, err
+    log = job_log(tmp_path / "logs")
+    streams = log.meta["streams"]
+    offered = pq.read_table(log.dir / "offered.parquet").to_pylist()
+    assert [row["item_id"] for row in offered] == list(range(90))
+    assert sorted((row["stream"], row["frame"]) for row in offered) == [(s, f) for s in (0, 1) for f in range(45)]
+    assert {row["item_id"] for row in offered if row["fate"] == "processed"} == {row["item_id"] for row in log.rows}
+    assert sum(row["fate"] == "dropped" for row in offered) == streams["dropped"] > 0
+    assert streams["offered"] == 90 == streams["processed"] + streams["dropped"]
+    (bottleneck,) = [line for line in out.splitlines() if line.startswith("bottleneck: ")]
+    assert "served the offered load" not in bottleneck and f"{streams['dropped']} dropped" in bottleneck

@@ -3,17 +3,20 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import matplotlib.image
 import pyarrow as pa
 import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 import pytest
 
 from rnb import cli
 from rnb.analysis.html import write_job_page
 from rnb.analysis.jobs import ValidityRules, load_jobs
-from rnb.analysis.report import format_report, plot_jobs
+from rnb.analysis.plots import plot_jobs
+from rnb.analysis.report import format_report
 from rnb.analysis.streams import SCREEN_ROWS, format_streams
 from rnb.engines.streams import Dealer, write_per_stream
 from rnb.load import LoadSettings, mode_of
@@ -101,7 +104,11 @@ def test_one_stream_at_30_fps_into_a_40_ms_step_is_late_on_every_frame_under_que
         FRAMES, FRAMES, 0, 1.0)
     strict = ValidityRules(min_duration_s=0, min_items=1, min_frames_per_stream=FRAMES + 1)
     (judged,) = load_jobs(tmp_path / "logs", rules=strict).jobs.to_pylist()
-    assert judged["invalid_because"].endswith("1 of 1 streams offered fewer than 61 frames each (the fewest 60).")
+    # Both: too few frames per stream, and 30 frames a second offered to a step that serves 25 (its queue grew).
+    frames, overload = judged["invalid_because"].split(" overloaded: ")
+    assert frames.endswith("1 of 1 streams offered fewer than 61 frames each (the fewest 60).")
+    offered, served = (float(rate) for rate in re.fullmatch(r"offered ([\d.]+)/s, served ([\d.]+)/s\.", overload).groups())
+    assert served < 0.95 * offered
     report = format_report(load_jobs(tmp_path / "logs").jobs)
     assert "streams: 1 at 30 fps, policy queue, deadline 33.3 ms: 60 frames offered, 60 processed, 60 late" in report
     write_job_page(tmp_path / "logs" / meta["job_id"], tmp_path / "job.html")
@@ -124,6 +131,28 @@ def test_one_stream_at_30_fps_into_a_40_ms_step_drops_what_the_step_cannot_take(
     frames = [row["frame"] for row in sorted(rows, key=lambda row: row["enqueue"])]
     assert frames == sorted(set(frames)) and frames[0] == 0
     assert streams["per_stream"][0]["dropped"] == streams["dropped"] and "-s1-fps30-drop-v60" in meta["job_id"]
+    # The log keeps every frame offered, dropped ones too, each with its due time and fate; -v counts them all.
+    job = tmp_path / "logs" / meta["job_id"]
+    offered = pq.read_table(job / "offered.parquet").to_pylist()
+    assert [row["item_id"] for row in offered] == list(range(FRAMES))
+    assert [(row["stream"], row["frame"]) for row in offered] == [(0, frame) for frame in range(FRAMES)]
+    fates = {row["item_id"]: row["fate"] for row in offered}
+    assert {item for item, fate in fates.items() if fate == "processed"} == {row["item_id"] for row in rows}
+    assert sum(fate == "dropped" for fate in fates.values()) == streams["dropped"]
+    assert set(fates.values()) == {"processed", "dropped"}
+    due = {row["item_id"]: row["due"] for row in rows}
+    assert all(abs(row["due"] - due[row["item_id"]]) < 1e-6 for row in offered if row["item_id"] in due)
+    assert [round(row["due"] - offered[0]["due"], 6) for row in offered] == [round(k / 30, 6) for k in range(FRAMES)]
+    # Replayed, the job offers the same 60 frames at the same times, on their stream and with their frame index,
+    # though the config's run names streams of its own (a flag's load mode replaces the config's).
+    replay = tmp_path / "replay"
+    assert cli.main(["-c", "config/streams-example.json", "--arrivals", str(job), "-v", str(FRAMES), "--warmup", "0",
+                     "-q", "--log-dir", str(replay)]) == 0
+    again = job_log(replay)
+    assert again.meta["args"]["load_mode"] == "trace" and again.meta["args"]["streams"] is None
+    assert sorted((row["stream"], row["frame"]) for row in again.rows) == [(0, frame) for frame in range(FRAMES)]
+    replayed = sorted(again.rows, key=lambda row: row["item_id"])
+    assert [round(row["due"] - replayed[0]["due"], 6) for row in replayed] == [round(k / 30, 6) for k in range(FRAMES)]
 
 
 @pytest.mark.parametrize(("argv", "sentence"), [

@@ -15,11 +15,22 @@ from tests.test_trace import handmade  # noqa: F401  (the fixture is used by nam
 
 
 def whole_table_lines(timings: Path, num_steps: int) -> list[str]:
-    """The latency lines computed the plain way, from every column of every measured row at once."""
+    """The latency lines computed the plain way, from every column of every measured row at once: each step's parts,
+    then the model's own spans that lie inside its call."""
     table = pq.read_table(timings)
     measured = table.filter(pc.invert(table.column("is_warmup")))
     latencies = part_latencies(measured, num_steps)
-    rows = [(f"step {k} {part.name}", latencies[part_key(part, k)]) for k in range(num_steps) for part in PARTS]
+
+    def seconds(name: str) -> np.ndarray:
+        return measured.column(name).to_numpy().astype(float)
+
+    rows = []
+    for k in range(num_steps):
+        rows += [(f"step {k} {part.name}", latencies[part_key(part, k)]) for part in PARTS]
+        for span in ("decode", "fetch"):
+            begin, end = seconds(f"{span}_start"), seconds(f"{span}_finish")
+            inside = (begin >= seconds(f"inference{k}_start")) & (end <= seconds(f"inference{k}_finish"))
+            rows.append((f"step {k}  {span}", np.where(inside, end - begin, np.nan)))
     lines = []
     for stage, seconds in [*rows, (END_TO_END.name, latencies[END_TO_END.key])]:
         ms = seconds[~np.isnan(seconds)] * 1000
@@ -42,8 +53,10 @@ def test_the_summary_reads_a_few_columns_at_a_time_and_prints_the_whole_tables_f
     lines = text.splitlines()
     assert lines[2] == "latency in ms over 3 items (the first 0 items are warmup, excluded):"
     assert lines[4:] == whole_table_lines(timings, 2) and len(lines) > 6
+    assert [line.split()[2] for line in lines[4:] if line.startswith("  step 0  ")] == ["decode", "fetch"]
     assert reads[0] == ["is_warmup"] and all(len(columns) == 1 for columns in reads)  # one column at a time
-    assert {columns[0] for columns in reads} == {"is_warmup", "enqueue", "slot0_acquired", *(
+    assert {columns[0] for columns in reads} == {"is_warmup", "enqueue", "slot0_acquired", "fetch_start", "fetch_finish",
+                                                 "decode_start", "decode_finish", *(
         f"{event}{k}_{when}" for k in range(2) for event, when in (("runner", "start"), ("inference", "start"),
                                                                     ("inference", "finish"), ("runner", "finish")))}
 

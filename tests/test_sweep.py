@@ -152,11 +152,26 @@ def test_the_search_gives_up_on_a_rate_that_stays_invalid(tmp_path: Path) -> Non
     (["--latency-bound-ms", "50", "--low-mi", "1", "--high-mi", "5"],
      "--high-mi: expected less than --low-mi 1 (a smaller interval is a higher rate), found 5"),
     (["--latency-bound-ms", "50", "--percentile", "101"], "--percentile: expected a number > 0 and <= 100, found 101"),
+    (["-mi", "1", "--max-stream", "4"], "--max-stream: expected a flag of sweep.py or of benchmark.py, which sweep.py "
+                                        "passes on, found an unknown one (did you mean --max-streams?)"),
+    (["-mi", "1", "--vidoes=3"], "--vidoes: expected a flag of sweep.py or of benchmark.py, which sweep.py passes on, "
+                                 "found an unknown one (did you mean --videos?)"),
 ])
 def test_sweep_refuses_bad_loads_in_one_sentence(argv: list[str], sentence: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         sweep_cli.main(["--config", "config/toy.json", *argv])
     assert (exited.value.code, capsys.readouterr()) == (2, ("", f"command line: {sentence}\n"))
+
+
+def test_sweep_passes_on_exactly_the_flags_benchmark_py_takes() -> None:
+    """sweep.py refuses a flag that neither it nor benchmark.py knows: its list of benchmark.py's flags is the
+    benchmark's own parser's."""
+    from rnb import cli
+
+    taken = {spelling for action in cli.benchmark_parser()._actions for spelling in action.option_strings}
+    assert taken == sweep_cli.BENCHMARK_FLAGS
+    args, extra = sweep_cli.parse_args(["-c", "config/toy.json", "-mi", "1", "--seed", "-1", "--cpu", "--warmup=3"])
+    assert extra == ["--seed", "-1", "--cpu", "--warmup=3"]
 
 
 def test_sweep_script_stops_on_a_run_that_leaves_no_job(tmp_path: Path) -> None:
@@ -171,13 +186,14 @@ def test_sweep_script_stops_on_a_run_that_leaves_no_job(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
-    """One sweep of the toy config at -mi 5 (items mostly alone) and -mi 0.01 (items queued at once).
+    """One sweep of the toy config at -mi 20 (items mostly alone) and -mi 0.01 (items queued at once, far more than
+    the pipeline serves: the job is overloaded).
 
     400 items each: fewer could not bound the p99, and the jobs would be INVALID.
     """
     logs = tmp_path_factory.mktemp("sweep") / "logs"
     done = subprocess.run(
-        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--mi", "5,0.01", "-v", "400", "--warmup", "0",
+        [sys.executable, str(SWEEP), "-c", "config/toy.json", "--mi", "20,0.01", "-v", "400", "--warmup", "0",
          "--log-dir", str(logs), "--min-items", "20", "--min-duration", "0"],
         cwd=REPO, capture_output=True, text=True, timeout=240,
     )
@@ -190,12 +206,16 @@ def test_a_real_sweep_over_two_loads_yields_two_jobs_and_one_summary(
         real_sweep: tuple[Path, subprocess.CompletedProcess]) -> None:
     logs, done = real_sweep
     jobs = sorted(logs.iterdir())
-    assert sorted(json.loads((job / "meta.json").read_text())["args"]["mean_interval_ms"] for job in jobs) == [0.01, 5]
-    header, rule, *rows = done.stdout.splitlines()
+    assert sorted(json.loads((job / "meta.json").read_text())["args"]["mean_interval_ms"] for job in jobs) == [0.01, 20]
+    header, rule, *rows = done.stdout.splitlines()[:4]
     assert header.startswith("job ") and set(rule) == {"-", " "}
     assert sorted(row.split()[0] for row in rows) == [job.name for job in jobs]
-    assert header.split()[:5] == ["job", "config", "batch", "reason", "validity"]
-    assert [row.split()[1:6] for row in rows] == [["toy", "1/1", "target", "reached", "VALID"]] * 2
+    assert header.split()[:6] == ["job", "config", "batch", "load", "reason", "validity"]
+    assert sorted(row.split()[1:8] for row in rows) == [
+        ["toy", "1/1", "poisson", "1e+05/s", "target", "reached", "INVALID"],
+        ["toy", "1/1", "poisson", "50/s", "target", "reached", "VALID"]]
+    (why,) = [line for line in done.stdout.splitlines() if "-mi0.01-" in line and "INVALID:" in line]
+    assert why.split("INVALID: ")[1].startswith("overloaded: offered ")
 
 
 @pytest.mark.slow
@@ -214,11 +234,11 @@ def test_a_real_bisection_brackets_the_bound_between_two_measured_loads(
             measured[rate] = measure_trial(outcome, rate, 90.0)
         return measured[rate]
 
-    low, high = measured[200.0], measured[100000.0]
+    low, high = measured[50.0], measured[100000.0]
     bound = math.sqrt(low.latency_ms * high.latency_ms)
     assert low.latency_ms < bound < high.latency_ms
-    result = bisect_rate(measure, 200.0, 100000.0, bound, max_steps=1)
-    assert [trial.rate_per_s for trial in result.trials] == [200.0, 100000.0, 50100.0]
+    result = bisect_rate(measure, 50.0, 100000.0, bound, max_steps=1)
+    assert [trial.rate_per_s for trial in result.trials] == [50.0, 100000.0, 50025.0]
     assert len(list(tmp_path.iterdir())) == 1
     assert result.best.rate_per_s < result.above.rate_per_s
     assert result.best.latency_ms < bound <= result.above.latency_ms

@@ -106,7 +106,7 @@ def test_a_ramp_rises_linearly_over_its_span() -> None:
 
 @pytest.mark.parametrize(("scenario", "mode", "label"), [
     ("offline", "bulk", "mi0"), ("server", "poisson", "mi3"), ("single-stream", "closed_loop", "c1"),
-    ("multi-stream", "closed_loop", "c8")])
+    ("multi-stream", "multi_stream", "ms8")])
 def test_loadgen_scenarios_map_onto_the_load_modes(scenario: str, mode: str, label: str, tmp_path: Path) -> None:
     args = cli.resolve_args(cli.parse_args(["--scenario", scenario]), cli.load_config("config/toy.json"))
     assert (mode_of(args.load).name, mode_of(args.load).job_label(args.load)) == (mode, label)

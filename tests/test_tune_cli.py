@@ -59,6 +59,9 @@ def job_dirs(out: Path) -> list[Path]:
     (["--cpu-slots", "3", "--verify-repeats", "0"], "command line: --verify-repeats: expected an integer >= 1, found 0"),
     (["--cpu-slots", "x"], "command line: --cpu-slots: expected an integer >= 0, found 'x'"),
     (["--cpu-slots", "3", "-b", "0,2"], "command line: -b/--batch_size: expected comma-separated integers >= 1, found '0,2'"),
+    # rnb-tune passes no flag on: one it does not know is its own refusal, with its own flag as the hint.
+    (["--cpu-slots", "3", "--verify-repeat", "3"],
+     "command line: --verify-repeat: expected a flag of rnb-tune, found an unknown one (did you mean --verify-repeats?)"),
     # Nothing listens on port 1: asked where its nodes are, the cluster is refused at once, not retried for minutes.
     (["--cpu-slots", "3", "--engine", "ray", "--ray-address", "127.0.0.1:1"],
      "rnb-tune: could not reach the Ray cluster at 127.0.0.1:1: its GCS did not answer within 5 s"),
@@ -247,8 +250,10 @@ def test_a_second_run_with_the_same_arguments_runs_no_job(runs: Runs) -> None:
 def test_the_report_renders_in_a_browser_without_errors_or_fetches(runs: Runs) -> None:
     seen = render(runs.out / "report.html")
     assert seen.errors == () and seen.fetched == () and seen.misfit_axes == ()
-    # the Pareto plot, then the finalist's job at its peak rate: its stages and its throughput over time
-    assert seen.plots == 3 and seen.traces >= 3
+    assert seen.overlaps == () and seen.legends_on_data == ()
+    # the Pareto plot, then the finalist's job at its peak rate: its stages, its offered and served rates, its
+    # latency over time and its processes
+    assert seen.plots == 5 and seen.traces >= 3
     text = (runs.out / "report.html").read_text()
     # At its peak rate the finalist's busiest step is saturated (named, with what one more replica adds), or not
     # (then the latency bound holds it): rnb.analysis.utilisation decides, as for every job.
@@ -269,7 +274,7 @@ def test_analyze_writes_the_same_page_for_one_job(runs: Runs, tmp_path: Path) ->
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     seen = render(page)
-    assert seen.errors == () and seen.fetched == () and seen.plots == 2 and seen.misfit_axes == ()
+    assert seen.errors == () and seen.fetched == () and seen.plots == 4 and seen.misfit_axes == ()
     assert f"job {job.name}" in page.read_text()
     many = subprocess.run([sys.executable, str(ANALYZE), str(job.parent), "--html", str(page)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)

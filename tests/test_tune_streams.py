@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from rnb.tune.cli import main
@@ -23,7 +24,7 @@ from rnb.tune.profile import Bench
 from rnb.tune.search import Goal, Memory, Search
 from rnb.tune.space import Budget, read_space
 from rnb.tune.streams import StreamGoal, predicted_streams, simulated_missed_fraction, stream_finalists
-from tests.tune_support import REPO, hand_profiles
+from tests.tune_support import REPO, find_browser, hand_profiles, render
 
 EXAMPLE = REPO / "config" / "streams-example.json"
 BENCH = Bench("cpu", "local", host="test-host")
@@ -55,9 +56,8 @@ def test_the_simulation_sustains_the_streams_worked_by_hand(found: Search) -> No
 
 
 def test_finalists_are_ranked_by_the_streams_they_sustain(found: Search) -> None:
-    ranked = stream_finalists(found, StreamGoal(30.0, 0.01, 250.0), 2)
+    ranked = stream_finalists(found, StreamGoal(30.0, 0.01, 250.0))
     assert [(f.predicted, f.devices) for f in ranked] == [(3, 2), (1, 1)]
-    assert [f.predicted for f in stream_finalists(found, StreamGoal(30.0, 0.01, 250.0), 1)] == [3]
 
 
 def test_the_simulated_drop_policy_processes_what_one_40_ms_step_can_take() -> None:
@@ -118,8 +118,26 @@ def test_the_tuner_finds_the_example_s_one_stream_and_writes_a_config_that_runs_
     assert (finalist["predicted_streams"], finalist["streams"], finalist["failed_at"]) == (1, 1, 2)
     assert [trial["streams"] for trial in finalist["trials"]] == [1, 2]
     assert finalist["trials"][0]["missed_fraction"] <= 0.01 < finalist["trials"][1]["missed_fraction"]
-    assert done.stdout.splitlines()[-2:] == ["best: step 0: 1 x cpu: 1 streams at 30 fps",
-                                             f"wrote {out / 'best.json'}, {out / 'streams.json'}"]
+    best, bound, wrote = done.stdout.splitlines()[-3:]
+    assert best == "best: step 0: 1 x cpu: 1 stream at 30 fps"
+    # Two streams saturate the step; where its runner also waited for a core (a loaded host), the cores share it.
+    assert bound.startswith("what bounds it: at 2 streams step 0 (AsyncSleep) was busy ") and bound.endswith(
+        ("saturated: the pipeline, not the host, missed the frames.",
+         "not the step alone, missed the frames.")), bound
+    assert wrote == (f"wrote {out / 'best.json'}, {out / 'streams.json'}, {out / 'candidates.parquet'}, "
+                     f"{out / 'streams.png'}, {out / 'report.html'}")
+    assert report["what_bounds_it"] == finalist["what_bounds_it"] == done.stdout.splitlines()[-2]
+    # The same report as the latency objective's: every candidate with its prediction, a plot, one page.
+    (row,) = pq.read_table(out / "candidates.parquet").to_pylist()
+    assert (row["predicted_streams"], row["measured_streams"], row["failed_at"], row["prediction_close"]) == (1, 1, 2, True)
+    assert row["bound"] == report["what_bounds_it"] and Path(row["job_log"]).name in finalist["trials"][0]["job_dir"]
+    assert (out / "streams.png").read_bytes()[:4] == b"\x89PNG"
+    page = (out / "report.html").read_text()
+    assert "Best, as measured: step 0: 1 x cpu: 1 stream at 30 fps" in page and report["what_bounds_it"] in page
+    if find_browser() is not None:
+        seen = render(out / "report.html")
+        assert (seen.errors, seen.fetched, seen.misfit_axes, seen.overlaps, seen.legends_on_data) == ((),) * 5
+        assert [plot["id"] for plot in seen.drawn][:2] == ["streams", "finalist-1-stages"]
     best = json.loads((out / "best.json").read_text())
     assert best["run"] | {"videos": 0} == {"streams": 1, "fps": 30, "deadline_ms": 250, "videos": 0, "warmup": 0}
     check = subprocess.run([sys.executable, "benchmark.py", "-c", str(out / "best.json"), "--check"], cwd=REPO,

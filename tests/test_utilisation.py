@@ -13,7 +13,8 @@ import pytest
 
 from rnb import cli
 from rnb.analysis.jobs import load_jobs, read_job
-from rnb.analysis.report import format_utilisation, load_curves, stage_colours
+from rnb.analysis.plots import stage_colours
+from rnb.analysis.report import format_utilisation, load_curves
 from rnb.analysis.utilisation import busiest_step, busy_fractions, union_seconds
 from rnb.core.stages import PARTS
 from tests.shared_jobs import bulk_toy_job
@@ -73,6 +74,11 @@ def test_closed_loop_jobs_make_a_curve_of_their_own_ordered_by_concurrency() -> 
         "toy.json (closed loop)": [("c 2", 20.0, 2.0, True), ("c 8", 80.0, 8.0, True)],
     }
     assert "steady state" not in format_utilisation({"busy_fraction": "{}"})
+    streams = [{"config_path": "config/streams-example.json", "streams": n, "fps": 30.0, "stream_policy": policy,
+                "measured_throughput_items_per_s": 30.0 * n, "e2e_p99_ms": 20.0 * n, "validity": "VALID"}
+               for policy in ("queue", "drop") for n in (1, 2)]
+    assert sorted(load_curves(pa.Table.from_pylist(streams))) == [
+        "streams-example.json (streams at 30 fps, drop)", "streams-example.json (streams at 30 fps, queue)"]
 
 
 def test_the_end_of_run_summary_names_each_runners_busy_fraction_and_the_bottleneck(tmp_path_factory, job_log) -> None:
@@ -85,24 +91,29 @@ def test_the_end_of_run_summary_names_each_runners_busy_fraction_and_the_bottlen
             / (end - start) for k in range(2)]
     lines = shared.done.stdout.splitlines()
     (runners,) = [line for line in lines if line.startswith("runners (time inside the model / elapsed): ")]
-    cpu = re.fullmatch(r"runners \(time inside the model / elapsed\): step0-g0-r0 busy (\d+)%(?:, cpu (\d+)%)?; "
-                       r"step1-g0-r0 busy (\d+)%(?:, cpu (\d+)%)?", runners)
+    cpu = re.fullmatch(r"runners \(time inside the model / elapsed\): step0-g0-r0 busy (\d+)%(?:, cpu (\d+)%)?"
+                       r"(?:, waited for a core (\d+)%)?; step1-g0-r0 busy (\d+)%(?:, cpu (\d+)%)?"
+                       r"(?:, waited for a core (\d+)%)?", runners)
     assert cpu, runners
-    assert [int(cpu[1]), int(cpu[3])] == [round(100 * b) for b in busy]
+    assert [int(cpu[1]), int(cpu[4])] == [round(100 * b) for b in busy]
     # A CPU share needs two samples of the runner between start and end, which a loaded machine may not take.
     samples = pq.read_table(log.dir / "samples.parquet").to_pylist()
     sampled = [sum(s["process"] == f"step{k}-g0-r0" and start <= s["time"] <= end for s in samples) >= 2
                for k in range(2)]
-    assert [cpu[i] is not None for i in (2, 4)] == sampled
-    assert all(0 <= int(cpu[i]) <= 100 * len(os.sched_getaffinity(0)) for i in (2, 4) if cpu[i] is not None)
+    assert [cpu[i] is not None for i in (2, 5)] == sampled
+    assert all(0 <= int(cpu[i]) <= 100 * len(os.sched_getaffinity(0)) for i in (2, 5) if cpu[i] is not None)
+    # A runner that waited for a core a tenth of the time or more says how long (the host's load decides whether).
+    assert all(10 <= int(cpu[i]) <= 100 for i in (3, 6) if cpu[i] is not None)
     neck = max(range(2), key=lambda k: busy[k])
+    waited = cpu[3 if neck == 0 else 6]
+    waiting = f", waiting for a core {waited}% of it" if waited else ""
     after = lines[lines.index(runners) + 1]
     if busy[neck] >= 0.8:
         assert after == f"bottleneck: step {neck} (its runners busy {busy[neck]:.0%} of the elapsed time on average)"
     else:   # -mi 0 queued every request at once, yet a loaded machine may keep both models under 80% busy
         assert after == ("bottleneck: no step was saturated, though every request was sent at once: the time between "
                          f"the models (queues, copies, hand-overs) bounds it (the busiest, step {neck}, {busy[neck]:.0%} "
-                         "of the elapsed time on average)")
+                         f"of the elapsed time on average{waiting})")
     assert lines[0] == "termination: target reached" and lines[-1] == f"job log: {log.dir}"
 
 
@@ -177,13 +188,13 @@ def test_the_plots_stage_bars_stand_side_by_side_on_a_log_axis_when_a_hundredfol
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from rnb.analysis.report import _stage_bars
+    from rnb.analysis.plots import _stage_bars
 
     near = {"job_id": "near", "num_steps": 2, "copy0_mean_ms": 30.0, "inside0_mean_ms": 200.0, "inside1_mean_ms": 400.0}
     far = {**near, "job_id": "far", "copy0_mean_ms": 0.3, "inside1_mean_ms": 800.0}
     for records, scale, bottoms in (([near], "linear", {0.0, 30.0, 230.0}), ([near, far], "log", {0.0})):
         axis = Figure().add_subplot()
-        _stage_bars(axis, records)
+        _stage_bars(axis, records, [str(record["job_id"]) for record in records])
         assert axis.get_yscale() == scale
         # Stacked, each part starts where the one before ended; side by side, every bar starts at 0.
         assert {round(bar.get_y(), 6) for bar in axis.patches if bar.get_height() > 0} == bottoms

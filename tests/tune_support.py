@@ -60,6 +60,38 @@ class Rendered:
     errors: tuple[str, ...]    # console messages at SEVERE
     fetched: tuple[str, ...]   # resources the page loaded (a self-contained page loads none)
     misfit_axes: tuple[str, ...] = ()   # axes that do not span their plot's data (axis_misfits), one line each
+    overlaps: tuple[str, ...] = ()      # texts drawn over other texts of their plot: "plot: a / b"
+    legends_on_data: tuple[str, ...] = ()   # plots whose legend covers one of their plotting areas
+    drawn: tuple[dict[str, Any], ...] = ()  # per plot: id, title, axes (type, range, title, tick texts), trace names
+
+
+# Per plot: every text drawn (its box), whether its legend's box meets a plotting area's, and what its axes show.
+_TEXTS_JS = """
+const meet = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1 &&
+                       Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
+return Array.from(document.querySelectorAll('.js-plotly-plot')).filter(p => p._fullLayout).map(p => {
+  const texts = Array.from(p.querySelectorAll('text')).filter(t => t.textContent.trim() &&
+      getComputedStyle(t).visibility !== 'hidden' && t.getBoundingClientRect().width > 0);
+  const overlaps = [];
+  for (let i = 0; i < texts.length; i++) for (let j = i + 1; j < texts.length; j++) {
+    if (texts[i].contains(texts[j]) || texts[j].contains(texts[i])) continue;
+    if (meet(texts[i].getBoundingClientRect(), texts[j].getBoundingClientRect()))
+      overlaps.push(p.id + ': ' + texts[i].textContent + ' / ' + texts[j].textContent);
+  }
+  const legend = p.querySelector('g.legend');
+  const areas = Array.from(p.querySelectorAll('.bglayer rect')).map(r => r.getBoundingClientRect());
+  const onData = legend && legend.getBoundingClientRect().width > 0 &&
+                 areas.some(a => meet(a, legend.getBoundingClientRect()));
+  const axes = Object.fromEntries(Object.keys(p._fullLayout).filter(k => /^[xy]axis[0-9]*$/.test(k)).map(k => {
+    const id = k[0] + k.slice(5);
+    return [k, {type: p._fullLayout[k].type, range: p._fullLayout[k].range,
+                title: (p._fullLayout[k].title || {}).text || '',
+                ticks: Array.from(p.querySelectorAll('.' + id + 'tick text')).map(t => t.textContent)}];
+  }));
+  return {id: p.id, title: (p._fullLayout.title || {}).text || '', overlaps: overlaps, onData: !!onData,
+          axes: axes, names: p._fullData.filter(t => t.visible === true).map(t => t.name || '')};
+});
+"""
 
 
 # Per plot as plotly drew it: its id, each cartesian axis's type and range (log10 units on a log axis), how bars
@@ -87,6 +119,9 @@ def axis_misfits(plot: dict[str, Any]) -> list[str]:
             name = "xaxis" + trace["xaxis"][1:] if axis == "xaxis" else "yaxis" + trace["yaxis"][1:]
             numbers = [float(v) for v in data if isinstance(v, (int, float))]
             along = (trace["orientation"] == "h") == (axis == "xaxis")
+            if trace["type"] == "heatmap" and numbers:   # a cell spans half a step either side of its centre
+                step = min((b - a for a, b in zip(sorted(numbers), sorted(numbers)[1:]) if b > a), default=1.0)
+                numbers += [min(numbers) - step / 2, max(numbers) + step / 2]
             if trace["type"] == "bar" and along:   # bars start at 0; stacked ones end at their category's sum
                 numbers.append(0.0)
                 if plot["barmode"] == "stack":
@@ -102,6 +137,8 @@ def axis_misfits(plot: dict[str, Any]) -> list[str]:
             continue
         if axis["type"] == "log":
             data = [math.log10(v) for v in data if v > 0]
+        elif min(float(v) for v in axis["range"]) == 0.0 and min(data) >= 0:
+            data = [*data, 0.0]   # a rate's axis, drawn from 0 on purpose
         low, high = min(data), max(data)
         start, end = sorted(float(v) for v in axis["range"])
         floor = 1.0 if axis["type"] == "log" else 0.1 * max(abs(low), abs(high), 1e-9)
@@ -148,9 +185,12 @@ def render(page: Path) -> Rendered:
         fetched = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
         errors = tuple(entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE")
         misfits = tuple(line for plot in driver.execute_script(_AXES_JS) for line in axis_misfits(plot))
+        seen = driver.execute_script(_TEXTS_JS)
     finally:
         driver.quit()
-    return Rendered(int(plots), int(drawn), errors, tuple(fetched), misfits)
+    return Rendered(int(plots), int(drawn), errors, tuple(fetched), misfits,
+                    tuple(line for plot in seen for line in plot["overlaps"]),
+                    tuple(plot["id"] for plot in seen if plot["onData"]), tuple(seen))
 
 
 def replay(job: Job) -> tuple[SimPipeline, Arrivals]:

@@ -85,5 +85,5 @@ def episode_span(
         sample_stop=stop,
         byte_start=int(index.offset[start:stop].min()),
         byte_end=int((index.offset[start:stop] + index.size[start:stop]).max()),
-        frames=tuple(int(i) for i in order),
+        frames=tuple(order.tolist()),
     )

@@ -27,10 +27,13 @@ FAULTS = ("ignore_range", "shift", "status_503", "cut_short", "drop")
 HANGS = ("stall", "trickle")
 # fault schedule: the 0-based number of a range request -> the fault to commit, or None to answer right
 Schedule = Callable[[int], str | None]
+# faults by place: a range request's URL path and its first and last byte -> the fault to commit, or None
+RangeFaults = Callable[[str, int, int], str | None]
 
 
 class _Handler(SimpleHTTPRequestHandler):
     schedule: Schedule = staticmethod(lambda n: None)
+    by_range: RangeFaults = staticmethod(lambda path, first, last: None)
     counter = [0]
     lock = threading.Lock()
     closing = threading.Event()   # set when the server closes: hung answers end
@@ -64,9 +67,10 @@ class _Handler(SimpleHTTPRequestHandler):
             else:
                 super().do_GET()  # no Range: the stdlib server's whole file (or its 404)
             return
-        fault = self._next_fault()
+        numbered = self._next_fault()
         data = path.read_bytes()
         start, end = int(wanted[1]), min(int(wanted[2]), len(data) - 1)
+        fault = self.by_range(self.path, start, end) or numbered
         if fault in HANGS:
             self._hang(fault, data, start, end)
         elif fault == "ignore_range":
@@ -113,11 +117,14 @@ class _Handler(SimpleHTTPRequestHandler):
 
 @contextmanager
 def serve_with_faults(root: Path, schedule: Schedule, every_request: bool = False,
-                      trickle_s: float = 1.0) -> Iterator[str]:
+                      trickle_s: float = 1.0, by_range: RangeFaults | None = None) -> Iterator[str]:
     """Serve `root` on 127.0.0.1 with `schedule` deciding each range request's fault (each request's, with
-    `every_request`); yields the base URL."""
+    `every_request`); `by_range`, where given, decides a range request's fault by its path and bytes first
+    (a fault for one episode's bytes, whenever they are asked for); yields the base URL."""
     closing = threading.Event()
-    handler = type("Handler", (_Handler,), {"schedule": staticmethod(schedule), "counter": [0],
+    places = by_range or _Handler.by_range
+    handler = type("Handler", (_Handler,), {"schedule": staticmethod(schedule), "by_range": staticmethod(places),
+                                            "counter": [0],
                                             "lock": threading.Lock(), "closing": closing,
                                             "every_request": every_request, "trickle_s": trickle_s})
     server = ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root)))

@@ -29,7 +29,8 @@ from rnb.analysis.jobs import (
     load_jobs,
     read_job,
 )
-from rnb.analysis.report import format_compare, format_report, left_out_sentence, plot_jobs
+from rnb.analysis.plots import left_out_sentence, plot_jobs
+from rnb.analysis.report import format_compare, format_report
 from rnb.analysis.trace import write_trace
 from rnb.console import terminal_logging
 from rnb.core.joblog import META_FILE, SPOOL_DIR

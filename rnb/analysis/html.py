@@ -4,7 +4,7 @@ The page fetches nothing: plotly.js is inlined once in its head, the style
 is inline, and a Content-Security-Policy forbids every fetch, so it opens
 the same from a mail attachment, a CI artefact or a machine without a
 network.  Other tools (the tuner's report) compose their own pages from
-`page`, `table`, `figure` and `job_section`.
+`page`, `table`, rnb.analysis.figures.figure and `job_section`.
 """
 from __future__ import annotations
 
@@ -13,23 +13,21 @@ import html
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from rnb.analysis.figures import latency_figure, missed_figure, processes_figure, rates_figure, stage_figure
 from rnb.analysis.jobs import ValidityRules, load_jobs, stat_column
+from rnb.analysis.loads import SPAN_HEADER, load_words, span_rows
 from rnb.analysis.report import (
-    MAX_LINEAR_SPREAD,
     STAGE_HEADER,
     TableRow,
     device_spread,
     format_percentiles,
     stage_rows,
     utilisation_lines,
+    verdict_lines,
 )
+from rnb.analysis.series import JobSeries
 from rnb.analysis.streams import STREAM_HEADER, stream_rows, stream_totals
-from rnb.core.stages import PARTS, part_key
-
-if TYPE_CHECKING:
-    import plotly.graph_objects as go
 
 # Inline scripts and styles only; data: and blob: images are what plotly's own toolbar draws with.
 POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -73,12 +71,6 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], highlight: in
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def figure(fig: go.Figure, div_id: str) -> str:
-    """A plotly figure as a <div> and the script that draws it (plotly.js itself is in the page's head)."""
-    return str(fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
-                           config={"displaylogo": False, "responsive": True}))
-
-
 def paragraph(text: str, kind: str = "") -> str:
     marked = f' class="{kind}"' if kind else ""
     return f"<p{marked}>{html.escape(text)}</p>"
@@ -91,61 +83,18 @@ def step_names(job: TableRow) -> list[str]:
             else f"step {k}" for k in range(job["num_steps"])]
 
 
-def stage_figure(job: TableRow, div_id: str) -> str:
-    """Mean time of each part of each step, stacked: they add up to the mean end-to-end latency.
-
-    Where the parts span more than MAX_LINEAR_SPREAD (a sub-millisecond copy
-    beside an 800 ms network), they stand side by side on a log axis
-    instead, so each one shows.
-    """
-    import plotly.graph_objects as go
-
-    steps = step_names(job)
-    means = {part.name: [job.get(stat_column(part_key(part, k), "mean")) or 0.0 for k in range(job["num_steps"])]
-             for part in PARTS}
-    shown = [value for values in means.values() for value in values if value > 0]
-    spread = bool(shown) and max(shown) > MAX_LINEAR_SPREAD * min(shown)
-    fig = go.Figure()
-    for name, values in means.items():
-        fig.add_bar(name=name, x=values, y=steps, orientation="h")
-    title = ("mean latency by step and stage (ms, log scale, side by side)" if spread
-             else "mean latency by step and stage (ms)")
-    fig.update_layout(barmode="group" if spread else "stack", title=title,
-                      height=120 + (40 + 40 * spread) * job["num_steps"], xaxis_title="ms",
-                      xaxis_type="log" if spread else "linear", margin={"l": 160, "r": 20, "t": 40, "b": 40},
-                      yaxis={"autorange": "reversed"})
-    return figure(fig, div_id)
-
-
-def throughput_figure(job: TableRow, div_id: str) -> str:
-    """Items per second over the job's windows, its steady stretch shaded."""
-    import plotly.graph_objects as go
-
-    rates = json.loads(job.get("throughput_windows") or "[]")
-    width = job.get("throughput_window_s") or 0.0
-    fig = go.Figure(go.Scatter(x=[i * width for i in range(len(rates) + 1)], y=rates + rates[-1:],
-                               line={"shape": "hv"}, name="items/s"))
-    if job.get("steady_start_s") is not None:
-        fig.add_vrect(x0=job["steady_start_s"], x1=job["steady_end_s"], fillcolor="green", opacity=0.15,
-                      line_width=0, annotation_text="steady state")
-    fig.update_layout(title="throughput over time", xaxis_title="s after start", yaxis_title="items/s", height=280,
-                      margin={"l": 60, "r": 20, "t": 40, "b": 40})
-    return figure(fig, div_id)
-
-
 def job_section(job: TableRow, heading: str, anchor: str) -> list[str]:
     """One job row as HTML fragments: its summary, percentiles, stage table, utilisation and two plots."""
     def cell(column: str, digits: str = ".4g") -> str:
         value = job.get(column)
         return "-" if value is None else format(value, digits)
 
-    summary = (f"{job['termination_reason']}, {job['validity']}; "
+    summary = (f"load {load_words(job)}; {job['termination_reason']}, {job['validity']}; "
                f"{cell('measured_throughput_items_per_s')} items/s over {cell('measured_duration_s', '.3g')} s "
                f"({job['measured_items']} measured items); end to end p50 {cell(stat_column('e2e', 'p50'))} ms, "
                f"p99 {cell(stat_column('e2e', 'p99'))} ms")
     parts = [f'<h3 id="{html.escape(anchor)}">{html.escape(heading)}</h3>', paragraph(summary)]
-    if job.get("invalid_because"):
-        parts.append(paragraph(f"INVALID: {job['invalid_because']}", "note"))
+    parts.extend(paragraph(line, "note") for line in verdict_lines(job))
     parts.append(paragraph(format_percentiles(job), "note"))
     names = dict(zip((f"step {k}" for k in range(job["num_steps"])), step_names(job)))
     parts.append(table(STAGE_HEADER, [[names.get(row[0], row[0]), *row[1:]] for row in stage_rows(job)]))
@@ -155,10 +104,15 @@ def job_section(job: TableRow, heading: str, anchor: str) -> list[str]:
     if job.get("streams_record"):
         streams = json.loads(job["streams_record"])
         parts.extend([paragraph(stream_totals(streams)), table(STREAM_HEADER, stream_rows(streams))])
+    if job.get("schedule_spans"):
+        parts.append(table(SPAN_HEADER, span_rows(json.loads(job["schedule_spans"]))))
     parts.extend(paragraph(line) for line in utilisation_lines(job))
-    parts.append(stage_figure(job, f"{anchor}-stages"))
-    if job.get("throughput_windows"):
-        parts.append(throughput_figure(job, f"{anchor}-throughput"))
+    parts.append(stage_figure(job, f"{anchor}-stages", step_names(job)))
+    if job.get("start_time") is not None and job.get("end_time") is not None:
+        series = JobSeries(job)
+        parts.extend(filter(None, (rates_figure(series, job, f"{anchor}-rates"), latency_figure(series, f"{anchor}-latency"),
+                                   missed_figure(series, f"{anchor}-missed"),
+                                   processes_figure(series, f"{anchor}-processes"))))
     return parts
 
 

@@ -21,9 +21,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rnb.analysis.loadgen_log import loadgen_log_columns
+from rnb.analysis.loadgen_rules import Verdict
+from rnb.analysis.loads import spans_of
 from rnb.analysis.stats import CONFIDENCE, min_items_for_upper_bound, percentile_bounds, steady_state, windowed_throughput
 from rnb.analysis.streams import few_frames, stream_columns
 from rnb.analysis.utilisation import utilisation_columns
+from rnb.analysis.verdict import overloaded, scenario_verdict
 from rnb.core.joblog import (
     CONFIG_FILE,
     META_FILE,
@@ -37,7 +41,7 @@ from rnb.core.joblog import (
 from rnb.core.records import JobLogError, JobMeta, Json, JsonObject, json_at
 from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, part_key, part_latencies
 from rnb.core.termination import COMPLETE_REASONS
-from rnb.load import LOAD_KEYS, logged_mode
+from rnb.load import LOAD_KEYS, SCENARIO_KEYS, logged_mode
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 STAT_NAMES: tuple[str, ...] = ("min", "mean", *(f"p{q:g}".replace(".", "_") for q in PERCENTILES), "max")
@@ -45,7 +49,8 @@ ARG_KEYS: tuple[str, ...] = ("videos", "batch_size", "queue_size", "warmup", "se
 JOB_FILES: tuple[str, ...] = (META_FILE, CONFIG_FILE, TIMINGS_FILE, SPOOL_DIR)
 JSON_COLUMNS: tuple[str, ...] = (  # JSON text cells
     "items_per_device", "peak_rss_bytes", "peak_device_bytes", "notes", "throughput_windows", "step_models",
-    "busy_fraction", "cpu_percent", "stacks", "streams_record")
+    "busy_fraction", "cpu_percent", "run_wait_fraction", "stacks", "streams_record", "schedule_spans", "loadgen_result",
+    "loadgen_log_result")
 BOUNDED_PERCENTILE = 99.0   # VALID needs enough items to bound this percentile from above
 # One row of the jobs table by column, as summarize_job builds it and Table.to_pylist() gives it back: numbers,
 # strings, null, the job's settings as meta.json holds them, and the JSON_COLUMNS as JSON text.
@@ -54,7 +59,8 @@ JobRow: TypeAlias = dict[str, Json]
 
 @dataclass(frozen=True)
 class ValidityRules:
-    """LoadGen's run rules: a result counts only if the run was long and full enough."""
+    """RnB's own run rules, for a job without a LoadGen scenario: a result counts only if the run was long and full
+    enough (a scenario's job is judged by LoadGen's rules instead: rnb.analysis.verdict)."""
 
     min_duration_s: float = 1.0
     min_items: int = 100
@@ -201,14 +207,8 @@ def latency_stats(seconds: np.ndarray) -> dict[str, float | None]:
 
 
 def check_validity(termination_reason: str, measured_items: int, duration_s: float, rules: ValidityRules) -> str | None:
-    """None when the run is VALID, else the failed rules as one sentence.
-
-    A run that ended at its target or at its maximum duration (LoadGen's
-    max_duration) ran as asked; any other ending is not a run to judge.
-    """
-    failed = []
-    if termination_reason not in COMPLETE_REASONS:
-        failed.append(f"the run ended with {termination_reason!r}, not {' or '.join(map(repr, COMPLETE_REASONS))}")
+    """None when the run is VALID by RnB's own rules, else the failed rules as one sentence."""
+    failed = [ran_as_asked(termination_reason)]
     if measured_items < rules.min_items:
         failed.append(f"{measured_items} items after warm-up, fewer than --min-items {rules.min_items}")
     if duration_s < rules.min_duration_s:
@@ -218,7 +218,16 @@ def check_validity(termination_reason: str, measured_items: int, duration_s: flo
         failed.append(f"{measured_items} items cannot bound the p{BOUNDED_PERCENTILE:g} from above at "
                       f"{rules.confidence:.0%} confidence, which takes at least {needed} "
                       f"({BOUNDED_PERCENTILE / 100:g}^n <= {(1 - rules.confidence) / 2:g})")
-    return "; ".join(failed) + "." if failed else None
+    reasons = [reason for reason in failed if reason]
+    return "; ".join(reasons) + "." if reasons else None
+
+
+def ran_as_asked(termination_reason: str) -> str | None:
+    """Why a run that did not end at its target or its maximum duration (LoadGen's max_duration) is not one to
+    judge; None for one that did."""
+    if termination_reason in COMPLETE_REASONS:
+        return None
+    return f"the run ended with {termination_reason!r}, not {' or '.join(map(repr, COMPLETE_REASONS))}"
 
 
 def measured_rows(job: Job) -> pa.Table:
@@ -244,17 +253,29 @@ class MeasuredWindow:
 
     items: int
     duration_s: float
-    invalid_because: str | None   # None when the job is VALID, else check_validity's sentence
+    invalid_because: str | None   # None when the job is VALID, else why not, one sentence per failed rule
+    overloaded: str | None = None   # an open loop served slower than offered (rnb.analysis.verdict.overloaded)
+    scenario: Verdict | None = None   # a LoadGen scenario's job: LoadGen's rules for it
 
 
 def measured_window(job: Job, measured: pa.Table, rules: ValidityRules) -> MeasuredWindow:
-    """The window the measured items (measured_rows) span, and whether the job is VALID over it."""
+    """The window the measured items (measured_rows) span, and whether the job is VALID over it.
+
+    A job of a LoadGen scenario is judged by LoadGen's rules for it; any
+    other by RnB's own, an open loop's load also served as offered.
+    """
     count = measured.num_rows
     duration = window_seconds(measured, job.num_steps) if count else 0.0
+    args = job.meta.args
+    verdict = scenario_verdict(args, measured, job.timings.num_rows, job.num_steps)
+    if verdict is not None:
+        failed = [ran_as_asked(job.meta.termination_reason), None if verdict.valid else verdict.failures()]
+        return MeasuredWindow(count, duration, "; ".join(filter(None, failed)) or None, scenario=verdict)
+    heavy = overloaded(args, measured, job.num_steps) if count else None
     failed = [check_validity(job.meta.termination_reason, count, duration, rules),
               few_frames(job.meta.streams, rules.min_frames_per_stream) if job.meta.streams else None,
-              logged_mode(job.meta.args).short_of_its_load(job.meta.args, job.timings.num_rows)]
-    return MeasuredWindow(count, duration, " ".join(filter(None, failed)) or None)
+              logged_mode(args).short_of_its_load(args, job.timings.num_rows), heavy]
+    return MeasuredWindow(count, duration, " ".join(filter(None, failed)) or None, heavy)
 
 
 def window_seconds(measured: pa.Table, num_steps: int) -> float:
@@ -298,9 +319,10 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
         "error": meta.error,
         "validity": "INVALID" if invalid else "VALID",
         "invalid_because": invalid,
+        "loadgen_rules": None if window.scenario is None else window.scenario.rules_text(),
+        "loadgen_result": None if window.scenario is None else json.dumps(dict(window.scenario.result)),
         "num_steps": job.num_steps,
-        # Each step's model as the config names it (dotted class path), so a view can say what each step ran.
-        "step_models": json.dumps([json_at(job.config, "pipeline", k, "model") for k in range(job.num_steps)]),
+        "step_models": step_models(job),
         "measured_items": count,
         "measured_duration_s": duration,
         "measured_throughput_items_per_s": count / duration if duration > 0 else None,
@@ -321,11 +343,18 @@ def summarize_job(job: Job, rules: ValidityRules) -> JobRow:
     # A stalled job's Python stacks, by process: files under the job directory, wherever the log has moved since.
     stacks = {p.name: str(job.path / p.stacks) for p in meta.processes if p.stacks}
     row["stacks"] = json.dumps(stacks) if stacks else None
+    row.update(loadgen_log_columns(job.path))
     row.update(stream_columns(meta.streams))
+    row["schedule_spans"] = spans_of(job, measured)
     row.update(percentile_columns(latencies[END_TO_END.key], rules.confidence))
     row.update(throughput_columns(job))
     row.update(utilisation_columns(job))
     return row
+
+
+def step_models(job: Job) -> str:
+    """Each step's model as the config names it (dotted class path), as JSON text: what each step ran."""
+    return json.dumps([json_at(job.config, "pipeline", k, "model") for k in range(job.num_steps)])
 
 
 def bound_column(stat: str, end: str) -> str:
@@ -362,7 +391,7 @@ def throughput_columns(job: Job) -> JobRow:
 def load_columns(args: Mapping[str, Json]) -> JobRow:
     """The job's load mode and its keys; null where the mode ignores a key (-mi in a closed loop)."""
     mode = logged_mode(args)
-    used = {key.name for key in mode.keys}
+    used = {key.name for key in mode.keys} | ({key.name for key in SCENARIO_KEYS} if args.get("scenario") else set())
     return {"load_mode": mode.name, **{key: args.get(key) if key in used else None for key in LOAD_KEYS}}
 
 

@@ -8,6 +8,7 @@ what is printed and what is logged or analysed later cannot disagree.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,21 +17,68 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import load_columns, read_job, window_seconds
-from rnb.analysis.report import format_utilisation
-from rnb.analysis.streams import format_streams
+from rnb.analysis.jobs import (
+    Job,
+    MeasuredWindow,
+    ValidityRules,
+    latency_stats,
+    load_columns,
+    measured_rows,
+    measured_window,
+    read_job,
+    stat_column,
+    step_models,
+    window_seconds,
+)
+from rnb.analysis.loadgen_log import loadgen_log_columns
+from rnb.analysis.report import format_utilisation, verdict_lines
+from rnb.analysis.streams import format_streams, stream_columns
 from rnb.analysis.utilisation import busy_columns, utilisation_columns
 from rnb.core.joblog import TIMINGS_FILE, read_meta
-from rnb.core.stages import END_TO_END, ENQUEUE, PARTS, StepEvents, event_seconds, part_key, step_columns, step_latencies
+from rnb.core.stages import (
+    COPY,
+    END_TO_END,
+    ENQUEUE,
+    INSIDE,
+    PARTS,
+    QUEUE,
+    StepEvents,
+    event_seconds,
+    model_spans,
+    part_key,
+    part_latencies,
+    step_columns,
+    step_latencies,
+)
+from rnb.load import DUE_FIELD
 
 
-def job_summary(job_dir: Path) -> str:
-    """The summary printed at the end of a run, from its log: stage latencies, then busy runners."""
+def job_summary(job_dir: Path, window: MeasuredWindow | None = None) -> str:
+    """The summary printed at the end of a run, from its log: stage latencies, busy runners, then the verdict
+    (`window`, the job's judgement, if the caller has it already)."""
     meta = read_meta(job_dir)
     text = summary_text(job_dir / TIMINGS_FILE, meta.num_steps, meta.setting("warmup", 0), meta.finished_items,
                         meta.elapsed_s, meta.termination_reason)
     streams = format_streams(meta.streams) if meta.streams is not None else None
-    return "\n".join(filter(None, (text, streams, utilisation_text(job_dir))))
+    verdict = verdict_text(job_dir, judged(job_dir) if window is None else window)
+    return "\n".join(filter(None, (text, streams, utilisation_text(job_dir), verdict)))
+
+
+def judged(job_dir: Path) -> MeasuredWindow:
+    """The job's verdict over its measured window, by RnB's rules at analyze.py's defaults, or its scenario's."""
+    job = read_job(job_dir, columns=lambda steps: (DUE_FIELD,))
+    return measured_window(job, measured_rows(job), ValidityRules())
+
+
+def verdict_text(job_dir: Path, window: MeasuredWindow) -> str:
+    """The verdict's lines as analyze.py words them (rnb.analysis.report.verdict_lines), from the job's window."""
+    scenario = window.scenario
+    row = {"validity": "INVALID" if window.invalid_because else "VALID", "invalid_because": window.invalid_because,
+           "scenario": None if scenario is None else scenario.scenario,
+           "loadgen_rules": None if scenario is None else scenario.rules_text(),
+           "loadgen_result": None if scenario is None else json.dumps(dict(scenario.result)),
+           **loadgen_log_columns(job_dir)}
+    return "\n".join(verdict_lines(row))
 
 
 def summary_text(timings: Path, num_steps: int, warmup: int, finished: int, elapsed: float | None,
@@ -82,19 +130,43 @@ def _stage_latencies(file: pq.ParquetFile, measured: pa.ChunkedArray, num_steps:
                          for name in dict.fromkeys(names) if name in present})
 
     before = ENQUEUE
+    spans = model_spans(present)
     for k in range(num_steps):
         table = read([before, *step_columns(k)])
         latencies = step_latencies(table, k, event_seconds(table, before))
-        del table
         for part in PARTS:
             yield f"step {k} {part.name}", latencies[part_key(part, k)]
+        for name in spans:
+            yield f"step {k}  {name.replace('_', ' ')}", _span_inside(read([f"{name}_start", f"{name}_finish"]), name,
+                                                                     table, k)
+        del table
         before = StepEvents(k).handed_over
     ends = read([ENQUEUE, before])
     yield END_TO_END.name, event_seconds(ends, before) - event_seconds(ends, ENQUEUE)
 
 
+def _span_inside(span: pa.Table, name: str, step: pa.Table, k: int) -> np.ndarray:
+    """A model's span in seconds for the items whose span lies inside step k's call (NaN for the others): the
+    stage table shows it under the step's inside, as the trace nests it there."""
+    began, ended = event_seconds(span, f"{name}_start"), event_seconds(span, f"{name}_finish")
+    events = StepEvents(k)
+    within = (began >= event_seconds(step, events.started)) & (ended <= event_seconds(step, events.finished))
+    return np.where(within, ended - began, np.nan)
+
+
 def utilisation_text(job_dir: Path) -> str:
     """Each runner's busy fraction and CPU use and the bottleneck step of a logged job; '' when none ran."""
     job = read_job(job_dir, columns=busy_columns)
-    load = load_columns(job.meta.args)   # what the bottleneck says
-    return format_utilisation({**utilisation_columns(job), **load})
+    # What the bottleneck line reads besides the busy fractions: the load, how the job ended, its frames missed.
+    told = {**load_columns(job.meta.args), **stream_columns(job.meta.streams), "step_models": step_models(job),
+            "termination_reason": job.meta.termination_reason, "num_steps": job.num_steps, **_own_time(job)}
+    return format_utilisation({**utilisation_columns(job), **told})
+
+
+def _own_time(job: Job) -> dict[str, float | None]:
+    """Each step's mean copy and call times, and step 0's median queue wait, over the measured items (the jobs
+    table's columns of them)."""
+    latencies = part_latencies(measured_rows(job), job.num_steps)
+    own = {stat_column(part_key(part, k), "mean"): latency_stats(latencies[part_key(part, k)])["mean"]
+           for k in range(job.num_steps) for part in (COPY, INSIDE)}
+    return {**own, stat_column(part_key(QUEUE, 0), "p50"): latency_stats(latencies[part_key(QUEUE, 0)])["p50"]}

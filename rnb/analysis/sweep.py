@@ -152,7 +152,8 @@ def run_valid(run: Callable[[int | None], RunOutcome], load: str, rules: Validit
 
     Returns the job and whether it completed.  A job that missed its target
     (a queue full, a process failed, a stall) is a measurement: the load
-    was more than the pipeline could take.  A job still too short after
+    was more than the pipeline could take; so is one whose queue grew
+    (overloaded), by its own latencies.  A job still too short after
     `max_reruns` longer runs stops the sweep, rather than let an unmeasured
     load decide it.  `run` takes the -v of a longer run (None: the first).
     """
@@ -164,7 +165,7 @@ def run_valid(run: Callable[[int | None], RunOutcome], load: str, rules: Validit
         if job.meta.termination_reason not in COMPLETE_REASONS:
             return job, False
         window = measured_window(job, measured_rows(job), rules)
-        if window.invalid_because is None:
+        if window.invalid_because is None or window.overloaded:   # an overloaded job measured a load too heavy
             return job, True
         invalid = window.invalid_because
         videos = longer_run(job.meta.setting("videos", job.meta.finished_items), job.meta.setting("warmup", 0),

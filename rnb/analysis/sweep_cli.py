@@ -8,7 +8,8 @@ The search uses VALID jobs only (as analyze.py judges them): a job too short to
 be VALID runs again with a larger -v, at most --max-reruns times.
 
 Flags this script does not know (e.g. -b, -qs, --warmup, --cpu) go on to every benchmark.py run.
-Exit codes: 0 success, 2 bad arguments or a run the sweep cannot use, 130 interrupted.
+Exit codes: 0 success, 1 a search found no load (no rate, or not even one stream) that meets its bound,
+2 bad arguments or a run the sweep cannot use, 130 interrupted.
 """
 from __future__ import annotations
 
@@ -20,8 +21,15 @@ from pathlib import Path
 
 import rnb.flags as flags
 from rnb.analysis.jobs import JobLogError, ValidityRules, load_jobs
-from rnb.analysis.report import format_summary, left_out_sentence, plot_jobs
-from rnb.analysis.stream_search import StreamTrial, format_stream_search, measure_streams, search_streams
+from rnb.analysis.plots import left_out_sentence, plot_jobs
+from rnb.analysis.report import format_summary
+from rnb.analysis.stream_search import (
+    StreamTrial,
+    bound_sentence,
+    format_stream_search,
+    measure_streams,
+    search_streams,
+)
 from rnb.analysis.sweep import (
     BENCHMARK,
     RunOutcome,
@@ -33,8 +41,10 @@ from rnb.analysis.sweep import (
     run_benchmark,
 )
 from rnb.console import terminal_logging
+from rnb.load import LOAD_KEYS
 
 DEFAULTS = ValidityRules()
+BENCHMARK_FLAGS = frozenset((*flags.BENCHMARK, *(spelling for key in LOAD_KEYS.values() for spelling in key.spellings)))
 PASSED_ON = ("Flags that sweep.py does not know (-b, -qs, --warmup, --cpu, --engine, ... : benchmark.py --help) go on "
              "to every benchmark.py run.")
 
@@ -76,7 +86,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     add_job_rules(parser)
     parser.add_argument("--plot", metavar="FILE.png", help="plot the runs as analyze.py --plot does (default: no plot)")
     add_stream_search(parser)
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_passing_on(argv, BENCHMARK_FLAGS, "benchmark.py")
     if args.streams_bound is not None:
         check_stream_search(parser, args)
     elif (args.mi is None) == (args.latency_bound_ms is None):
@@ -137,20 +147,22 @@ def _sweep(args: argparse.Namespace, extra: list[str]) -> int:
     if args.streams_bound is not None:
         return _stream_search(args, extra, rules)
 
-    def search() -> tuple[list[Path], str]:
+    def search() -> tuple[list[Path], str, bool]:
         if args.mi is not None:
-            return [run(mi).job_dir for mi in args.mi], ""
+            return [run(mi).job_dir for mi in args.mi], "", True
         result = bisect_rate(measure, 1000.0 / args.low_mi, 1000.0 / args.high_mi, args.latency_bound_ms, args.max_steps)
         job_dirs = [trial.job_dir for trial in result.trials if trial.job_dir is not None]  # every one measured has
-        return job_dirs, format_bisection(result, args.percentile)
+        return job_dirs, format_bisection(result, args.percentile), result.best is not None
 
     return _reported(args, rules, search)
 
 
-def _reported(args: argparse.Namespace, rules: ValidityRules, search: Callable[[], tuple[list[Path], str]]) -> int:
-    """Run a search (its jobs and its report), plot its jobs if asked, print them and the report; the exit code."""
+def _reported(args: argparse.Namespace, rules: ValidityRules,
+              search: Callable[[], tuple[list[Path], str, bool]]) -> int:
+    """Run a search (its jobs, its report, whether a load met the bound), plot its jobs if asked, print them and the
+    report; the exit code (1 when no load met the bound)."""
     try:
-        job_dirs, report = search()
+        job_dirs, report, met = search()
         jobs = load_jobs(job_dirs, rules=rules).jobs
         said = left_out_sentence("sweep", plot_jobs(jobs, args.plot)) if args.plot else None
         if said:
@@ -164,7 +176,7 @@ def _reported(args: argparse.Namespace, rules: ValidityRules, search: Callable[[
     print(format_summary(jobs))
     if report:
         print("\n" + report)
-    return 0
+    return 0 if met else 1
 
 
 def _stream_search(args: argparse.Namespace, extra: list[str], rules: ValidityRules) -> int:
@@ -178,15 +190,15 @@ def _stream_search(args: argparse.Namespace, extra: list[str], rules: ValidityRu
         return trial.missed_fraction <= args.streams_bound and (
             args.latency_bound_ms is None or trial.latency_ms < args.latency_bound_ms)
 
-    def search() -> tuple[list[Path], str]:
+    def search() -> tuple[list[Path], str, bool]:
         result = search_streams(lambda n: measure_streams(run, n, args.percentile, rules, args.max_reruns), passes,
                                 args.max_streams)
-        job_dirs = [trial.job_dir for trial in result.trials]
+        job_dirs = [job_dir for trial in result.trials for job_dir in trial.job_dirs]
         if args.json:
-            Path(args.json).write_text(json.dumps({"streams": result.best, "fps": args.fps,
+            Path(args.json).write_text(json.dumps({"streams": result.best, "fps": args.fps, "bound": bound_sentence(result),
                                                    "jobs": [str(job_dir) for job_dir in job_dirs]}, indent=1))
         text = format_stream_search(result, args.fps, args.streams_bound, args.latency_bound_ms, args.percentile)
-        return job_dirs, f"{text}\n{result.best}"
+        return job_dirs, f"{text}\n{result.best}", result.best > 0
 
     return _reported(args, rules, search)
 

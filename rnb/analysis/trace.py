@@ -35,7 +35,7 @@ import pyarrow as pa
 from rnb.analysis.jobs import Job
 from rnb.analysis.routing import queue_labels, replicas
 from rnb.core.records import Json, JsonObject, ProcessRecord
-from rnb.core.stages import COPY, ENQUEUE, INSIDE, QUEUE, SIBLING_WAIT, SLOT_WAIT, StepEvents
+from rnb.core.stages import COPY, ENQUEUE, INSIDE, QUEUE, SIBLING_WAIT, SLOT_WAIT, StepEvents, model_spans
 
 CATEGORY = "item"
 LANE_STRIDE = 1000           # tid of lane j of a process: the process's tid + j * LANE_STRIDE
@@ -119,14 +119,6 @@ def _microseconds(seconds: np.ndarray, origin: float) -> np.ndarray:
     return np.round((seconds - origin) * 1e6)
 
 
-def model_spans(table: pa.Table) -> list[str]:
-    """Names the models recorded as `<name>_start` / `<name>_finish` pairs, e.g. fetch and decode."""
-    harness = ("runner", "inference", "slot")
-    return sorted(name[: -len("_start")] for name in table.column_names
-                  if name.endswith("_start") and not name.startswith(harness)
-                  and f"{name[: -len('_start')]}_finish" in table.column_names)
-
-
 def bind_id(item: int, step: int, num_steps: int) -> int:
     """The flow of one hop: from the item's previous slice (enqueue, or step k-1's last) into step k."""
     return item * num_steps + step
@@ -201,7 +193,7 @@ class Timeline:
         self.warmup: list[bool] = table.column("is_warmup").to_pylist()
         self.replicas = [replicas(job, k) for k in range(job.num_steps)]
         self.queues = [queue_labels(job, k, self.replicas[k]) for k in range(job.num_steps)]
-        self.model_spans = model_spans(table)
+        self.model_spans = model_spans(table.column_names)
 
     def at(self, name: str, row: int) -> int | None:
         value = self.us[name][row] if name in self.us else np.nan

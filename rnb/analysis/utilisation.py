@@ -132,6 +132,23 @@ def cpu_percent(samples: pa.Table, start: float, end: float) -> dict[str, float]
     return result
 
 
+def run_wait_fraction(samples: pa.Table, start: float, end: float) -> dict[str, float]:
+    """Each process's time waiting, runnable, for a core over its samples within [start, end], as a share of that
+    time (/proc's schedstat: what the host's other work, and the job's other processes, cost it); {} where the
+    samples have no such column or the kernel reported none."""
+    if "run_wait_s" not in samples.column_names:   # a log from before it was sampled
+        return {}
+    within = pc.and_(pc.greater_equal(samples.column("time"), start), pc.less_equal(samples.column("time"), end))
+    processes = samples.filter(pc.and_(within, pc.is_valid(samples.column("run_wait_s"))))
+    result = {}
+    for name in processes.column("process").unique().to_pylist():
+        mine = processes.filter(pc.equal(processes.column("process"), name))
+        times, waits = mine.column("time").to_numpy(), mine.column("run_wait_s").to_numpy()
+        if times.size >= 2 and times[-1] > times[0]:
+            result[name] = float((waits[-1] - waits[0]) / (times[-1] - times[0]))
+    return result
+
+
 def energy_joules(samples: pa.Table, start: float, end: float) -> float | None:
     """The GPUs' energy over [start, end]: each GPU's sampled board power integrated over its samples' times
     (trapezoids), added up; None when no GPU reported power (a CPU job, or NVML without a power sensor)."""
@@ -174,5 +191,7 @@ def utilisation_columns(job: Job) -> JobRow:
         "bottleneck_step": busiest.step if busiest is not None and busiest.saturated else None,
         "cpu_percent": json.dumps(cpu_percent(job.samples, start, end)
                                   if job.samples is not None and start is not None and end is not None else {}),
+        "run_wait_fraction": json.dumps(run_wait_fraction(job.samples, start, end)
+                                        if job.samples is not None and start is not None and end is not None else {}),
         "energy_per_item_j": energy_per_item(job),
     }

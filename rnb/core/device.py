@@ -9,23 +9,23 @@ the finish; two marks around the call also give the device's own measure
 of the work (`device_ms{k}`).
 
 `CudaQueue` is the seam over a CUDA stream (events recorded on it);
-`models.toy.AsyncSleep` brings its own, a CPU stand-in whose work completes
-on a worker thread, so that the same code path runs in tests without a GPU.
+`models.toy.AsyncSleep` brings its own, a CPU stand-in whose work is booked
+on a clock of its own, so that the same code path runs in tests without a GPU.
 
-Both wait the same way, by `wait_until_done`: asking the mark whether it is
-done, between sleeps of 1 % of the time waited so far, at least
-POLL_SLEEP_MIN_S and at most POLL_SLEEP_MAX_S (so a finish is stamped at
-most 1 %, or 10 ms, plus a sleep's own overshoot late).  A synchronise spins
-for as long as the device works, so a device that never finishes would look,
-from the process's CPU use, like a step computing, and every waiting runner
-would take a core from the host's decoders and hops; a runner waiting this
-way is asleep almost all the time, which is how the stall watch
-(rnb.engines.stall) tells a hung device from a busy one.
+Neither polls.  A CUDA mark is an event made for blocking synchronisation
+(cudaEventBlockingSync): its wait puts the runner's thread to sleep in the
+driver until the event completes, so the finish is stamped as the work ends
+and the thread uses no CPU meanwhile.  A plain synchronise spins a core for
+as long as the device works: a device that never finished would look, from
+the process's CPU use, like a step computing, and every waiting runner would
+take a core from the host's decoders and hops; a runner waiting this way is
+asleep, which is how the stall watch (rnb.engines.stall) tells a hung device
+from a busy one.  An earlier version asked the event whether it was done
+between sleeps of 1 % of the time waited so far, which stamped a finish up
+to 1 % late and spent CPU on every ask.
 """
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -38,7 +38,7 @@ class DeviceMark(Protocol):
         """Whether all work queued before this mark has completed; returns at once."""
 
     def wait(self) -> None:
-        """Block until all work queued before this mark has completed (`wait_until_done` its query)."""
+        """Block, using no CPU, until all work queued before this mark has completed."""
 
     def ms_since(self, earlier: DeviceMark) -> float:
         """Device milliseconds between an earlier mark of the same queue and this one; both must have completed."""
@@ -51,30 +51,18 @@ class DeviceQueue(Protocol):
         """A mark after everything queued so far."""
 
 
-POLL_SLEEP_MIN_S = 50e-6  # the shortest sleep between asks: a few microseconds of CPU per ask, not a spin
-POLL_SLEEP_MAX_S = 0.01   # the longest sleep between asks
-
-
-def wait_until_done(done: Callable[[], bool]) -> None:
-    """Return once `done()` (a mark's query) is true, asking it as the module docstring says."""
-    began = time.monotonic()
-    while not done():
-        waited = time.monotonic() - began
-        time.sleep(min(POLL_SLEEP_MAX_S, max(POLL_SLEEP_MIN_S, waited / 100)))
-
-
 class CudaMark:
-    """A CUDA event recorded on a stream, with timing."""
+    """A CUDA event recorded on a stream, with timing; waiting on it sleeps in the driver until it completes."""
 
     def __init__(self, stream: torch.cuda.Stream) -> None:
-        self.event = torch.cuda.Event(enable_timing=True)
+        self.event = torch.cuda.Event(enable_timing=True, blocking=True)
         self.event.record(stream)
 
     def query(self) -> bool:
         return bool(self.event.query())
 
     def wait(self) -> None:
-        wait_until_done(self.query)
+        self.event.synchronize()
 
     def ms_since(self, earlier: DeviceMark) -> float:
         if not isinstance(earlier, CudaMark):

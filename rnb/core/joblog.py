@@ -118,9 +118,11 @@ def write_json(path: Path, document: Json) -> None:
     os.replace(partial, path)
 
 
-def record_main_peak_rss(job_dir: Path) -> None:
-    """Rewrite meta.json with the main process's peak memory as it is now, after the end-of-run summary."""
-    write_meta(job_dir, dataclasses.replace(read_meta(job_dir), main_peak_rss_bytes=main_peak_rss_bytes()))
+def record_after_summary(job_dir: Path, loadgen_rules: JsonObject | None) -> None:
+    """Rewrite meta.json with what the end-of-run summary found: the main process's peak memory as it is now, and
+    the job judged by its LoadGen scenario's rules (None for a job without one)."""
+    write_meta(job_dir, dataclasses.replace(read_meta(job_dir), main_peak_rss_bytes=main_peak_rss_bytes(),
+                                            loadgen_rules=loadgen_rules))
 
 
 def main_peak_rss_bytes() -> int:

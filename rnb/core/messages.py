@@ -1,7 +1,7 @@
 """Every message that crosses a process boundary, each a named frozen record.
 
     client ──Request──▶ step 0 ──Signal──▶ step 1 ... final step ──Results──▶ main
-    every child ──Ready, then Failed (if it raised), then Exited──▶ main
+    every child ──Ready, then Failed (if it raised), then Exited──▶ main; the client Offered before its Exited
 
 They are small and pickle cheaply: tensors never travel in a message (a
 Signal only says which shared slot holds them).  The two sent once per item
@@ -122,10 +122,26 @@ class Exited:
 
 
 @dataclass(frozen=True)
+class Offered:
+    """Client -> main, once as it ends: what it offered, so that the log keeps every request, dropped ones too.
+
+    The requests are the first `issued` arrivals of the job's load (rnb.load:
+    their due times, streams and frames follow from the settings and the
+    seed), item k the k-th; `dropped` are those a newer frame of their stream
+    replaced under the drop policy.
+    """
+
+    name: str
+    started: float                 # the client's start, epoch seconds on the job's clock: a due time's zero
+    issued: int
+    dropped: tuple[int, ...] = ()  # item ids
+
+
+@dataclass(frozen=True)
 class Results:
     """Final step -> main: time cards of finished items, counted towards the target."""
 
     cards: tuple[TimeCard, ...]
 
 
-Status = Ready | Failed | Exited
+Status = Ready | Failed | Exited | Offered

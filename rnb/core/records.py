@@ -193,6 +193,10 @@ class JobMeta:
     engine: JsonObject = field(default_factory=lambda: {"name": "local"})
     cuda_device_order: str | None = None     # CUDA_DEVICE_ORDER the job ran with (PCI_BUS_ID: NVML's numbering)
     streams: JsonObject | None = None        # a camera-stream job's frames (rnb.engines.streams.streams_record)
+    scenario: str | None = None              # the LoadGen scenario the job ran (--scenario), if any
+    # The job judged by its scenario's LoadGen rules (rnb.analysis.loadgen_rules.Verdict.to_json), written after the
+    # end-of-run summary; None for a job without a scenario.
+    loadgen_rules: JsonObject | None = None
 
     @property
     def elapsed_s(self) -> float | None:
@@ -221,6 +225,8 @@ class JobMeta:
             "num_steps": self.num_steps, "notes": list(self.notes), "engine": self.engine,
             "cuda_device_order": self.cuda_device_order,
             **({} if self.streams is None else {"streams": self.streams}),
+            **({} if self.scenario is None else {"scenario": self.scenario}),
+            **({} if self.loadgen_rules is None else {"loadgen_rules": self.loadgen_rules}),
         }
 
     @staticmethod
@@ -253,6 +259,8 @@ class JobMeta:
             engine=_object(document, "engine", where) or {"name": "local"},
             cuda_device_order=_optional(document, "cuda_device_order", str, where),
             streams=_object(document, "streams", where) or None,
+            scenario=_optional(document, "scenario", str, where),
+            loadgen_rules=_object(document, "loadgen_rules", where) or None,
         )
 
 

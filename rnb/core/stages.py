@@ -28,6 +28,7 @@ the other segments made the item wait is the merging step's sibling wait.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,6 +108,16 @@ SLOT_WAIT = Part("slot wait", "slotwait", "waiting for a free output slot: back-
 INSIDE = Part("inside", "inside", "the model's call")
 PARTS: tuple[Part, ...] = (QUEUE, SIBLING_WAIT, COPY, SLOT_WAIT, INSIDE)
 END_TO_END = Part("end to end", "e2e", "from enqueue to the final step's hand-over")
+
+
+def model_spans(columns: Iterable[str]) -> list[str]:
+    """The spans models record inside their call as `<name>_start` / `<name>_finish` events (a loader's fetch or
+    prefetch_wait, then decode), by name, among a table's `columns`."""
+    names = set(columns)
+    harness = ("runner", "inference", "slot")
+    return sorted(name[: -len("_start")] for name in names
+                  if name.endswith("_start") and not name.startswith(harness)
+                  and f"{name[: -len('_start')]}_finish" in names)
 
 
 def part_key(part: Part, step: int) -> str:

@@ -16,15 +16,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from rnb.core import joblog
-from rnb.core.messages import Failed, Ready, Status
+from rnb.core.messages import Failed, Offered, Ready, Status
 from rnb.core.records import GpuRecord, JobMeta, JsonObject, ProcessRecord
 from rnb.core.termination import Termination
+from rnb.engines.offered import offered_table
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.engines.spool import TimingsSpool
 from rnb.engines.stopping import STOPS
 from rnb.engines.streams import streams_record, write_per_stream
-from rnb.load import MAX_SEMAPHORE_VALUE, LoadSettings, mode_of
+from rnb.load import MAX_SEMAPHORE_VALUE, OFFERED_FILE, LoadSettings, mode_of
 from rnb.pipeline.config import PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -56,8 +60,8 @@ class RunArgs:
 
     def __post_init__(self) -> None:
         # Bulk mode sends every request at once, so the request queue must hold all -v of them whatever -qs
-        # says, as RnB sized it; -qs still bounds the inter-step queues.
-        bulk = mode_of(self.load).saturating
+        # says, as RnB sized it; -qs still bounds the inter-step queues.  So does LoadGen's Offline query.
+        bulk = mode_of(self.load).saturating or (self.load.client == "loadgen" and self.load.scenario == "offline")
         size = min(max(self.queue_size, self.videos), MAX_SEMAPHORE_VALUE) if bulk else self.queue_size
         object.__setattr__(self, "request_queue_size", size)
 
@@ -92,6 +96,7 @@ class JobBook:
         self.ready: set[str] = set()
         self.notes: list[str] = []
         self.failure: Failure | None = None
+        self.offered: Offered | None = None   # what the client offered, once it told
 
     def add(self, record: ProcessRecord) -> None:
         self._records[record.name] = record
@@ -116,6 +121,8 @@ class JobBook:
         elif isinstance(status, Failed):
             self.update(status.name, status="failed", error=status.error)
             self.first_failure(status.name, status.error)
+        elif isinstance(status, Offered):
+            self.offered = status
         else:
             self.update(status.name, **{k: v for k, v in dataclasses.asdict(status).items() if k != "name"})
 
@@ -174,8 +181,9 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
     """
     ending.spool.close()
     writes = ending.spool.writes
+    offered = _offered(job_dir, args, ending)
     failure = ending.book.failure
-    streams = _streams(job_dir, config, args, ending)
+    streams = _streams(job_dir, config, args, ending, offered)
     if streams is not None:   # every stream's row, which the summary cuts to a screenful
         writes.attempt(job_dir / joblog.STREAMS_FILE, lambda: write_per_stream(job_dir / joblog.STREAMS_FILE, streams))
     error = "; and ".join(filter(None, (ending.error, writes.first))) or None
@@ -187,7 +195,7 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
         counted_items=ending.counted,
         processes=ending.book.records, main_peak_rss_bytes=joblog.main_peak_rss_bytes(), versions=joblog.versions(),
         host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine,
-        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"), streams=streams)
+        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"), streams=streams, scenario=args.load.scenario)
     logged = writes.attempt(job_dir / joblog.META_FILE, lambda: joblog.write_meta(job_dir, meta))
     if not logged and writes.first and writes.first not in (error or ""):
         error = "; and ".join(filter(None, (error, writes.first)))
@@ -196,13 +204,26 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
     return JobResult(1 if writes.first else EXIT_CODES.get(ending.reason, 1), job_dir, logged)
 
 
-def _streams(job_dir: Path, config: PipelineConfig, args: RunArgs, ending: JobEnding) -> JsonObject | None:
+def _offered(job_dir: Path, args: RunArgs, ending: JobEnding) -> pa.Table | None:
+    """offered.parquet, written: every request the client offered with its fate; None where the client did not say
+    what it offered (it was killed) or the timings were not written."""
+    timings = job_dir / joblog.TIMINGS_FILE
+    if ending.book.offered is None or not timings.exists():
+        return None
+    finished = set(pq.read_table(timings, columns=["item_id"]).column("item_id").to_pylist())
+    table = offered_table(ending.book.offered, args.load, args.seed, finished)
+    path = job_dir / OFFERED_FILE
+    return table if ending.spool.writes.attempt(path, lambda: pq.write_table(table, path)) else None
+
+
+def _streams(job_dir: Path, config: PipelineConfig, args: RunArgs, ending: JobEnding,
+             offered: pa.Table | None) -> JsonObject | None:
     """meta.json's `streams` for a camera-stream job whose timings were written; None otherwise."""
     timings = job_dir / joblog.TIMINGS_FILE
     if args.load.streams is None or not timings.exists():
         return None
     elapsed = None if ending.start is None else ending.end - ending.start
-    return streams_record(timings, args.load, args.seed, args.videos, len(config.steps), elapsed)
+    return streams_record(timings, args.load, args.seed, args.videos, len(config.steps), elapsed, offered)
 
 
 def logged_args(args: RunArgs) -> JsonObject:

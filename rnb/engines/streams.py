@@ -88,11 +88,14 @@ class LeakyStreams:
         self._held: dict[int, Request] = {}
         self._last = [-1] * streams   # each stream's newest submitted request, by its submission number
         self._submitted = 0
+        self.dropped: list[int] = []  # the item ids of the frames dropped, for the log (rnb.core.messages.Offered)
 
     def offer(self, stream: int, request: Request) -> bool:
         """Hold a new frame, dropping the one its stream held; False once the job ended."""
-        if stream in self._held and self._transport.drop(1):
-            return False
+        if stream in self._held:
+            self.dropped.append(self._held[stream].card.item_id)
+            if self._transport.drop(1):
+                return False
         self._held[stream] = request
         return self.release()
 
@@ -135,40 +138,50 @@ class StreamFigures:
 
 
 def streams_record(timings: Path, settings: LoadSettings, seed: int, videos: int, num_steps: int,
-                   elapsed_s: float | None) -> JsonObject:
+                   elapsed_s: float | None, log: pa.Table | None = None) -> JsonObject:
     """meta.json's `streams`: frames offered, processed, late and dropped, in all and per stream.
 
-    Offered frames are the first -v of the streams' arrivals that fell due
-    before the job ended (rnb.load: the times are fixed by the settings and
-    the seed).  Under the drop policy a frame offered and not processed is
-    dropped: exact when the job reached its target, where every offered
-    frame was processed or dropped; at another end the frames still in the
-    pipeline are among them.  Latencies are from enqueue to the final step's
-    hand-over, warm-up included.
+    The offered and dropped frames are the client's own (`log`, offered.parquet).  Without it (a client
+    killed before it could tell) they are the first -v of the streams'
+    arrivals that fell due before the job ended (rnb.load: the times are
+    fixed by the settings and the seed), and under the drop policy a frame
+    offered and not processed counts as dropped: exact when the job reached
+    its target, where every offered frame was processed or dropped.
+    Latencies are from enqueue to the final step's hand-over, warm-up
+    included.
     """
     count = settings.streams or 0
-    offered = [0] * count
-    for arrival in itertools.islice(mode_of(settings).arrivals(settings, seed), videos):
-        if elapsed_s is not None and (arrival.due_s or 0.0) > elapsed_s:
-            break
-        offered[arrival.stream or 0] += 1
+    offered, dropped = [0] * count, [0] * count
+    if log is not None:
+        for stream, fate in zip(log.column(STREAM_FIELD).to_pylist(), log.column("fate").to_pylist()):
+            offered[stream] += 1
+            dropped[stream] += fate == "dropped"
+    else:
+        for arrival in itertools.islice(mode_of(settings).arrivals(settings, seed), videos):
+            if elapsed_s is not None and (arrival.due_s or 0.0) > elapsed_s:
+                break
+            offered[arrival.stream or 0] += 1
     end = StepEvents(num_steps - 1).handed_over
     table = pq.read_table(timings, columns=[STREAM_FIELD, LATE_FIELD, ENQUEUE, end])
     stream = table.column(STREAM_FIELD).to_numpy(zero_copy_only=False)
     late = table.column(LATE_FIELD).to_numpy(zero_copy_only=False).astype(bool)
     latency_ms = (table.column(end).to_numpy(zero_copy_only=False) - table.column(ENQUEUE).to_numpy(zero_copy_only=False)) * 1e3
-    figures = [_one_stream(s, offered[s], stream == s, late, latency_ms, settings, elapsed_s) for s in range(count)]
+    figures = [_one_stream(s, offered[s], dropped[s] if log is not None else None, stream == s, late, latency_ms,
+                           settings, elapsed_s) for s in range(count)]
     return {"count": count, "fps": settings.fps, "policy": settings.stream_policy, "deadline_ms": settings.deadline_s * 1e3,
             **{key: sum(getattr(f, key) for f in figures) for key in ("offered", "processed", "late", "dropped")},
             "per_stream": [dataclasses.asdict(f) for f in figures]}
 
 
-def _one_stream(stream: int, offered: int, mine: np.ndarray, late: np.ndarray, latency_ms: np.ndarray,
-                settings: LoadSettings, elapsed_s: float | None) -> StreamFigures:
+def _one_stream(stream: int, offered: int, dropped: int | None, mine: np.ndarray, late: np.ndarray,
+                latency_ms: np.ndarray, settings: LoadSettings, elapsed_s: float | None) -> StreamFigures:
+    """One stream's figures; `dropped` as the client counted them, None to count every frame not processed under the
+    drop policy."""
     processed = int(mine.sum())
     latencies = latency_ms[mine]
-    return StreamFigures(stream, offered, processed, int(late[mine].sum()),
-                         max(0, offered - processed) if settings.stream_policy == "drop" else 0,
+    if dropped is None:
+        dropped = max(0, offered - processed) if settings.stream_policy == "drop" else 0
+    return StreamFigures(stream, offered, processed, int(late[mine].sum()), dropped,
                          float(np.percentile(latencies, 50)) if processed else None,
                          float(np.percentile(latencies, 99)) if processed else None,
                          processed / elapsed_s if elapsed_s else None)

@@ -14,7 +14,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -189,7 +189,8 @@ def parse_config(document: Json, file: str, path: str | None = None) -> Pipeline
     top = translated.document
     for key in top:
         if key not in _TOP_KEYS:
-            check.fail(key, f"expected one of the top-level keys ({', '.join(_TOP_KEYS)}), found an unknown key")
+            check.fail(key, f"expected one of the top-level keys ({', '.join(_TOP_KEYS)}), found an unknown key"
+                            f"{did_you_mean(key, _TOP_KEYS)}")
     if "description" in top:
         check.as_string(top["description"], "description")
     source = dict(check.as_object(top.get("source", {}), "source"))
@@ -219,6 +220,12 @@ def parse_config(document: Json, file: str, path: str | None = None) -> Pipeline
     )
 
 
+def did_you_mean(key: str, known: Sequence[str]) -> str:
+    """A refusal's hint for a misspelt key: ` (did you mean "pipeline"?)`, or '' when none is close."""
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean \"{close[0]}\"?)" if close else ""
+
+
 def _parse_run(check: _Checker, value: Json) -> JsonObject:
     run = check.as_object(value, "run")
     for key, item in run.items():
@@ -232,8 +239,9 @@ def _parse_run(check: _Checker, value: Json) -> JsonObject:
                 check.fail(f"run.{key}", f"expected {LOAD_KEYS[key].expected}, found {describe(item)}")
             continue
         if key not in RUN_KEYS:
-            names = ", ".join([*LOAD_KEYS, *RUN_KEYS, *RUN_CHOICES])
-            check.fail(f"run.{key}", f"expected one of the run keys ({names}), found an unknown key")
+            names = [*LOAD_KEYS, *RUN_KEYS, *RUN_CHOICES]
+            check.fail(f"run.{key}", f"expected one of the run keys ({', '.join(names)}), found an unknown key"
+                                     f"{did_you_mean(key, names)}")
         integral, minimum, maximum = RUN_KEYS[key]
         if integral:
             check.as_integer(item, f"run.{key}", minimum, maximum)
@@ -350,10 +358,8 @@ def _check_keywords(check: _Checker, model: str, where: str, step_kwargs: Mappin
             if key in _HARNESS_KEYWORDS:
                 continue
             if key not in by_name:
-                close = difflib.get_close_matches(key, listed, n=1)
-                hint = f" (did you mean \"{close[0]}\"?)" if close else ""
                 check.fail(f"{place}.{key}", f"expected a keyword that {model} takes ({', '.join(listed) or 'none'}), "
-                                             f"found an unknown keyword{hint}")
+                                             f"found an unknown keyword{did_you_mean(key, listed)}")
             wrong = misfit(value, by_name[key].hint)
             if wrong is not None:
                 check.fail(f"{place}.{key}{wrong.where}",

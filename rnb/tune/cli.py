@@ -58,7 +58,8 @@ from rnb.tune.profile import (
 from rnb.tune.report import BEST, REPORT, Outcome, Request, resolution_note, winner_of, write_report
 from rnb.tune.search import Evaluated, Goal, Memory, Search, choose_mode, finalists, search
 from rnb.tune.space import Budget, TuneRequestError, TuneSpace, read_space
-from rnb.tune.streams import DEFAULT_BOUND, StreamGoal, measure_finalist, stream_finalists, write_streams_report
+from rnb.tune.streams import DEFAULT_BOUND, StreamGoal, measure_finalist, stream_finalists
+from rnb.tune.streams_report import StreamOutcome, write_streams_report
 from rnb.tune.verify import Verified, VerifySettings, closest, verify
 
 log = logging.getLogger(__name__)
@@ -227,7 +228,9 @@ def _tune(args: argparse.Namespace) -> int:
                 found = search(space, estimator, goal, memory, mode, args.trials, args.seed, lambda e: bar.update())
             seconds["search"] = time.monotonic() - phase
             if streams is not None:
-                return _tune_streams(space, found, streams, out, settings, output, args.top)
+                asked = StreamRequest(str(args.config), space.budget.describe(), streams, mode, args.engine)
+                return _tune_streams(space, found, asked, out, settings, output, args.top,
+                                     _labelled(space, bench, args, profiles), seconds)
             phase = time.monotonic()
             chosen = finalists(found, args.top)
             if not chosen:
@@ -259,15 +262,31 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tune_streams(space: TuneSpace, found: Search, goal: StreamGoal, out: Path, settings: VerifySettings,
-                  output: IO[str], top: int) -> int:
+@dataclasses.dataclass(frozen=True)
+class StreamRequest:
+    """What --objective streams was asked, as its report repeats it."""
+
+    config: str
+    budget: str
+    goal: StreamGoal
+    search: str
+    engine: str
+
+
+def _tune_streams(space: TuneSpace, found: Search, request: StreamRequest, out: Path, settings: VerifySettings,
+                  output: IO[str], top: int, profiles: Sequence[tuple[str, Profile]], seconds: dict[str, float]) -> int:
     """--objective streams after the search: rank by predicted streams, measure the finalists, report (0, or 1 when
     none sustained one stream)."""
-    chosen = stream_finalists(found, goal, top)
+    goal = request.goal
+    ranked = stream_finalists(found, goal)
+    phase = time.monotonic()
     measured = [measure_finalist(space, finalist, goal, out, settings, output)
-                for finalist in tqdm(chosen, desc="rnb-tune: verify", unit=" finalists", file=sys.stderr)]
-    print(write_streams_report(out, space, goal, measured))
-    if not measured or max(m.search.best for m in measured) == 0:
+                for finalist in tqdm(ranked[:top], desc="rnb-tune: verify", unit=" finalists", file=sys.stderr)]
+    seconds["verify"] = time.monotonic() - phase
+    outcome = StreamOutcome(request.config, request.budget, goal, request.search, request.engine, tuple(ranked),
+                            tuple(measured), tuple(profiles), seconds)
+    print(write_streams_report(out, space, outcome, settings.rules))
+    if outcome.winner is None:
         print(f"rnb-tune: no finalist sustained one stream at {goal.fps:g} fps with at most {goal.bound:.1%} of its "
               f"frames past the {goal.deadline_ms:g} ms deadline.", file=sys.stderr)
         return 1

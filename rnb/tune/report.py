@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rnb.analysis.html import figure, job_section, page, paragraph, table
+from rnb.analysis.figures import figure
+from rnb.analysis.html import job_section, page, paragraph, table
 from rnb.analysis.jobs import ValidityRules, load_jobs, rows_to_table
 from rnb.analysis.report import TableRow
 from rnb.analysis.sweep import format_interval
@@ -425,7 +426,7 @@ def report_page(space: TuneSpace, outcome: Outcome, rows: Sequence[TableRow], se
     body.append("<h2>Profiles</h2>")
     body.append(table(["profiled", "model", "calls", "mean ms", "p50 ms", "p99 ms", "held mean ms", "CPU ms per call",
                        "CPU fraction", "others' cores", "job"],
-                      [_profile_row(what, p) for what, p in outcome.profiles]))
+                      [profile_row(what, p) for what, p in outcome.profiles]))
     return page(f"rnb-tune: {Path(request.config).name}", body)
 
 
@@ -448,7 +449,7 @@ def _finalist(space: TuneSpace, estimator: Estimator, verified: Verified, index:
     return parts
 
 
-def _profile_row(what: str, profile: Profile) -> list[str]:
+def profile_row(what: str, profile: Profile) -> list[str]:
     """A profile's calls in ms: what a call of the group occupied its runner, the harness's part included, the
     CPU it spent, and the cores other work on the host used meanwhile (a profile of a busy host)."""
     emit = np.array(profile.emit_s) * 1000.0

@@ -23,11 +23,9 @@ import numpy as np
 
 from rnb.analysis.stream_search import StreamSearch, measure_streams, most_passing, search_streams
 from rnb.analysis.sweep import RunOutcome, run_benchmark
-from rnb.core.records import JsonObject
 from rnb.load import LoadSettings, mode_of
 from rnb.tune.estimate import Arrivals, Estimator, SimPipeline, Simulation
 from rnb.tune.profile import write_json_atomic
-from rnb.tune.report import BEST
 from rnb.tune.search import Search
 from rnb.tune.space import Candidate, TuneSpace
 from rnb.tune.verify import VerifySettings, videos_for
@@ -127,11 +125,10 @@ def predicted_streams(estimator: Estimator, candidate: Candidate, goal: StreamGo
     return most_passing(passed, max(most, 1))[0]
 
 
-def stream_finalists(found: Search, goal: StreamGoal, count: int) -> list[StreamFinalist]:
-    """The candidates the search predicted, most streams first, then fewer devices; the first `count`."""
-    ranked = sorted((StreamFinalist(e.candidate, predicted_streams(found.estimator, e.candidate, goal), e.devices)
-                     for e in found.evaluated.values()), key=lambda f: (-f.predicted, f.devices, f.candidate.key))
-    return ranked[:count]
+def stream_finalists(found: Search, goal: StreamGoal) -> list[StreamFinalist]:
+    """Every candidate the search predicted, most streams first, then fewer devices: the finalists are the first."""
+    return sorted((StreamFinalist(e.candidate, predicted_streams(found.estimator, e.candidate, goal), e.devices)
+                   for e in found.evaluated.values()), key=lambda f: (-f.predicted, f.devices, f.candidate.key))
 
 
 def measure_finalist(space: TuneSpace, finalist: StreamFinalist, goal: StreamGoal, root: Path,
@@ -150,31 +147,3 @@ def measure_finalist(space: TuneSpace, finalist: StreamFinalist, goal: StreamGoa
     result = search_streams(lambda n: measure_streams(run, n, settings.percentile, settings.rules, settings.max_reruns),
                             lambda trial: trial.missed_fraction <= goal.bound, goal.max_streams)
     return MeasuredStreams(finalist, config_path, result)
-
-
-def write_streams_report(out: Path, space: TuneSpace, goal: StreamGoal, measured: Sequence[MeasuredStreams]) -> str:
-    """DIR/streams.json (every finalist, predicted and measured) and, when one sustained a stream, DIR/best.json
-    (its config, run at the streams it sustained); the summary printed, one line per finalist, then the best."""
-    winner = max(measured, key=lambda m: m.search.best, default=None)
-    document: JsonObject = {
-        "fps": goal.fps, "bound": goal.bound, "deadline_ms": goal.deadline_ms,
-        "finalists": [{"candidate": space.label(m.finalist.candidate), "config": str(m.config_path),
-                       "predicted_streams": m.finalist.predicted, "streams": m.search.best, "failed_at": m.search.above,
-                       "trials": [{"streams": t.streams, "missed_fraction": t.missed_fraction,
-                                   "latency_ms": None if math.isinf(t.latency_ms) else t.latency_ms,
-                                   "job_dir": str(t.job_dir)} for t in m.search.trials]} for m in measured],
-        "streams": winner.search.best if winner is not None else 0}
-    write_json_atomic(out / STREAMS_REPORT, document)
-    lines = [f"finalist {i}: {space.short_label(m.finalist.candidate)}  predicted {m.finalist.predicted} streams; "
-             f"measured {m.search.best}" + (f" (and not {m.search.above})" if m.search.above is not None else "")
-             for i, m in enumerate(measured, start=1)]
-    if winner is not None and winner.search.best > 0:
-        run = {"streams": winner.search.best, "fps": goal.fps, "deadline_ms": goal.deadline_ms}
-        write_json_atomic(out / BEST, space.document_for(
-            winner.finalist.candidate, run=run, description=f"rnb-tune best for streams at {goal.fps:g} fps: "
-                                                            f"{space.label(winner.finalist.candidate)}"))
-        lines.append(f"best: {space.label(winner.finalist.candidate)}: {winner.search.best} streams at {goal.fps:g} fps")
-        lines.append(f"wrote {out / BEST}, {out / STREAMS_REPORT}")
-    else:
-        lines.append(f"wrote {out / STREAMS_REPORT}")
-    return "\n".join(lines)

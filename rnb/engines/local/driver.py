@@ -175,7 +175,8 @@ def build_plumbing(ctx: BaseContext, placements: list[Placement], args: RunArgs)
     """The queues, flag and start gate, and each runner's slots: its own and those of the producers it reads."""
     last = max(p.step for p in placements)
     queue_names = [set(q for p in placements if p.step == k for q in p.out_queues) for k in range(last)]
-    plumbing = Plumbing.build(ctx, queue_names, args.queue_size, args.load.concurrency, args.request_queue_size)
+    plumbing = Plumbing.build(ctx, queue_names, args.queue_size, args.load.concurrency, args.request_queue_size,
+                              completions=args.load.client == "loadgen")
     slots = {(p.step, p.group, p.instance): allocate_slots(ctx, p) for p in placements}
     wirings = {}
     for p in placements:
@@ -191,7 +192,7 @@ def spawn_all(ctx: ForkServerContext, supervisor: Supervisor, config: PipelineCo
               wirings: Mapping[str, LocalWiring]) -> None:
     """One client process, then one runner process per placement."""
     plumbing = supervisor.plumbing
-    spec = ClientSpec(config.source, config.path, args.videos, args.load, args.seed)
+    spec = ClientSpec(config.source, config.path, args.videos, args.load, args.seed, str(supervisor.spool.job_dir))
     supervisor.spawn(ctx, client_main, (spec, plumbing), ProcessRecord("client", "client"))
     for p in placements:
         arguments = (DeviceFirst(p.device), p, args.videos, wirings[p.name], plumbing)

@@ -292,11 +292,13 @@ class Plumbing:
     start: Any         # shared byte, set to 1 by main once every child is ready (no lock: see TerminationFlag)
     in_flight: Any     # Semaphore or None
     client_cells: Any  # RawArray('d', CLIENT_CELLS): the client's wait for its next due time (rnb.core.progress)
+    completions: RingQueue | None = None   # finished item ids, final step -> a LoadGen client (rnb.engines.loadgen)
 
     @staticmethod
     def build(ctx: BaseContext, queue_names: list[set[int]], queue_size: int, concurrency: int | None,
-              request_queue_size: int | None = None) -> Plumbing:
-        """Every queue holds `queue_size` messages, the request queue `request_queue_size` if given."""
+              request_queue_size: int | None = None, completions: bool = False) -> Plumbing:
+        """Every queue holds `queue_size` messages, the request queue `request_queue_size` if given; `completions`
+        adds the queue of finished items' ids that a LoadGen client completes its samples from."""
         flag = TerminationFlag(ctx)
         requests = request_queue_size or queue_size
         return Plumbing(
@@ -312,12 +314,14 @@ class Plumbing:
             start=ctx.RawValue("b", 0),
             in_flight=ctx.Semaphore(concurrency) if concurrency else None,
             client_cells=_cells(ctx, empty_client_cells()),
+            completions=RingQueue(RESULTS_MAXSIZE, flag, ctx=ctx, name="completions queue") if completions else None,
         )
 
     @property
     def rings(self) -> tuple[RingQueue, ...]:
-        """Every queue that is a ring: requests, the inter-step queues, results."""
-        return (self.requests, *(ring for queues in self.step_queues for ring in queues.values()), self.results)
+        """Every queue that is a ring: requests, the inter-step queues, results (and a LoadGen client's completions)."""
+        return (self.requests, *(ring for queues in self.step_queues for ring in queues.values()), self.results,
+                *([self.completions] if self.completions is not None else []))
 
     def queued(self) -> dict[int, int]:
         """How many messages wait in each step's input queues (the request queue is step 0's), by step."""

@@ -26,7 +26,7 @@ from rnb.core.model import NonTensors
 from rnb.core.progress import ClientCells, Progress, empty_cells
 from rnb.core.termination import POLL_S, Termination
 from rnb.core.timecard import Cards, TimeCard, as_cards
-from rnb.engines import client
+from rnb.engines import client, loadgen
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.child import child_main
 from rnb.engines.local.plumbing import PinnedHostSlots, Plumbing, SharedSlot
@@ -178,6 +178,8 @@ class LocalTransport(_LocalParticipant):
             return False
         added, reached = counted
         accepted = cards[:added]
+        if self.plumbing.completions is not None and accepted:
+            self.plumbing.completions.put_nowait(tuple(card.item_id for card in accepted))
         self.finished.add(accepted)
         if reached or len(self.finished) >= RESULTS_BATCH:
             self.finished.send()
@@ -289,6 +291,10 @@ def release_slots(wiring: LocalWiring, pinned: PinnedHostSlots, device: torch.de
 
 
 def client_main(spec: client.ClientSpec, plumbing: Plumbing) -> None:
-    """Entry point of the spawned client process."""
+    """Entry point of the spawned client process: RnB's client, or LoadGen completing from the completions ring."""
     transport = LocalClientTransport(plumbing, spec.videos)
-    child_main("client", plumbing, transport, lambda: client.generate(spec, transport))
+    completions = plumbing.completions
+    if completions is not None:
+        child_main("client", plumbing, transport, lambda: loadgen.drive(spec, transport, completions))
+    else:
+        child_main("client", plumbing, transport, lambda: client.generate(spec, transport))
