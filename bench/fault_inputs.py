@@ -100,6 +100,7 @@ def load_inputs(tmp: Path) -> list[tuple[str, list[str]]]:
         ("--rate-schedule -5@10s", ["--rate-schedule", "-5@10s"]),
         ("--rate-schedule 1e-9@10s", ["--rate-schedule", "1e-9@10s"]),
         ("--rate-schedule 5@1e6s", ["--rate-schedule", "5@1e6s"]),
+        ("--min-duration-ms 1e12", ["--scenario", "server", "--min-duration-ms", "1e12"]),
     ]
     return [(what, ["-c", toy, "-v", "2", *argv]) for what, argv in cases]
 
