@@ -21,6 +21,7 @@ sides must return identical frames (or values).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import psutil
 import torch
 
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
@@ -180,8 +182,10 @@ def item_requests(root: str, start: int, count: int) -> list[EpisodeRequest]:
     return [EpisodeRequest("dataset", root, order[i], tuple(order[i + 1 : i + 3])) for i in range(count)]
 
 
-def loader_rate(root: str, setup: LoaderSetup, items: int, start: int, cards: list[TimeCard]) -> float:
-    """items/s of a fresh loader seeded `start` over `items` requests (after one untimed warm-up item); their cards."""
+def loader_rate(root: str, setup: LoaderSetup, items: int, start: int, cards: list[TimeCard],
+                cpu: list[float] | None = None) -> float:
+    """items/s of a fresh loader seeded `start` over `items` requests (after one untimed warm-up item); their cards,
+    and, into `cpu`, the machine's CPU seconds per timed item that this process and its children spent."""
     loader = setup.loader(start)
     requests = item_requests(root, start, items + 1)
 
@@ -191,11 +195,24 @@ def loader_rate(root: str, setup: LoaderSetup, items: int, start: int, cards: li
         return card
 
     item(0)
+    spent = family_cpu_s()
     started = time.perf_counter()
     done = [item(i) for i in range(1, items + 1)]
     elapsed = time.perf_counter() - started
+    if cpu is not None:
+        cpu.append((family_cpu_s() - spent) / items)
     cards.extend(done)
     return items / elapsed
+
+
+def family_cpu_s() -> float:
+    """CPU seconds, user and system, of this process and of the children it runs now (a test server, its relay)."""
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # one that has exited since the listing
+            total += sum(child.cpu_times()[:2])
+    return total
 
 
 def _item_bytes(cards: Sequence[TimeCard], items: int) -> list[int]:

@@ -101,6 +101,9 @@ def torch_threads(count: int) -> Iterator[None]:
 # P3rd's coalescing gap: what a range request costs this link in bytes, its bandwidth times its round trip shared
 # by the 8 requests in flight (12.5 MB/s x 20 ms / 8, about 31 KB); LeRobot's 256 KiB suits a slower, farther link.
 P3RD_GAP_KB = 32
+# Repetitions of P3rd under --quick: a pair takes about a second, and a busy neighbour moves one pair's ratio by a
+# tenth or more, so the median is taken over more pairs than MIN_REPS.
+P3RD_QUICK_REPS = 9
 
 
 def windows_floor_rows(root: Path, workdir: Path, effort: Effort) -> list[Row]:
@@ -120,38 +123,47 @@ def windows_floor_rows(root: Path, workdir: Path, effort: Effort) -> list[Row]:
             raise AssertionError("frame windows and the in-memory decode give different frames")
         windows_track(ds, targets, options)  # writes the sidecar the timed runs index from
         seen: list[TrackResult] = []
+        cpu: dict[str, list[float]] = {"reader": [], "helpers": [], "floor": []}
 
         def windows() -> float:
+            thread, process = time.thread_time(), time.process_time()
             row, _ = windows_track(ds, targets, options)
+            cpu["reader"].append(time.thread_time() - thread)
+            cpu["helpers"].append(time.process_time() - process - cpu["reader"][-1])
             seen.append(row)
             return row.index_s + row.wall_s
 
         def in_memory() -> float:
-            started = time.perf_counter()
+            started, thread = time.perf_counter(), time.thread_time()
             for read in reads:
                 floor.frames(read)
+            cpu["floor"].append(time.thread_time() - thread)
             return time.perf_counter() - started
 
         row = measure_pair("P3rd", f"s for random frames: frame windows over HTTP ({WAN}) / decoding them from memory "
                            "(the floor), GOP 30", Goal("<=", 1.1), ("windows", "s", windows),
-                           ("in memory", "s", in_memory), effort.reps, warmup=0)
+                           ("in memory", "s", in_memory), effort.pick(P3RD_QUICK_REPS, effort.reps), warmup=0)
     decode_s = float(np.median([r.stage_ms["decode"] * r.jobs / 1000 for r in seen]))
     wall_s = float(np.median([r.index_s + r.wall_s for r in seen]))
     index_s = float(np.median([r.index_s for r in seen]))
     assert row.b is not None  # measure_pair always measures both sides
     # The link's own floor for those bytes: one round trip, then the bytes at its rate. Overlapped, the reader still
-    # waits one round trip for the sidecar's check of the files and one for its first bytes before decoding.
+    # waits a round trip for its first bytes before decoding (the sidecar's check rides on their answers).
     rtt_s = WAN.rtt_ms / 1000
     link_s = rtt_s + seen[-1].bytes_fetched / WAN.bytes_per_s
+    reader_s, helpers_s, floor_s = (float(np.median(cpu[name])) for name in ("reader", "helpers", "floor"))
     note = (f"{count} random frames over {len(targets)} episodes; windows at a {P3RD_GAP_KB} KiB gap (a request's "
             f"cost on this link), {seen[-1].ranges_after} range requests, {seen[-1].bytes_fetched / 1e6:.3g} MB, "
             f"indexes from the sidecar; the floor: one decoder per source file in memory, one thread; frames checked "
             f"identical. Windows spends {decode_s:.2f} of its {wall_s:.2f} s decoding (summed over threads, each request "
-            f"as soon as its ranges are in, the decoders' opening included), {index_s:.3f} s checking the sidecar's "
-            f"indexes, the rest planning, waiting and cutting mini-MP4s. The link alone needs {link_s:.2f} s for those "
-            f"bytes: fetching then decoding is bound to {(link_s + row.b.median) / row.b.median:.2f}x the floor, "
-            f"overlapping them to {(2 * rtt_s + max(link_s - rtt_s, row.b.median)) / row.b.median:.2f}x (the index's "
-            "round trip and the first bytes' before decoding)")
+            f"as soon as its ranges are in, the decoders' opening included), {index_s:.3f} s loading the sidecar's "
+            f"indexes (checked by the first range answers), the rest planning, waiting and cutting mini-MP4s. The "
+            f"link alone needs {link_s:.2f} s for those bytes: fetching then decoding is bound to "
+            f"{(link_s + row.b.median) / row.b.median:.2f}x the floor, "
+            f"overlapping them to {(rtt_s + max(link_s - rtt_s, row.b.median)) / row.b.median:.2f}x (the first bytes' "
+            f"round trip before decoding). CPU (medians): the reader's thread {reader_s:.3f} s against the floor's "
+            f"{floor_s:.3f} s, the fetch threads and the HTTP client {helpers_s:.3f} s more (cutting mini-MP4s, "
+            "opening a decoder per request), which needs the second core")
     return [dataclasses.replace(row, note=note)]
 
 

@@ -11,54 +11,27 @@ where its bytes would not fit the cache's budget, or be dropped before its
 reader comes, to make room for a read asked for now; its reader then
 fetches on the spot, and `fetched_ahead` says which happened. A failed
 read is raised to the reader that needed it, worded as a direct fetch
-words it, and never elsewhere.
+words it, and never elsewhere. A read planned with a sidecar's index of a
+file that has changed since (episodes._indexes.StaleIndex) is planned and
+read again on the spot, before any of its bytes is cut or decoded.
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
 import numpy as np
-from torchcodec.decoders import VideoDecoder
 
 from episodes._budget import Hold, Holds
+from episodes._indexes import StaleIndex
 from episodes._mp4 import MiniMp4
 from episodes._reads import FetchedFrames
+from episodes._ready_parts import Part, ReadyPart
 from episodes._windows import JobReads, window_mini
-
-
-@dataclass(frozen=True, eq=False)
-class Part:
-    """What can be decoded of a request: its frames in a mini-MP4, and a decoder already open over it, where the
-    fetch threads opened one (on the CPU) once its bytes had landed."""
-
-    fetched: FetchedFrames
-    decoder: VideoDecoder | None = None
-
-
-class ReadyPart:
-    """A request's whole Part as the fetch threads made it once its reads had all landed, for its reader to take;
-    None where they made none (no room for another open decoder, or a read failed: the reader then meets the
-    error itself)."""
-
-    def __init__(self) -> None:
-        self._made = threading.Event()
-        self._part: Part | None = None
-
-    def put(self, part: Part | None) -> None:
-        self._part = part
-        self._made.set()
-
-    def take(self) -> Part | None:
-        """The part, once made (only ever asked once its reads have all landed); None the second time."""
-        self._made.wait()
-        part, self._part = self._part, None
-        return part
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,15 +118,27 @@ class WindowsInFlight(FetchInFlight):
         if isinstance(started, FetchedFrames):
             return started
         if started is None or not self._budget.claim(started.hold):
-            again = self._again()
-            taken = again._take()
-            self.wait_s += again.wait_s
-            return taken
+            return self._take_again()
         self.fetched_ahead = self._ahead
         return started
 
+    def _take_again(self) -> WindowsStart | FetchedFrames:
+        """Started again on the spot, planned afresh, and claimed for this reader."""
+        again = self._again()
+        taken = again._take()
+        self.wait_s += again.wait_s
+        return taken
+
     def result(self) -> FetchedFrames:
         taken = self._take()
+        while True:
+            try:
+                return self._whole(taken)
+            except StaleIndex:
+                taken = self._take_again()
+
+    def _whole(self, taken: WindowsStart | FetchedFrames) -> FetchedFrames:
+        """result() of what was taken: its bytes waited for whole, its hold released."""
         if isinstance(taken, FetchedFrames):
             self.first_wait_s, self.frame_numbers = self.wait_s, taken.frame_numbers
             return taken
@@ -172,6 +157,17 @@ class WindowsInFlight(FetchInFlight):
 
     def parts(self) -> Iterator[Part]:
         taken = self._take()
+        while True:
+            try:
+                # A stale index is met at the first bytes a request takes (its file's claim is settled once and
+                # for all), so before any part was yielded: the parts come from one attempt only.
+                yield from self._parts_of(taken)
+                return
+            except StaleIndex:
+                taken = self._take_again()
+
+    def _parts_of(self, taken: WindowsStart | FetchedFrames) -> Iterator[Part]:
+        """parts() of what was taken, its hold released once they are done."""
         if isinstance(taken, FetchedFrames):
             self.first_wait_s, self.frame_numbers = self.wait_s, taken.frame_numbers
             yield Part(taken)
@@ -212,26 +208,3 @@ class WindowsInFlight(FetchInFlight):
             for read in start.share.reads.values():
                 read.cancel()
             self._budget.release(start.hold)
-
-
-def when_landed(reads: list[Future[bytes]], then: Callable[[], None]) -> None:
-    """Call `then` once every read of `reads` has finished, on the thread that finished the last.
-
-    The reads keep no hold on `then` once it has been called: it refers
-    to what refers to the reads, and a cycle would keep their bytes in
-    memory until the garbage collector's next full pass.
-    """
-    left, pending = [len(reads)], [then]
-    lock = threading.Lock()
-
-    def one(_: Future[bytes]) -> None:
-        with lock:
-            left[0] -= 1
-            fire = pending.pop() if left[0] <= 0 and pending else None
-        if fire is not None:
-            fire()
-
-    if not reads:
-        one(Future())
-    for read in reads:
-        read.add_done_callback(one)

@@ -7,8 +7,9 @@ the whole read cost (FrameRead), and the cache's running totals (CacheStats).
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal, get_args
 
 import numpy as np
@@ -38,6 +39,11 @@ class CacheStats:
     over, `peak_bytes_held` the most it ever held; `prefetches_skipped`
     counts fetches ahead that did not start because their bytes would not
     fit, `prefetches_dropped` those let go of to make room for a read.
+
+    `index_sidecar_loads` counts MP4 indexes the sidecar gave, and
+    `index_sidecar_stale` those it gave over HTTP, where a range read's
+    answer checks the file, that the answer found changed: rebuilt from the
+    file's headers (`index_builds`), the reads planned with them read again.
     """
 
     hits: int = 0
@@ -48,6 +54,7 @@ class CacheStats:
     cached_bytes: int = 0
     index_builds: int = 0
     index_sidecar_loads: int = 0
+    index_sidecar_stale: int = 0
     header_reads: int = 0
     header_bytes: int = 0
     bytes_fetched: int = 0
@@ -67,6 +74,23 @@ class CacheStats:
     synthesize_s: float = 0.0
     store_s: float = 0.0
     decode_s: float = 0.0
+
+
+class Counts:
+    """A cache's running totals, added to from any of its threads (the CacheStats fields that count and time)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int | float] = asdict(CacheStats())
+
+    def add(self, **amounts: float) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                self._counts[name] += amount
+
+    def snapshot(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(**self._counts)  # type: ignore[arg-type]  # the counts are CacheStats' own fields
 
 
 @dataclass(frozen=True)

@@ -78,12 +78,18 @@ class IndexSidecar:
 
     def lookup(self, rel: str, info: FileInfo, *, name: str) -> Mp4Index | None:
         """The stored index of `rel` if it was made from a file of exactly this size and version."""
+        stored = self.stored(rel, name=name)
+        return stored[1] if stored is not None and stored[0] == info else None
+
+    def stored(self, rel: str, *, name: str) -> tuple[FileInfo, Mp4Index] | None:
+        """The stored index of `rel` and the file it was made from, unchecked: for a reader that checks the file
+        itself (episodes._indexes.FileClaim)."""
         with self._lock:
             entry = self._entries.get(rel)
-        if entry is None or entry[0] != info:
+        if entry is None:
             return None
         try:
-            return Mp4Index.from_arrays(entry[1], name=name)
+            return entry[0], Mp4Index.from_arrays(entry[1], name=name)
         except (Mp4FormatError, ValueError, TypeError):
             return None
 

@@ -9,19 +9,20 @@ Over HTTP each attempt has `timeout_s` for the whole answer, headers and body
 (aiohttp's total timeout), so a server that accepts and never answers, or
 trickles a byte a second, costs at most `timeout_s` per attempt: a read fails
 within timeout_s x (retries + 1) plus the backoff between attempts
-(backoff_s x (1 + 2 + ... + 2^(retries-1)): 1.4 s with the defaults).
+(backoff_s x (1 + 2 + ... + 2^(retries-1)): 1.4 s with the defaults). The
+range GET itself is episodes._http's.
 """
 from __future__ import annotations
 
+import asyncio
 import bisect
+import contextlib
 import functools
-import io
 import os
 import posixpath
-import re
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, TypeVar
@@ -30,17 +31,11 @@ import fsspec
 import pyarrow.parquet as pq
 
 from episodes._errors import DatasetFormatError, FetchError
-
-try:  # aiohttp backs fsspec's HTTP filesystem; without it HTTP roots cannot work anyway.
-    import aiohttp
-    HAVE_AIOHTTP = True
-except ImportError:  # pragma: no cover - aiohttp is a pinned requirement
-    HAVE_AIOHTTP = False
+from episodes._http import HAVE_AIOHTTP, client_timeout, describe, http_range, is_transient, run_on_loop
+from episodes._range_file import RangeFile
 
 if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
     from fsspec import AbstractFileSystem
-    from fsspec.implementations.http import HTTPFileSystem
 
 T = TypeVar("T")
 # fsspec's options for a root's filesystem (credentials, client_kwargs, ...): whatever its protocol's filesystem
@@ -56,21 +51,8 @@ class StorageSettings(TypedDict, total=False):
     backoff_s: float
     timeout_s: float
 
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 # The protocols whose paths are files on this machine, where a symlink could lead out of the dataset.
 _LOCAL = ("file", "local")
-
-
-class ServerFault(Exception):
-    """A server's answer that cannot be the bytes asked for; `str()` says what it sent instead."""
-
-
-class RangeIgnored(ServerFault):
-    """The server answered a Range request with the whole file (HTTP 200): it does not serve ranges."""
-
-
-class RangeMismatch(ServerFault):
-    """The server's Content-Range is not the range asked for: a misbehaving cache or server, maybe transient."""
 
 
 def open_filesystem(url: str, **options: object) -> tuple[AbstractFileSystem, str]:
@@ -89,6 +71,21 @@ class FileInfo:
 
     size: int
     version: str | None
+
+
+@dataclass(frozen=True)
+class RangeAnswer:
+    """A range read's bytes, and the file as the answer described it, where it did.
+
+    An HTTP answer states the file's size (Content-Range's total) and its
+    version (the ETag, else Last-Modified, as `Storage.info` picks them), so
+    a read can tell that the file is still the one an index was made from
+    without a request of its own; `file` is None where the answer does not
+    say (other filesystems, a total of "*").
+    """
+
+    data: bytes
+    file: FileInfo | None = None
 
 
 def relative_path(rel: str) -> str:
@@ -124,24 +121,14 @@ def coalesce_ranges(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[i
     return merged
 
 
-def _is_transient(exc: BaseException) -> bool:
-    status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        return status >= 500 or status == 429
-    if isinstance(exc, (TimeoutError, ConnectionError, RangeMismatch)):
-        return True
-    return HAVE_AIOHTTP and isinstance(exc, aiohttp.ClientError)
+def _check_range(url: str, start: int, end: int) -> None:
+    if not 0 <= start <= end:
+        raise ValueError(f"bad byte range [{start}, {end}) for {url}")
 
 
-def _describe(exc: BaseException, timeout_s: float | None = None) -> str:
-    if isinstance(exc, ServerFault):
-        return str(exc)
-    if isinstance(exc, TimeoutError) and timeout_s is not None:
-        return f"no complete answer within the timeout of {timeout_s:g} s"
-    status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        return f"HTTP {status} {getattr(exc, 'message', '')}".rstrip()
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+def _check_length(url: str, start: int, end: int, data: bytes) -> None:
+    if len(data) != end - start:
+        raise FetchError(f"{url}: read of bytes [{start}, {end}) returned {len(data)} bytes, expected {end - start}")
 
 
 class Storage:
@@ -179,7 +166,7 @@ class Storage:
         protocol = fsspec.utils.get_protocol(self.root)
         if protocol in ("http", "https") and HAVE_AIOHTTP:
             client_kwargs = dict(options.get("client_kwargs", {}))
-            client_kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=self.timeout_s))
+            client_kwargs.setdefault("timeout", client_timeout(self.timeout_s))
             options["client_kwargs"] = client_kwargs
         self.fs, self._base = open_filesystem(self.root, **options)
         self._base = self._base.rstrip("/")
@@ -211,6 +198,11 @@ class Storage:
             self._checked.add(path)
         return path
 
+    @property
+    def ranges_say_file(self) -> bool:
+        """Whether a range read's answer states the file's size and version (RangeAnswer.file): over HTTP."""
+        return self._http
+
     def url(self, rel: str) -> str:
         """The user-facing address of `rel`, for error messages."""
         return f"{self.root}/{relative_path(rel)}"
@@ -221,19 +213,24 @@ class Storage:
             try:
                 return fn(path)
             except Exception as exc:
-                # fsspec's HTTP info reports any failed HEAD+GET (a 503 too) as FileNotFoundError
-                # raised from the server's answer: judge by that answer.
-                cause = exc.__cause__ if isinstance(exc, FileNotFoundError) and exc.__cause__ else exc
-                if not _is_transient(cause):
-                    if isinstance(exc, FileNotFoundError):
-                        raise FetchError(f"{url}: file not found") from exc
-                    raise FetchError(f"{url}: {what} failed ({_describe(exc, self.timeout_s)})") from exc
-                if attempt == self.retries:
-                    raise FetchError(
-                        f"{url}: {what} failed after {attempt + 1} attempts ({_describe(cause, self.timeout_s)})"
-                    ) from exc
+                failure = self._failure(exc, url, what, attempt)
+                if failure is not None:
+                    raise failure from exc
                 time.sleep(self.backoff_s * 2**attempt)
         raise AssertionError("unreachable")  # the loop always returns or raises
+
+    def _failure(self, exc: Exception, url: str, what: str, attempt: int) -> FetchError | None:
+        """The FetchError that ends a call whose attempt `attempt` raised `exc`; None where another attempt is due."""
+        # fsspec's HTTP info reports any failed HEAD+GET (a 503 too) as FileNotFoundError
+        # raised from the server's answer: judge by that answer.
+        cause = exc.__cause__ if isinstance(exc, FileNotFoundError) and exc.__cause__ else exc
+        if not is_transient(cause):
+            if isinstance(exc, FileNotFoundError):
+                return FetchError(f"{url}: file not found")
+            return FetchError(f"{url}: {what} failed ({describe(exc, self.timeout_s)})")
+        if attempt == self.retries:
+            return FetchError(f"{url}: {what} failed after {attempt + 1} attempts ({describe(cause, self.timeout_s)})")
+        return None
 
     def read_bytes(self, rel: str) -> bytes:
         """A whole (small) file, such as info.json or an episodes Parquet."""
@@ -241,22 +238,62 @@ class Storage:
 
     def read_range(self, rel: str, start: int, end: int) -> bytes:
         """Exactly bytes [start, end) of `rel`; fewer bytes is a FetchError."""
-        if not 0 <= start <= end:
-            raise ValueError(f"bad byte range [{start}, {end}) for {self.url(rel)}")
+        if self._http:
+            return self.start_ranges([(rel, start, end)])[0].result().data
+        _check_range(self.url(rel), start, end)
         if start == end:
             return b""
-        if self._http:
-            data = self._call(rel, f"read of bytes [{start}, {end})",
-                              lambda p: fsspec.asyn.sync(self.fs.loop, _http_range, self.fs, p, start, end))
-        else:
-            data = self._call(rel, f"read of bytes [{start}, {end})",
-                              lambda p: self.fs.cat_file(p, start=start, end=end))
-        if len(data) != end - start:
-            raise FetchError(
-                f"{self.url(rel)}: read of bytes [{start}, {end}) returned {len(data)} bytes,"
-                f" expected {end - start}"
-            )
+        data = self._call(rel, f"read of bytes [{start}, {end})", lambda p: self.fs.cat_file(p, start=start, end=end))
+        _check_length(self.url(rel), start, end, data)
         return data
+
+    def start_ranges(self, ranges: Sequence[tuple[str, int, int]], executor: Executor | None = None,
+                     slots: asyncio.Semaphore | None = None) -> list[Future[RangeAnswer]]:
+        """Bytes [start, end) of each (file, start, end) on their way: read_range's bytes, and the file as the answer
+        describes it.
+
+        Over HTTP the reads run on the HTTP client's own event loop, handed
+        to it at once, and no thread waits for each: a read's cost is the
+        client's work alone. Their requests take one of `slots` while on the
+        wire, in the order given: a link shared by every read at once would
+        land the first one last. Elsewhere read_range runs on `executor`
+        (None: on this thread, before this returns), whose threads bound how
+        many run at once.
+        """
+        if self._http:
+            return run_on_loop(self.fs.loop, [self._http_answer(rel, start, end, slots) for rel, start, end in ranges])
+        return [self._start_range(rel, start, end, executor) for rel, start, end in ranges]
+
+    def _start_range(self, rel: str, start: int, end: int, executor: Executor | None) -> Future[RangeAnswer]:
+        if executor is not None:
+            return executor.submit(lambda: RangeAnswer(self.read_range(rel, start, end)))
+        done: Future[RangeAnswer] = Future()
+        try:
+            done.set_result(RangeAnswer(self.read_range(rel, start, end)))
+        except Exception as exc:
+            done.set_exception(exc)
+        return done
+
+    async def _http_answer(self, rel: str, start: int, end: int, slots: asyncio.Semaphore | None) -> RangeAnswer:
+        """read_range over HTTP, on the client's loop: retried as `_call` retries, the backoff slept on the loop."""
+        path, url = self.path(rel), self.url(rel)
+        _check_range(url, start, end)
+        if start == end:
+            return RangeAnswer(b"")
+        what = f"read of bytes [{start}, {end})"
+        for attempt in range(self.retries + 1):
+            try:
+                async with slots or contextlib.nullcontext():
+                    got = await http_range(self.fs, path, start, end)
+            except Exception as exc:
+                failure = self._failure(exc, url, what, attempt)
+                if failure is not None:
+                    raise failure from exc
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+                continue
+            _check_length(url, start, end, got.data)
+            return RangeAnswer(got.data, None if got.total is None else FileInfo(got.total, got.version))
+        raise AssertionError("unreachable")  # the loop always returns or raises
 
     def probe_ranges(self, rel: str) -> None:
         """One small range read of `rel`, so a server that ignores Range requests is found before a job starts."""
@@ -331,7 +368,7 @@ class Storage:
         asked for, and a flaky server mid-read gives a FetchError, not a raw
         client exception.
         """
-        return pq.ParquetFile(_RangeFile(self, rel, self.info(rel).size))
+        return pq.ParquetFile(RangeFile(self, rel, self.info(rel).size))
 
 
 def _confinement(base: str) -> tuple[str, ...]:
@@ -346,59 +383,3 @@ def _confinement(base: str) -> tuple[str, ...]:
         if folder.parent.name == "snapshots" and (folder.parent.parent / "blobs").is_dir():
             return str(real), str(folder.parent.parent / "blobs")
     return (str(real),)
-
-
-async def _http_range(fs: HTTPFileSystem, path: str, start: int, end: int) -> bytes:
-    """GET bytes [start, end) of `path`, insisting that the answer is exactly that range.
-
-    fsspec's own range read returns whatever body comes back; a server that
-    ignores Range (200 and the whole file) or answers another range would
-    hand wrong bytes to the MP4 parser, which would then blame the file.
-    """
-    options = fs.kwargs.copy()
-    headers = {**options.pop("headers", {}), "Range": f"bytes={start}-{end - 1}"}
-    session = await fs.set_session()
-    async with session.get(fs.encode_url(path), headers=headers, **options) as response:
-        if response.status == 404:
-            raise FileNotFoundError(path)
-        response.raise_for_status()
-        if response.status == 200:
-            raise RangeIgnored("the server ignores Range requests: it answered HTTP 200 with the whole file")
-        answered = response.headers.get("Content-Range", "")
-        match = _CONTENT_RANGE.fullmatch(answered.strip())
-        if match is None or (int(match[1]), int(match[2])) != (start, end - 1):
-            raise RangeMismatch(f"the server answered Content-Range {answered or '(none)'!r} to a request for "
-                                f"bytes {start}-{end - 1}")
-        return await response.read()
-
-
-class _RangeFile(io.RawIOBase):
-    """A read-only, seekable file whose reads are `Storage.read_range` calls."""
-
-    def __init__(self, storage: Storage, rel: str, size: int) -> None:
-        super().__init__()
-        self._storage, self._rel, self._size, self._pos = storage, rel, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        view = memoryview(buffer)
-        end = min(self._pos + len(view), self._size)
-        if end <= self._pos:
-            return 0
-        data = self._storage.read_range(self._rel, self._pos, end)
-        view[: len(data)] = data
-        self._pos = end
-        return len(data)

@@ -5,25 +5,21 @@ A batch of requests is planned by the cache (its windows, or a kept
 episode's mini-MP4), its range reads take a hold on the budget for every
 byte they bring (a fetch ahead only where they fit) and start in the order
 the requests need them (episodes._windows). Where the reader decodes on
-the CPU, each request's mini-MP4 is cut and its decoder opened as soon as
-its last read lands, on the thread that landed it, so that its reader only
-decodes; at most `max_ready` such decoders wait for their readers at once.
+the CPU, each request's mini-MP4 is cut and its decoder opened on a fetch
+thread once its last read lands, so that its reader only decodes
+(episodes._ready_parts: at most `max_ready` wait for their readers).
 """
 from __future__ import annotations
 
 import functools
-import time
-import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
-from threading import BoundedSemaphore
 
 from episodes._budget import Holds
-from episodes._decode import open_decoder
-from episodes._inflight import Part, ReadyPart, Started, WindowsInFlight, WindowsStart, when_landed
+from episodes._inflight import Started, WindowsInFlight, WindowsStart
 from episodes._reads import FetchedFrames, FrameRequest
-from episodes._storage import Storage
-from episodes._windows import JobReads, WindowJob, range_bytes, submit_ranges, window_mini
+from episodes._ready_parts import ReadyParts
+from episodes._windows import StartRanges, WindowJob, range_bytes, submit_ranges, when_landed
 
 # What the cache makes of a request before any byte is read: its windows, or its frames in a kept whole episode.
 Plan = Callable[[FrameRequest], WindowJob | FetchedFrames]
@@ -32,11 +28,11 @@ Plan = Callable[[FrameRequest], WindowJob | FetchedFrames]
 class WindowStarts:
     """How an EpisodeByteCache starts its frame-window fetches (see the module); `count` adds to its stats."""
 
-    def __init__(self, storage: Storage, io: Executor, pool: Executor, budget: Holds, plan: Plan,
+    def __init__(self, start_ranges: StartRanges, pool: Executor, budget: Holds, plan: Plan,
                  count: Callable[..., None], *, decode_threads: int, max_ready: int) -> None:
-        self._storage, self._io, self._pool, self._budget = storage, io, pool, budget
-        self._plan, self._count, self._decode_threads = plan, count, decode_threads
-        self._ready_room = BoundedSemaphore(max_ready)
+        self._start_ranges, self._pool, self._budget = start_ranges, pool, budget
+        self._plan, self._count = plan, count
+        self._ready = ReadyParts(pool, count, room=max_ready, decode_threads=decode_threads)
 
     def start(self, requests: Sequence[FrameRequest], gap: int, *, ahead: bool, cpu: bool) -> list[WindowsInFlight]:
         """One handle per request; planned here, or (ahead) on the pool while the caller goes on."""
@@ -59,7 +55,7 @@ class WindowStarts:
         hold = self._budget.hold_ahead(need) if ahead else self._budget.hold_now(need)
         if hold is None:
             return [None if isinstance(plan, WindowJob) else plan for plan in plans]
-        batch = submit_ranges(self._storage, self._io, jobs, gap)
+        batch = submit_ranges(self._start_ranges, jobs, gap)
         reads = list({id(read): read for share in batch.jobs for read in share.reads.values()}.values())
 
         def cancel_reads() -> None:
@@ -72,31 +68,8 @@ class WindowStarts:
             w = share.job.windows
             self._count(misses=1, windows=len(w.frame_numbers), window_runs=len(w.runs), bytes_planned=w.planned_bytes,
                         bytes_fetched=share.charged, lookup_s=share.job.lookup_s)
-        starts = iter([WindowsStart(share, hold, self._ready_later(share) if cpu else None) for share in batch.jobs])
+        starts = iter([WindowsStart(share, hold, self._ready.later(share) if cpu else None) for share in batch.jobs])
         return [next(starts) if isinstance(plan, WindowJob) else plan for plan in plans]
-
-    def _ready_later(self, share: JobReads) -> ReadyPart:
-        """The share's whole Part, to be made on the thread that lands its last read."""
-        ready = ReadyPart()
-        when_landed(list(share.reads.values()), functools.partial(self._ready, share, ready))
-        return ready
-
-    def _ready(self, share: JobReads, ready: ReadyPart) -> None:
-        """Cut the share's whole mini-MP4 and open its CPU decoder, where fewer than max_ready wait for readers."""
-        if not self._ready_room.acquire(blocking=False):
-            ready.put(None)
-            return
-        try:
-            got = window_mini(share, {start: read.result() for start, read in share.reads.items()}, share.charged, 0.0)
-            started = time.perf_counter()
-            part = Part(got, open_decoder(got.mini, "cpu", num_threads=self._decode_threads))
-            self._count(decode_s=time.perf_counter() - started)
-        except Exception:  # a failed read or cut is its reader's to meet, worded as a direct read words it
-            self._ready_room.release()
-            ready.put(None)
-            return
-        weakref.finalize(part, self._ready_room.release)
-        ready.put(part)
 
     def _start_ahead(self, requests: Sequence[FrameRequest], gap: int, futures: list[Future[Started]],
                      cpu: bool) -> None:

@@ -14,19 +14,25 @@ alike alone or together).
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor, Future
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from episodes._errors import EpisodeDataError, Mp4FormatError, reworded
+from episodes._indexes import FileClaim
 from episodes._mp4 import MiniMp4, Mp4Index
 from episodes._mp4.windows import FrameWindows
 from episodes._mp4.writer import build_mini_mp4, gather_samples
 from episodes._reads import FetchedFrames
-from episodes._storage import Storage, coalesce_ranges
+from episodes._storage import RangeAnswer, coalesce_ranges
+
+# How a batch starts its range reads, each (file, first byte, end byte), in order (Storage.start_ranges).
+StartRanges = Callable[[Sequence[tuple[str, int, int]]], "list[Future[RangeAnswer]]"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,7 +40,8 @@ class WindowJob:
     """One request of a windows read, planned: where its frames lie and which samples they need.
 
     `numbers` are its episode frame numbers in the order asked; `where`
-    starts every error message about it.
+    starts every error message about it; `claim` is its index's, where the
+    index came from the sidecar unchecked (episodes._indexes).
     """
 
     ep: int
@@ -46,6 +53,7 @@ class WindowJob:
     index: Mp4Index
     windows: FrameWindows
     lookup_s: float
+    claim: FileClaim | None = None
 
     @property
     def where(self) -> str:
@@ -63,16 +71,20 @@ class JobReads:
 
     job: WindowJob
     run_reads: tuple[int, ...]
-    reads: dict[int, Future[bytes]]
+    reads: dict[int, Future[RangeAnswer]]
     charged: int
     frees: int = 0
 
     def blob(self, start: int) -> bytes:
-        """The bytes of the read starting at `start`, waited for; a failed read is the job's error."""
+        """The bytes of the read starting at `start`, waited for; a failed read is the job's error, and so is a
+        file that is not the one its index was made from (StaleIndex, settled by the first answer taken)."""
         try:
-            return self.reads[start].result()
+            answer = self.reads[start].result()
+            if self.job.claim is not None:
+                self.job.claim.settle(answer.file)
         except EpisodeDataError as exc:
             raise reworded(exc, self.job.url, f"episode {self.job.ep}, camera {self.job.key}") from exc
+        return answer.data
 
 
 @dataclass(frozen=True)
@@ -84,16 +96,16 @@ class RangeBatch:
     useful_bytes: int
 
 
-def submit_ranges(storage: Storage, executor: Executor, jobs: Sequence[WindowJob], gap: int) -> RangeBatch:
-    """Start reading the runs of all jobs, coalesced per file with `gap`, on `executor`, in the order jobs need them."""
+def submit_ranges(start_ranges: StartRanges, jobs: Sequence[WindowJob], gap: int) -> RangeBatch:
+    """Start reading the runs of all jobs, coalesced per file with `gap`, in the order the jobs need them."""
     by_file: dict[str, list[WindowJob]] = {}
     for job in jobs:
         by_file.setdefault(job.rel, []).append(job)
     merged = {rel: coalesce_ranges([(r.byte_start, r.byte_end) for j in js for r in j.windows.runs], gap)
               for rel, js in by_file.items()}
-    futures: dict[tuple[str, int], Future[bytes]] = {}
+    order: dict[tuple[str, int], int] = {}   # each read's end byte, in the order the jobs first need it
     last: dict[tuple[str, int], int] = {}
-    shares = []
+    needs, charges = [], []
     for i, job in enumerate(jobs):
         ranges = merged[job.rel]
         starts = [start for start, _ in ranges]
@@ -101,18 +113,21 @@ def submit_ranges(storage: Storage, executor: Executor, jobs: Sequence[WindowJob
         charged = 0
         for k in dict.fromkeys(at):
             start, end = ranges[k]
-            if (job.rel, start) not in futures:
-                futures[(job.rel, start)] = executor.submit(storage.read_range, job.rel, start, end)
+            if (job.rel, start) not in order:
+                order[(job.rel, start)] = end
                 charged += end - start
             last[(job.rel, start)] = i
-        shares.append(JobReads(job, tuple(starts[k] for k in at),
-                               {starts[k]: futures[(job.rel, starts[k])] for k in at}, charged))
+        needs.append(tuple(starts[k] for k in at))
+        charges.append(charged)
+    futures = dict(zip(order, start_ranges([(rel, start, end) for (rel, start), end in order.items()])))
+    shares = [JobReads(job, run_reads, {start: futures[(job.rel, start)] for start in run_reads}, charged)
+              for job, run_reads, charged in zip(jobs, needs, charges)]
     sizes = {(rel, start): end - start for rel, ranges in merged.items() for start, end in ranges}
     frees = [0] * len(shares)
     for read, i in last.items():
         frees[i] += sizes[read]
     return RangeBatch(tuple(dataclasses.replace(share, frees=free) for share, free in zip(shares, frees)),
-                      len(futures), sum(_distinct_bytes(js) for js in by_file.values()))
+                      len(order), sum(_distinct_bytes(js) for js in by_file.values()))
 
 
 def range_bytes(jobs: Sequence[WindowJob], gap: int) -> int:
@@ -157,3 +172,26 @@ def window_mini(share: JobReads, blobs: Mapping[int, bytes], paid: int, fetch_s:
     numbers = job.numbers if runs is None else windows.frame_numbers[mine]
     return FetchedFrames(job.ep, job.key, numbers, mini, False, paid, 0, job.lookup_s, fetch_s,
                          time.perf_counter() - started)
+
+
+def when_landed(reads: Sequence[Future[Any]], then: Callable[[], None]) -> None:
+    """Call `then` once every read of `reads` has finished, on the thread that finished the last.
+
+    The reads keep no hold on `then` once it has been called: it refers
+    to what refers to the reads, and a cycle would keep their bytes in
+    memory until the garbage collector's next full pass.
+    """
+    left, pending = [len(reads)], [then]
+    lock = threading.Lock()
+
+    def one(_: Future[Any]) -> None:
+        with lock:
+            left[0] -= 1
+            fire = pending.pop() if left[0] <= 0 and pending else None
+        if fire is not None:
+            fire()
+
+    if not reads:
+        one(Future())
+    for read in reads:
+        read.add_done_callback(one)

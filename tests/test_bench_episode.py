@@ -10,7 +10,7 @@ import pytest
 from bench import access_bench, episode_bench
 from bench.common import Effort
 from bench.episode_bench import (
-    benchmark_seconds,
+    benchmark_cpu_seconds,
     bytes_rows,
     cached_dataset_name,
     ffmpeg_command,
@@ -64,11 +64,12 @@ def test_ffmpeg_decodes_every_sample_of_the_mini_mp4(root: Path, tmp_path: Path)
     assert f"{64 * 64 * 3}," in frames[0]  # rgb24: 3 bytes per pixel, as torchcodec returns
 
 
-def test_benchmark_seconds_reads_rtime_and_names_a_missing_line() -> None:
+def test_benchmark_cpu_seconds_reads_utime_and_stime_and_names_a_missing_line() -> None:
     output = "frame=  10\nbench: utime=0.051s stime=0.004s rtime=0.125s\nbench: maxrss=52224kB\n"
-    assert benchmark_seconds(output) == 0.125
-    with pytest.raises(ValueError, match=r"^ffmpeg -benchmark printed no 'bench: \.\.\. rtime=' line in: 'oops'$"):
-        benchmark_seconds("oops")
+    assert benchmark_cpu_seconds(output) == pytest.approx(0.055)
+    with pytest.raises(ValueError, match=r"^ffmpeg -benchmark printed no 'bench: utime=\.\.\. stime=\.\.\.' line in: "
+                                         r"'oops'$"):
+        benchmark_cpu_seconds("oops")
 
 
 def test_the_cached_dataset_name_follows_the_spec_and_the_grain() -> None:

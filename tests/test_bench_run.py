@@ -98,6 +98,7 @@ def test_loader_windows_give_items_per_second_and_the_cores_only_the_loaders_got
                              "cpu_s": [0.0, 4.0, 1.0, 1.0, 2.0, 0.0, 4.0, 0.0, 1.0]}), tmp_path / "samples.parquet")
     assert loader_windows(tmp_path, 2) == [(1.0, 1.0), (1.0, 1.5)]
     assert loader_windows(tmp_path, 1) == [(1.0, 1.25)]
+    assert loader_windows(tmp_path, 1, skip=2) == [(1.0, 1.5)]   # timed from the second item's finish on
 
 
 def test_window_rates_refuses_more_windows_than_items() -> None:

@@ -86,7 +86,7 @@ CASES: dict[str, tuple[str, str]] = {
     "run_seed_boolean": ("run.seed", "expected an integer >= 0, found false"),
     "run_unknown_key": ("run.vidoes", 'expected one of the run keys (mean_interval_ms, concurrency, streams, fps, '
                                       'stream_phase, jitter_ms, deadline_ms, stream_policy, arrivals, rate_schedule, '
-                                      'scenario, videos, batch_size, queue_size, warmup, seed, stall_s, '
+                                      'scenario, samples_per_query, target_latency_ms, min_duration_ms, client, videos, batch_size, queue_size, warmup, seed, stall_s, '
                                       'max_duration_s, engine), found an unknown key (did you mean "videos"?)'),
     "run_videos_string": ("run.videos", 'expected an integer >= 1, found the string "40"'),
     "run_videos_zero": ("run.videos", "expected an integer >= 1, found 0"),

@@ -2,18 +2,22 @@
 byte budget held, a failed or stalled fetch ahead raised to the item that needed it, items in order."""
 from __future__ import annotations
 
+import gc
 import re
 import threading
+from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from bench.overlap_bench import overlap_rates
-from episodes import EpisodeByteCache, FetchError, FrameRequest, open_dataset
+from episodes import EpisodeByteCache, FetchedFrames, FetchError, FrameRequest, _ready_parts, open_dataset
 from episodes._budget import ByteBudget
-from episodes._storage import Storage
+from episodes._ready_parts import ReadyParts
+from episodes._storage import RangeAnswer, Storage
 from episodes.testing.faults import serve_with_faults
 from episodes.testing.synthetic import make_dataset
 from episodes.tools.verify import FullFileReference
@@ -174,7 +178,7 @@ def episode_span_of(ds, ep: int) -> tuple[str, int, int]:  # type: ignore[no-unt
     """(file, first byte, end byte) of the range a whole-episode fetch of `ep` reads."""
     with EpisodeByteCache(ds) as cache:
         record = ds.episode(ep)
-        _, span = cache._span(record, ds.video_keys[0])
+        span = cache._files.span(record, ds.video_keys[0]).span
         return record.videos[ds.video_keys[0]].path, span.byte_start, span.byte_end
 
 
@@ -227,7 +231,7 @@ def test_a_request_decodes_its_first_ranges_while_its_last_is_still_on_the_wire(
         assert len(runs) == 3
         last = runs[-1].byte_start
         landed = threading.Event()
-        original, decode = Storage.read_range, cache._decode
+        original, decode = Storage.read_range, cache._decoders.decode
 
         def held_back(self: Storage, rel: str, start: int, end: int) -> bytes:
             if start == last:
@@ -238,7 +242,7 @@ def test_a_request_decodes_its_first_ranges_while_its_last_is_still_on_the_wire(
             landed.set()   # a part has been decoded: only now may the last range land
             return decode(*args, **kwargs)
         monkeypatch.setattr(Storage, "read_range", held_back)
-        monkeypatch.setattr(cache, "_decode", decoded_first)
+        monkeypatch.setattr(cache._decoders, "decode", decoded_first)
         read = cache.read_frames([request], fetch="windows")[0]
         parts = cache.stats()
     reference = FullFileReference(ds)
@@ -301,3 +305,37 @@ def test_a_gpu_loader_fetching_ahead_decodes_on_nvdec_exactly_what_it_decodes_on
     assert all(torch.equal(a, b) for a, b in zip(spot, ahead))
     assert {c.fields["decode_device"] for c in cards} == {"nvdec"}
     assert sum("prefetch_wait_start" in c.events for c in cards) > 0
+
+
+class _Now:
+    """An executor that runs what it is given at once, on the caller's thread."""
+
+    def submit(self, fn, *args):  # type: ignore[no-untyped-def]
+        fn(*args)
+
+
+def test_parts_made_ahead_wait_for_room_in_their_readers_order_and_a_reader_first_makes_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+
+    def cut(share, blobs, paid, fetch_s):  # type: ignore[no-untyped-def]
+        made.append(share)
+        return FetchedFrames(0, "k", np.zeros(0, np.int64), None, False)  # type: ignore[arg-type]
+    monkeypatch.setattr(_ready_parts, "window_mini", cut)
+    monkeypatch.setattr(_ready_parts, "open_decoder", lambda mini, device, num_threads: "decoder")
+    maker = ReadyParts(_Now(), lambda **_: None, room=1, decode_threads=1)  # type: ignore[arg-type]
+    reads: dict[str, Future[RangeAnswer]] = {name: Future() for name in "abc"}
+    shares = {name: SimpleNamespace(reads={0: reads[name]}, blob=lambda start: b"", charged=0) for name in "abc"}
+    ready = {name: maker.later(shares[name]) for name in "abc"}   # readers come in the order a, b, c
+    for name in "cba":   # c's reads land first, then b's, then a's
+        reads[name].set_result(RangeAnswer(b""))
+    assert made == [shares["c"]]   # c began while there was room; b and a wait, a at the head
+    first = ready["c"].take()
+    assert first is not None and first.decoder == "decoder" and made == [shares["c"]]
+    del first
+    gc.collect()   # c's reader is done with its part: a's is made, the first its reader needs
+    assert made == [shares["c"], shares["a"]]
+    assert ready["b"].take() is None   # nobody began b's: its reader makes it itself, not waiting for room
+    assert ready["a"].take() is not None
+    gc.collect()
+    assert made == [shares["c"], shares["a"]]   # b is its reader's now

@@ -1,7 +1,9 @@
 """Storage: exact byte ranges, retries on transient errors only, one FetchError naming the URL."""
 from __future__ import annotations
 
+import asyncio
 import pickle
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from episodes._errors import DatasetFormatError, FetchError
+from episodes._http import run_on_loop
 from episodes._storage import FileInfo, Storage, coalesce_ranges, relative_path
 from episodes.testing.server import serve_directory
 
@@ -191,3 +194,37 @@ def test_open_parquet_fetches_only_footer_and_asked_row_groups(root: Path, monke
 def test_exists(root: Path) -> None:
     st = Storage(str(root))
     assert st.exists("sub/blob.bin") and not st.exists("sub/none.bin")
+
+
+def test_coroutines_handed_to_a_loop_at_once_settle_their_own_futures_and_a_cancelled_one_its_task() -> None:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        gate = threading.Event()
+        stopped: list[str] = []
+
+        async def value(x: int) -> int:
+            return x * 2
+
+        async def failing() -> int:
+            raise ValueError("no answer")
+
+        async def held() -> int:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                stopped.append("held")
+                gate.set()
+                raise
+            return 0
+
+        first, second, bad, waiting = run_on_loop(loop, [value(1), value(2), failing(), held()])
+        assert (first.result(5), second.result(5)) == (2, 4)
+        with pytest.raises(ValueError, match="^no answer$"):
+            bad.result(5)
+        assert waiting.cancel() and gate.wait(5) and stopped == ["held"]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()

@@ -1,6 +1,7 @@
 """Mp4Index: the video track of one MP4, as per-sample arrays, from range reads only."""
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -39,6 +40,16 @@ class Mp4Index:
     @property
     def num_samples(self) -> int:
         return len(self.dts)
+
+    @functools.cached_property
+    def pts_seconds(self) -> np.ndarray:
+        """`pts` in seconds, worked out once: every read planned over the file looks its frames up in it."""
+        return self.pts / self.timescale
+
+    @functools.cached_property
+    def half_frame_s(self) -> float:
+        """Half the file's median frame duration, in seconds: how far a timestamp may lie from its frame."""
+        return 0.5 * float(np.median(self.duration)) / self.timescale
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """Everything but the name, as numpy arrays, for an npz or Arrow sidecar."""

@@ -66,8 +66,7 @@ def episode_span(
     """
     if index.num_samples == 0:
         raise Mp4FormatError(f"{index.name}: video track has no samples")
-    seconds = index.pts / index.timescale
-    half_frame = 0.5 * float(np.median(index.duration)) / index.timescale
+    seconds, half_frame = index.pts_seconds, index.half_frame_s
     inside = (seconds >= from_timestamp - half_frame) & (seconds < to_timestamp - half_frame)
     needed = np.flatnonzero(inside)
     if expected_frames is not None and len(needed) != expected_frames:

@@ -23,8 +23,8 @@ from rnb.load import DUE_FIELD, SCENARIOS, LoadSettings, logged_mode, logged_set
 
 # Served this much slower than offered, a job's queue grew: 5 % of a second's requests still waiting each second.
 OVERLOADED_BY = 0.05
-MIN_RATE_ITEMS = 3   # a rate needs a few items
 ENDS = 20            # the queue's growth is read off the first and the last twentieth of the requests
+MIN_RATE_ITEMS = ENDS   # fewer, and each twentieth is less than one request: one late item would decide the verdict
 
 
 def overloaded(args: Mapping[str, object], measured: pa.Table, num_steps: int) -> str | None:
