@@ -11,9 +11,13 @@ Who spawns whom and what flows where is in one driver module per engine:
 - `rnb/cli.py`: this command line (flags, exit codes, the end-of-run summary).
 ARCHITECTURE.md draws the whole picture.
 """
+import signal
 import sys
 
 if __name__ == "__main__":
+    # Ctrl-C and SIGTERM wait (pending) until the command's handlers are set, as rnb.launch's first act
+    # (rnb.engines.stopping): from this line on a stop ends the command tidily, with exit 130 or 143.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     # Imported here, not above: every spawned child imports this file again (as __mp_main__) before
     # anything else, and must not import torch before it has tied its life to this process's
     # (rnb.engines.local.lifeline).  rnb.launch starts the fork server before the command imports torch.

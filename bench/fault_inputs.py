@@ -69,6 +69,42 @@ def hand_made(tmp: Path) -> list[tuple[str, list[str]]]:
     return [(what, ["-c", path]) for what, (path,) in cases]
 
 
+def load_inputs(tmp: Path) -> list[tuple[str, list[str]]]:
+    """(what, benchmark.py arguments) of load-mode values a job could never finish with, or whose refusal once named the
+    wrong row or value: each must be refused in one sentence (rnb.load, rnb.load_inputs)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def trace(name: str, text: bytes) -> str:
+        path = tmp / name
+        path.write_bytes(text)
+        return str(path)
+
+    pq.write_table(pa.table({"offset_s": ["0.0", "1.0"]}), tmp / "strings.parquet")
+    toy = str(REPO / "config" / "toy.json")
+    cases = [
+        ("a trace row at 1e12 s", ["--arrivals", trace("far.csv", b"offset_s\n0\n1e12\n")]),
+        ("'abc' in a trace's row 3", ["--arrivals", trace("abc.csv", b"offset_s\n0\n1\nabc\n")]),
+        ("NaN in a trace", ["--arrivals", trace("nan.csv", b"offset_s\n0\nnan\n")]),
+        ("a Parquet trace of strings", ["--arrivals", str(tmp / "strings.parquet")]),
+        ("a binary file as a trace", ["--arrivals", trace("garbage.csv", bytes(range(256)) * 4)]),
+        ("control bytes in a trace", ["--arrivals", trace("control.csv", b"offset_s\n0\x1b[2J\x07\n")]),
+        ("a bad stream cell", ["--arrivals", trace("stream.csv", b"offset_s,stream\n0,0\n1,x\n")]),
+        ("a blank trace row", ["--arrivals", trace("blank.csv", b"offset_s\n0\n\n1\n")]),
+        ("--fps 1e-300", ["--streams", "2", "--fps", "1e-300"]),
+        ("--fps 5e-324", ["--streams", "2", "--fps", "5e-324"]),
+        ("--streams 1000000000", ["--streams", "1000000000"]),
+        ("--streams 10**20", ["--streams", str(10**20)]),
+        ("-mi 1e12", ["-mi", "1e12"]),
+        ("--deadline-ms 1e12", ["--streams", "2", "--deadline-ms", "1e12"]),
+        ("--rate-schedule -5@10s", ["--rate-schedule", "-5@10s"]),
+        ("--rate-schedule 1e-9@10s", ["--rate-schedule", "1e-9@10s"]),
+        ("--rate-schedule 5@1e6s", ["--rate-schedule", "5@1e6s"]),
+        ("--min-duration-ms 1e12", ["--scenario", "server", "--min-duration-ms", "1e12"]),
+    ]
+    return [(what, ["-c", toy, "-v", "2", *argv]) for what, argv in cases]
+
+
 def mutants(configs: list[Path], count: int, seed: int) -> list[tuple[str, str]]:
     """(what, JSON text) of `count` random mutations of the shipped configs: values, keys, and raw text."""
     rng = random.Random(seed)
@@ -119,7 +155,7 @@ def check_config(argv: list[str]) -> tuple[bool, float, str]:
     except BaseException as error:  # what a user would have seen as a traceback
         return False, time.perf_counter() - began, f"{type(error).__name__}: {error}"
     said = err.getvalue()
-    one_sentence = said.count("\n") == 1 and "Traceback" not in said
+    one_sentence = said.count("\n") == 1 and "Traceback" not in said and said.strip().isprintable()
     return code == 0 or (code == 2 and one_sentence), time.perf_counter() - began, said.strip()[:200]
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -122,31 +121,22 @@ def job_children(pid: int) -> list[int]:
     return found
 
 
-def waiting_for_fork_server(pid: int) -> bool:
-    """Whether the main process `pid` is at its first child: its fork server runs and its stop handlers are set.
+def waiting_for_fork_server(pid: int, logs: Path) -> bool:
+    """Whether the main process `pid` is at its first child: its job's log directory (under `logs`) exists and its fork
+    server has forked nobody yet.
 
-    The server starts before the main process imports anything (rnb.launch),
-    so its running alone says nothing of where the main process is; the stop
-    handlers, set just before the first child starts, do: a process that
-    catches SIGTERM shows it in its SigCgt mask (Python leaves SIGTERM at
-    its default).
+    The server starts before the main process imports anything (rnb.launch)
+    and the stop handlers are set from the command's first line
+    (rnb.engines.stopping), so neither says where the main process is; the
+    log directory, opened just before the first child, does.
     """
-    return fork_server_of(pid) is not None and catches(pid, signal.SIGTERM)
+    server = fork_server_of(pid)
+    return server is not None and not children(server) and logs.is_dir() and any(logs.iterdir())
 
 
 def fork_server_of(pid: int) -> int | None:
     """The pid of the main process `pid`'s fork server; None before it has started one."""
     return next((child for child in children(pid) if b"multiprocessing.forkserver" in command_line(child)), None)
-
-
-def catches(pid: int, number: int) -> bool:
-    """Whether process `pid` has a handler of its own for signal `number` (/proc's SigCgt mask)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    found = re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.MULTILINE)
-    return found is not None and bool(int(found.group(1), 16) >> (number - 1) & 1)
 
 
 def command_line(pid: int) -> bytes:
@@ -157,9 +147,15 @@ def command_line(pid: int) -> bytes:
 
 
 def _inside(report: Path, mark: str, command: list[str]) -> int:
-    """In the trial's namespace: a fresh /dev/shm, the job, then what it left there (one JSON line each)."""
-    isolated = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4g", "tmpfs", "/dev/shm"],
-                              capture_output=True).returncode == 0
+    """In the trial's namespace: a fresh /dev/shm, the job, then what it left there (one JSON line each).
+
+    Only in a mount namespace of its own (run_job's `isolated`, through
+    unshare): mounted in its caller's, the tmpfs would hide the machine's
+    /dev/shm from every process on it, and the named semaphores of jobs
+    already running with it (their children open them by name).
+    """
+    isolated = _namespace_of_its_own() and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4g", "tmpfs", "/dev/shm"], capture_output=True).returncode == 0
     for stop in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop, lambda *_: None)  # a signal to the trial's group is the job's to handle, not ours
     job = subprocess.Popen(command, env={**os.environ, MARK: mark})
@@ -175,6 +171,14 @@ def _inside(report: Path, mark: str, command: list[str]) -> int:
     with report.open("a") as out:
         out.write(json.dumps({"rc": rc, "exit_time": exit_time, "gone_time": gone_time, "leftovers": left}) + "\n")
     return 0
+
+
+def _namespace_of_its_own() -> bool:
+    """Whether this process's mount namespace is another than its parent's (unshare --mount started it)."""
+    try:
+        return os.readlink("/proc/self/ns/mnt") != os.readlink(f"/proc/{os.getppid()}/ns/mnt")
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

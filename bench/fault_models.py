@@ -25,6 +25,7 @@ from rnb.core.termination import Termination
 from rnb.core.timecard import as_cards
 from rnb.engines.local import plumbing as plumbing_module
 from rnb.engines.local.plumbing import Plumbing
+from rnb.engines.local.ring import MAX_CAPACITY
 from rnb.pipeline.dotted import load_object
 
 
@@ -71,7 +72,8 @@ class DiesHolding:
             plumbing.status._wlock.acquire()
         else:  # mid-write: the results ring's write lock taken and part of a message copied in, its end not moved
             plumbing.results._wlock.acquire()
-            plumbing.results._store(plumbing.results._ends[1], b"\x80\x04" + b"\0" * 14)
+            tail = plumbing.results._end_words[1] % MAX_CAPACITY   # the producers' word's byte position
+            plumbing.results._store(tail, b"\x80\x04" + b"\0" * 14)
         die()
 
 

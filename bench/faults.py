@@ -1,6 +1,6 @@
 """Reliability under faults: every way a job can go wrong, tried many times, and how each trial ended.
 
-    .venv/bin/python bench/faults.py [--quick] [--json FILE] [--only crash,hold,signal,stall,config,remote,memory]
+    .venv/bin/python bench/faults.py [--quick] [--json FILE] [--only crash,hold,signal,stall,config,remote,memory,ring,install]
 
 One row per kind of fault.  `passes` counts the trials that ended as they
 must: the defined exit code and termination reason, a complete log (for a
@@ -23,9 +23,11 @@ shm` the entries left in the job's private /dev/shm ("n/a" where this
 machine gives no process its own mount namespace).  The memory rows run one
 bulk toy job per `-v` side by side and print main's peak RSS (meta.json's
 `main_peak_rss_bytes`, taken after the summary) and the bytes per item
-between successive sizes: what main holds per finished item.  Exit codes: 0
-every trial passed (and every memory job reached its target), 1 some did
-not, 2 bad arguments.
+between successive sizes: what main holds per finished item.  The ring row
+(bench/ring_stress.py) kills the holders of the local engine's queue locks
+for a while and counts what was acknowledged, lost and stranded.  Exit
+codes: 0 every trial passed (and every memory job reached its target, and
+the ring kept its promise), 1 some did not, 2 bad arguments.
 """
 from __future__ import annotations
 
@@ -45,7 +47,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from bench.fault_inputs import TOY, check_config, hand_made, mutants, remote_trial
+from bench import ring_stress
+from bench.fault_inputs import TOY, check_config, hand_made, load_inputs, mutants, remote_trial
 from bench.fault_jobs import (
     HANG_S,
     MARK,
@@ -57,9 +60,12 @@ from bench.fault_jobs import (
     run_job,
     waiting_for_fork_server,
 )
+from bench.fault_starts import INSTANTS, TURNS, Instant, judge_stop, strike_at
+from bench.installed import check_installed
 
 REPO = Path(__file__).resolve().parents[1]
-GROUPS = ("crash", "hold", "signal", "stall", "config", "remote", "memory")
+GROUPS = ("crash", "hold", "signal", "stall", "config", "remote", "memory", "ring", "install")
+RING_SECONDS = {True: 30.0, False: 120.0}   # how long the ring row kills, --quick or not
 MEMORY_VIDEOS = (2000, 12000, 40000)
 # A signal that stops a job from outside, and what the job must then record and return.
 STOPS = {"SIGINT": (signal.SIGINT, "interrupted", 130), "SIGTERM": (signal.SIGTERM, "terminated", 143)}
@@ -115,16 +121,16 @@ def after_start(work: Path, delay_s: float = 1.0, timeout_s: float = 120.0) -> N
     time.sleep(delay_s)
 
 
-def during_start_up(pid: int, timeout_s: float = 120.0) -> None:
+def during_start_up(pid: int, logs: Path, timeout_s: float = 120.0) -> None:
     """Wait until the main process is at its first child, waiting for its fork server to import torch."""
     deadline = time.time() + timeout_s
-    while not waiting_for_fork_server(pid) and time.time() < deadline:
+    while not waiting_for_fork_server(pid, logs) and time.time() < deadline:
         time.sleep(0.01)
 
 
 def signal_at(work: Path, sig: int, to_group: bool, start_up: bool = False) -> Callable[[int, int], float]:
     def act(pid: int, group: int) -> float:
-        during_start_up(pid) if start_up else after_start(work)
+        during_start_up(pid, work / "logs") if start_up else after_start(work)
         (os.killpg if to_group else os.kill)(group if to_group else pid, sig)
         return time.time()
     return act
@@ -197,10 +203,7 @@ def job_faults(groups: set[str]) -> list[JobFault]:
                                 code, reason, partial(signal_at, sig=sig, to_group=False)),
                        JobFault(f"signal-{name.lower()}-group", f"{name} to the whole process group mid-run", toy(),
                                 BUSY, code, reason, partial(signal_at, sig=sig, to_group=True))]
-        faults += [JobFault("signal-sigint-group-start-up", "Ctrl-C to the process group while children start",
-                            toy(), SHORT, 130, "interrupted",
-                            lambda w: signal_at(w, signal.SIGINT, True, start_up=True)),
-                   JobFault("signal-sigkill-main", "SIGKILL to the main process mid-run", toy(), BUSY, -9, None,
+        faults += [JobFault("signal-sigkill-main", "SIGKILL to the main process mid-run", toy(), BUSY, -9, None,
                             lambda w: signal_at(w, signal.SIGKILL, False)),
                    JobFault("signal-sigkill-main-start-up", "SIGKILL to the main process while children start",
                             toy(), SHORT, -9, None, lambda w: signal_at(w, signal.SIGKILL, False, start_up=True))]
@@ -221,6 +224,38 @@ def job_rows(work: Path, trials: int, groups: set[str], isolated: bool) -> list[
             passed, exit_s, note = judge(run, struck, kind.code, kind.reason)
             passed = passed and run.orphans == 0 and not run.leftovers
             row.add(passed, exit_s, f"trial {trial}: {note}", run.orphans, run.leftovers)
+        rows.append(row)
+        print(table([row], header=False), flush=True)
+    return rows
+
+
+def start_up_config(instant: Instant, work: Path) -> tuple[dict, list[str]]:
+    """The config a start-up row's job runs, and the arguments it needs beside it."""
+    if instant.config == "default":
+        return json.loads((REPO / "config" / "default.json").read_text()), ["--dataset", str(ensure_dataset(work))]
+    if instant.config == "hangs":
+        return toy(step1={"model": "bench.fault_models.Hangs", "inner": "models.toy.TinyConvNet", "at_init": True}), []
+    return toy(), []
+
+
+def start_up_rows(work: Path, trials: int, isolated: bool) -> list[FaultRow]:
+    """Ctrl-C or SIGTERM to the job's process group at each instant of start-up, the two in turn, on both engines."""
+    rows = []
+    for instant in INSTANTS:
+        row = FaultRow(f"signal-start-{instant.name}", f"SIGINT or SIGTERM (in turn) to the process group while "
+                                                       f"{instant.what}")
+        for trial in range(trials):
+            number, code, reason = TURNS[trial % len(TURNS)]
+            trial_dir = work / row.id / str(trial)
+            trial_dir.mkdir(parents=True)
+            config, extra = start_up_config(instant, work)
+            (trial_dir / "job.json").write_text(json.dumps(config))
+            logs = trial_dir / "logs"
+            run, struck = run_job(trial_dir, ["-c", str(trial_dir / "job.json"), *instant.argv, *extra],
+                                  strike_at(instant, trial_dir / "stderr", logs, number), isolated)
+            passed, gone_s, note = judge_stop(run, struck, logs, code, reason)
+            row.add(passed and run.orphans == 0, gone_s, f"trial {trial} ({signal.Signals(number).name}): {note}",
+                    run.orphans, run.leftovers)
         rows.append(row)
         print(table([row], header=False), flush=True)
     return rows
@@ -331,11 +366,36 @@ def stall_rows(work: Path, trials: int, isolated: bool) -> list[FaultRow]:
                     f"{verdict.note}", run.orphans, run.leftovers, verdict.lost, verdict.end_s)
         rows.append(row)
         print(table([row], header=False), flush=True)
+    rows.append(idle_client_row(work / "idle-client", trials, isolated))
+    print(table(rows[-1:], header=False), flush=True)
     rows.append(remote_hang_row(work / "remote-hang", trials, isolated))
     print(table(rows[-1:], header=False), flush=True)
     rows.append(full_disk_row(work / "disk-full", trials))
     print(table(rows[-1:], header=False), flush=True)
     return rows
+
+
+def idle_client_row(work: Path, trials: int, isolated: bool) -> FaultRow:
+    """A trace whose sixth request is due 1000 s after its fifth: once the pipeline has been idle --stall-s, the job
+    ends as stalled, naming the client and when its next request is due, keeping the five it finished."""
+    row = FaultRow("stall-idle-client", f"a trace's next arrival 1000 s off, the pipeline idle: ended --stall-s "
+                                        f"({STALL_S:g} s) after the last item left, naming the client")
+    for trial in range(trials):
+        trial_dir = work / str(trial)
+        trial_dir.mkdir(parents=True)
+        (trial_dir / "gap.csv").write_text("offset_s\n0\n0.1\n0.2\n0.3\n0.4\n1000\n")
+        (trial_dir / "job.json").write_text(json.dumps(toy()))
+        run, _ = run_job(trial_dir, ["-c", str(trial_dir / "job.json"), "--arrivals", str(trial_dir / "gap.csv"),
+                                     "-v", "6", "--stall-s", f"{STALL_S:g}", "--warmup", "0"], isolated=isolated)
+        verdict = judge_stall(run, None, Ending(1, "stalled", rows=5))
+        meta = run.meta or {}
+        sentence = meta.get("error") or ""
+        last_left = (meta.get("end_time") or 0.0) - (meta.get("start_time") or 0.0)
+        passed = verdict.passed and meta.get("failed_process") == "client" and "request 5 is due 1000.0 s" in sentence
+        row.add(passed and run.orphans == 0 and not run.leftovers, verdict.exit_s,
+                f"trial {trial}: {verdict.note}; {sentence[:160]!r}", run.orphans, run.leftovers, verdict.lost,
+                last_left - 0.4)   # from the last arrival (0.4 s) to the end: the pipeline's drain, then --stall-s
+    return row
 
 
 def remote_hang_row(work: Path, trials: int, isolated: bool) -> FaultRow:
@@ -426,6 +486,11 @@ def config_rows(work: Path, mutations: int, runs: int, isolated: bool) -> list[F
     for what, argv in hand_made(work):
         passed, seconds, said = check_config(argv)
         hand.add(passed and said != "", seconds, f"{what}: {said}")
+    bounded = FaultRow("config-load-bounds", "load values no job could finish with, and bad traces and schedules: "
+                       "refused, --check")
+    for what, argv in load_inputs(work):
+        passed, seconds, said = check_config(argv)
+        bounded.add(passed and said != "", seconds, f"{what}: {said}")
     mutated = FaultRow("config-mutated", "random mutations of the shipped configs, --check (seed 0)")
     ran = FaultRow("config-mutated-run", "mutants of toy.json and default.json that pass --check, then run (-v 4): "
                    "exit 0 or 1 with a log")
@@ -444,7 +509,17 @@ def config_rows(work: Path, mutations: int, runs: int, isolated: bool) -> list[F
             exit_s = None if run.exit_time is None or run.meta is None else run.exit_time - run.meta["end_time"]
             ran.add(ok and run.orphans == 0 and not run.leftovers, exit_s, f"{what}: exit {run.returncode}",
                     run.orphans, run.leftovers)
-    return [hand, mutated, ran]
+    return [hand, bounded, mutated, ran]
+
+
+def installed_row(work: Path) -> FaultRow:
+    """`pip install .` into a fresh environment, then rnb-benchmark from another directory (bench/installed.py)."""
+    row = FaultRow("installed-command", "pip install . into a fresh environment; rnb-benchmark --check and "
+                                       "-v 20 -mi 0 (the embedded default config) from another directory")
+    began = time.time()
+    problems = check_installed(work)
+    row.add(not problems, time.time() - began, "; ".join(problems))
+    return row
 
 
 def ensure_dataset(work: Path) -> Path:
@@ -539,25 +614,33 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rnb-faults-") as tmp:
         work = Path(tmp)
         rows += job_rows(work / "jobs", 1 if args.quick else 5, groups, isolated)
+        if "signal" in groups:
+            rows += start_up_rows(work / "starts", 2 if args.quick else 6, isolated)
         if "stall" in groups:
             rows += stall_rows(work / "stalls", 1 if args.quick else 5, isolated)
         if "config" in groups:
             rows += config_rows(work, 40 if args.quick else 300, 2 if args.quick else 10, isolated)
         if "remote" in groups:
             rows += remote_rows(work, 3 if args.quick else 20)
+        if "install" in groups:
+            rows.append(installed_row(work / "installed"))
+            print(table(rows[-1:], header=False), flush=True)
         memory = memory_rows(work, MEMORY_VIDEOS[:2] if args.quick else MEMORY_VIDEOS, isolated) \
             if "memory" in groups else []
+        ring = [ring_stress.run(RING_SECONDS[args.quick])] if "ring" in groups else []
     if rows:
         print(table(rows))
     if memory:
         print(memory_table(memory))
+    if ring:
+        print(ring_stress.table(ring))
     for row in rows:
         for failure in row.failures:
             print(f"{row.id}: FAILED {failure}")
     if args.json:
-        Path(args.json).write_text(json.dumps([row.__dict__ for row in [*rows, *memory]], indent=2) + "\n")
+        Path(args.json).write_text(json.dumps([row.__dict__ for row in [*rows, *memory, *ring]], indent=2) + "\n")
     reached = all(row.finished == row.videos for row in memory)
-    return 0 if reached and all(row.passes == row.trials for row in rows) else 1
+    return 0 if reached and all(r.passed for r in ring) and all(row.passes == row.trials for row in rows) else 1
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from rnb.engines.loadgen import loadgen_refusal
 from rnb.engines.local.driver import run_job
 from rnb.engines.ray import cluster as ray_cluster
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
+from rnb.engines.stopping import STOPS
 from rnb.load import DEFAULTS as LOAD_DEFAULTS
 from rnb.load import EXCLUSIVE, LOAD_KEYS, SCENARIO_KEYS, LoadSettings, mode_of, with_scenario
 from rnb.load import refusal as load_refusal
@@ -81,7 +82,8 @@ def benchmark_parser() -> flags.CommandParser:
     """benchmark.py's flags: RnB's, the load modes' (rnb.load) and the harness's own."""
     parser = flags.CommandParser("benchmark.py", "Benchmark a multi-step, multi-process video inference pipeline.")
     parser.add_argument(*flags.CONFIG, dest="config_file_path",
-                        help="pipeline config JSON (default: the embedded default config, config/default.json)")
+                        help="pipeline config JSON (default: the embedded default config, rnb/pipeline/default.json, "
+                             "which config/default.json links to)")
     for key in LOAD_KEYS.values():
         parser.add_argument(*key.spellings, dest=key.name, metavar=key.metavar, type=key.parse, help=key.help)
     parser.add_argument(*flags.VIDEOS, dest="videos", metavar="N", type=run_value("videos"),
@@ -216,7 +218,11 @@ def prepare_log_dir(log_dir: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The whole command: its exit code (0 done, 1 failed job, 2 invalid request, 130 interrupted)."""
+    """The whole command: its exit code (0 done, 1 failed job, 2 invalid request, 130 interrupted, 143 terminated).
+
+    A stop before the job's log exists raises rnb.engines.stopping.Stopped
+    where the command's handlers are installed (rnb.launch prints it).
+    """
     for key, value in DEVICE_ORDER.items():
         os.environ.setdefault(key, value)
     try:
@@ -289,9 +295,6 @@ def _run_on_ray(config: PipelineConfig, args: RunArgs, placements: list[Placemen
     except ray_cluster.ClusterStartError as error:
         print(f"benchmark.py: {error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("benchmark.py: interrupted before the job started", file=sys.stderr)
-        return 130
     return _reported(result)
 
 
@@ -303,6 +306,10 @@ def _reported(result: JobResult) -> int:
     recorded in meta.json after it.  A log the log directory refused has
     no summary (its error said what is missing).
     """
+    stop = STOPS.received
+    if stop is not None and result.exit_code == stop.exit_code:
+        print(f"benchmark.py: {stop.sentence('after its log was opened: the log keeps what it measured')}",
+              file=sys.stderr)
     if result.logged and (result.job_dir / joblog.TIMINGS_FILE).exists():
         window = judged(result.job_dir)
         print(job_summary(result.job_dir, window))

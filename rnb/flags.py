@@ -13,6 +13,7 @@ import argparse
 import difflib
 import math
 import re
+import sys
 from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
@@ -113,6 +114,24 @@ class CommandParser(argparse.ArgumentParser):
     def __init__(self, prog: str, description: str, epilog: str | None = None) -> None:
         super().__init__(prog=prog, description=description, epilog=epilog, allow_abbrev=False,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's parse, where a value that starts with a minus and a digit is the value of the flag before it.
+
+        argparse takes `-5` after a flag for a negative number, but `-5@10s`
+        (a rate schedule) for an unknown flag, and the flag before it then
+        has "no value": the value is given to the flag, whose own check
+        then says what is wrong with it.
+        """
+        given = list(sys.argv[1:] if args is None else args)
+        takes_one = {s for action in self._actions if action.nargs is None for s in action.option_strings}
+        joined: list[str] = []
+        for token in given:
+            if joined and joined[-1] in takes_one and re.match(r"-[\d.]", token):
+                token = f"{joined.pop()}={token}"
+            joined.append(token)
+        return super().parse_known_args(joined, namespace)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{WHERE}: {self.sentence(message)}\n")

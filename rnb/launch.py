@@ -10,15 +10,18 @@ needs the heavy imports); a wrong guess costs only the server's import, 2 s
 of CPU: a job that the config sends to Ray, or a config that fails its
 checks, leaves an idle server that is stopped at exit.
 
-This module imports no more than the standard library and lifeline, so
-that the guess and the start come before anything slow.
+This module imports no more than the standard library and rnb.engines.stopping
+(then lifeline), so that Ctrl-C and SIGTERM are the command's from its first
+act (a stop before the job's log exists: exit 130 or 143 and one line,
+nothing written), and the guess and the start come before anything slow.
 """
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Sequence
 
-from rnb.engines.local.lifeline import start_fork_server
+from rnb.engines import stopping
 
 NO_CHILDREN_FLAGS = frozenset({"-h", "--help", "--check"})
 
@@ -31,8 +34,21 @@ def starts_local_children(argv: Sequence[str]) -> bool:
 
 
 def main() -> int:
-    if starts_local_children(sys.argv[1:]):
-        start_fork_server()
-    from rnb.cli import main as run_command
+    try:
+        stopping.install()
+        # Imported only now, as the command: a stop while they import is already the command's.
+        from rnb.engines.local.lifeline import start_fork_server
 
-    return run_command()
+        if starts_local_children(sys.argv[1:]):
+            start_fork_server()
+        from rnb.cli import main as run_command
+
+        code = run_command()
+    except stopping.Stopped as stopped:
+        print(f"benchmark.py: {stopped}", file=sys.stderr)
+        code = stopped.stop.exit_code
+    if stopping.STOPS.received is not None:
+        # Everything is written: the interpreter's last garbage collections (a second or two, with torch loaded)
+        # would only hold a stopped command past its bound of 3 s.
+        gc.freeze()
+    return code

@@ -9,28 +9,25 @@ and tells the analysis where its jobs go on a load curve.  The command line
 (rnb.analysis) read these declarations instead of keeping lists of their
 own; docs/development.md says how to add a mode.
 
-This module imports only rnb.flags, so that every layer may import it.
+This module imports only rnb.flags and rnb.load_inputs (what a trace and a
+schedule are read from), so that every layer may import it.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import heapq
 import itertools
 import math
 import random
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
-import pyarrow as pa
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
-
 import rnb.flags as flags
+from rnb.load_inputs import MAX_STREAMS, MAX_WAIT_S, TraceError, parse_schedule, read_trace
+from rnb.load_inputs import OFFERED_FILE as OFFERED_FILE  # the engines and the analysis read these through rnb.load
+from rnb.load_inputs import Span as Span
 
 # The largest count a POSIX semaphore holds (SEM_VALUE_MAX on Linux): the bound of every queue and of the
 # closed loop's requests in flight.
@@ -42,9 +39,6 @@ STREAM_FIELD, FRAME_FIELD, DEADLINE_FIELD, LATE_FIELD = "stream", "frame", "dead
 # The time-card field of a request's due time (epoch seconds on the job's clock), for the modes whose exact times
 # matter (LoadMode.records_due): a request's enqueue minus it is the client's timing error.
 DUE_FIELD = "due"
-# The log of every request a job's client offered (rnb.engines.offered), dropped ones included, and each one's fate:
-# what `--arrivals logs/JOB` replays.
-OFFERED_FILE = "offered.parquet"
 FATES = ("processed", "dropped", "unfinished")
 
 Setting = int | float | str | None   # one load setting's value, as a flag, a config and meta.json give it
@@ -65,7 +59,7 @@ class RunKey:
     help: str
     integral: bool = False
     minimum: float = 0
-    maximum: int | None = None
+    maximum: float | None = None        # the value may reach it (an integer for an integer key)
     above: bool = False                 # the value must exceed `minimum`, not merely reach it
     choices: tuple[str, ...] = ()       # a choice key: one of these strings
     text: str = ""                      # a text key: what its string names ("a trace file ..."); its mode checks it
@@ -80,8 +74,11 @@ class RunKey:
             return self.text
         if self.integral:
             return (f"an integer >= {self.minimum:g}" if self.maximum is None
-                    else f"an integer from {self.minimum:g} to {self.maximum}")
-        return f"a number {'>' if self.above else '>='} {self.minimum:g}"
+                    else f"an integer from {self.minimum:g} to {int(self.maximum)}")
+        if self.maximum is None:
+            return f"a number {'>' if self.above else '>='} {self.minimum:g}"
+        return (f"a number > {self.minimum:g} and <= {self.maximum:g}" if self.above
+                else f"a number from {self.minimum:g} to {self.maximum:g}")
 
     def accepts(self, value: object) -> bool:
         """Whether a value from JSON or a parsed flag is in this key's range."""
@@ -216,7 +213,8 @@ class LoadMode:
         return False
 
 
-MEAN_INTERVAL = RunKey("mean_interval_ms", flags.MEAN_INTERVAL, "MS", "Poisson mean inter-arrival in ms; 0 = bulk (default 3)")
+MEAN_INTERVAL = RunKey("mean_interval_ms", flags.MEAN_INTERVAL, "MS", "Poisson mean inter-arrival in ms; 0 = bulk (default 3)",
+                       maximum=MAX_WAIT_S * 1000)
 CONCURRENCY = RunKey("concurrency", ("--concurrency",), "N",
                      "closed loop: keep N requests in flight, -mi is then ignored (default: off, open loop)",
                      integral=True, minimum=1, maximum=MAX_SEMAPHORE_VALUE)
@@ -299,8 +297,9 @@ class Poisson(LoadMode):
 
 
 STREAMS = RunKey("streams", ("--streams",), "N", "camera streams: N periodic sources of one request each per "
-                 "frame period (default: off)", integral=True, minimum=1)
-FPS = RunKey("fps", ("--fps",), "F", "frames per second of each stream (default 30)", minimum=0, above=True,
+                 f"frame period, at most {MAX_STREAMS} (default: off)", integral=True, minimum=1, maximum=MAX_STREAMS)
+# A frame period of at most a day, written as the frame rate of a day's period rounded up to 3 digits.
+FPS = RunKey("fps", ("--fps",), "F", "frames per second of each stream (default 30)", minimum=float(f"{1 / MAX_WAIT_S:.3g}"),
              needs="streams")
 STREAM_PHASE = RunKey("stream_phase", ("--stream-phase",), "PHASE",
                       "when in the frame period each stream issues: spread (stream s at s/(N F)), aligned (all at "
@@ -308,7 +307,8 @@ STREAM_PHASE = RunKey("stream_phase", ("--stream-phase",), "PHASE",
 JITTER = RunKey("jitter_ms", ("--jitter-ms",), "MS", "each frame issued up to MS ms after its time, "
                 "uniformly at random; below the frame period (default 0)", needs="streams")
 DEADLINE = RunKey("deadline_ms", ("--deadline-ms",), "MS", "a frame finishing later than MS ms "
-                  "after its time is late (default: the frame period, 1000/F)", minimum=0, above=True, needs="streams")
+                  "after its time is late (default: the frame period, 1000/F)", minimum=0, above=True,
+                  maximum=MAX_WAIT_S * 1000, needs="streams")
 STREAM_POLICY = RunKey("stream_policy", ("--stream-policy",), "POLICY",
                        "queue: every frame is processed; drop: a newer frame replaces the one a stream has waiting "
                        "(default queue)", choices=("queue", "drop"), needs="streams")
@@ -507,13 +507,16 @@ SCENARIO = RunKey("scenario", ("--scenario",), "NAME",
                   "lockstep) (default: none, RnB's own verdict)", choices=tuple(SCENARIOS))
 SAMPLES_PER_QUERY = RunKey("samples_per_query", ("--samples-per-query",), "N",
                            "multi-stream: requests in each query, issued together, the next query once all of them "
-                           "finished (default 8, LoadGen's)", integral=True, minimum=1, needs="scenario")
+                           "finished (default 8, LoadGen's)", integral=True, minimum=1, maximum=MAX_SEMAPHORE_VALUE,
+                           needs="scenario")
 TARGET_LATENCY = RunKey("target_latency_ms", ("--target-latency-ms",), "MS",
                         "server: the bound on the scenario's p99 latency (default 100, LoadGen's "
                         "server_target_latency); single-stream, multi-stream: the latency LoadGen expects, which "
-                        "sizes its schedule (defaults 1 and 8, LoadGen's)", minimum=0, above=True, needs="scenario")
-MIN_DURATION = RunKey("min_duration_ms", ("--min-duration-ms",), "MS",
-                      "a scenario's minimum duration (default 10000, LoadGen's min_duration_ms)", needs="scenario")
+                        "sizes its schedule (defaults 1 and 8, LoadGen's)", minimum=0, above=True,
+                        maximum=MAX_WAIT_S * 1000, needs="scenario")
+MIN_DURATION = RunKey("min_duration_ms", ("--min-duration-ms",), "MS",   # at most a day: LoadGen issues until it passes
+                      "a scenario's minimum duration (default 10000, LoadGen's min_duration_ms)",
+                      maximum=MAX_WAIT_S * 1000, needs="scenario")
 CLIENT = RunKey("client", ("--client",), "NAME", "who issues the scenario's requests: rnb (this harness's client) or "
                 "loadgen (MLPerf LoadGen itself, pip install '.[loadgen]') (default rnb)", choices=("rnb", "loadgen"),
                 needs="scenario")
@@ -678,123 +681,3 @@ def _settings(values: Mapping[str, object]) -> LoadSettings:
 def _number(args: Mapping[str, object], key: str) -> float:
     value = args.get(key)
     return float(value) if isinstance(value, (int, float)) else math.nan
-
-
-class TraceError(ValueError):
-    """A trace that cannot be replayed; `str()` is what a refusal says after the flag or run key."""
-
-
-@dataclass(frozen=True)
-class Span:
-    """One span of a rate schedule: Poisson arrivals at a rate going linearly from `start` to `end` requests/s."""
-
-    start: float
-    end: float
-    seconds: float
-
-    def arrivals(self, begin: float, rng: random.Random) -> Iterator[float]:
-        """The span's arrival times from `begin` on, by thinning a Poisson process at the span's highest rate."""
-        peak = max(self.start, self.end)
-        due = 0.0
-        while peak > 0:
-            due += rng.expovariate(peak)
-            if due >= self.seconds:
-                return
-            rate = self.start + (self.end - self.start) * due / self.seconds
-            if rng.random() * peak < rate:
-                yield begin + due
-
-
-_SPAN = re.compile(r"\s*(?P<start>[0-9.eE+]+)(?:\s*-\s*(?P<end>[0-9.eE+]+))?\s*@\s*(?P<seconds>[0-9.eE+]+)\s*s?\s*")
-
-
-def parse_schedule(text: str) -> tuple[Span, ...]:
-    """The spans of a schedule such as `100@10s,300@5s,100-400@10s`; ValueError in the refusal's words."""
-    spans = []
-    for part in text.split(","):
-        match = _SPAN.fullmatch(part)
-        start, seconds = (_finite(match.group("start")), _finite(match.group("seconds"))) if match else (None, None)
-        end = _finite(match.group("end")) if match and match.group("end") else start
-        if start is None or end is None or seconds is None:
-            raise ValueError(f"expected spans RATE@SECONDS or RATE-RATE@SECONDS separated by commas, such as "
-                             f"\"100@10s,300@5s\", found {part.strip()!r}")
-        if seconds <= 0:
-            raise ValueError(f"expected each span to last more than 0 s, found {part.strip()!r}")
-        spans.append(Span(start, end, seconds))
-    if not any(span.start or span.end for span in spans):
-        raise ValueError(f"expected a schedule with a rate above 0 somewhere, found {text!r}")
-    return tuple(spans)
-
-
-def _finite(text: str | None) -> float | None:
-    try:
-        value = float(text) if text is not None else math.nan
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
-
-
-@functools.cache
-def read_trace(path: str) -> tuple[tuple[float, ...], tuple[int, ...] | None]:
-    """A trace's arrival offsets in seconds, sorted, and their streams if it names them; TraceError if unusable.
-
-    A job's log directory gives what its client offered, from its first
-    request: every request's due time and stream (OFFERED_FILE), dropped
-    ones included; a log without them (an older one, a load without due
-    times, a killed client) gives its finished items' enqueue times.
-    """
-    where = Path(path)
-    if where.is_dir():
-        offered = _offered_trace(where / OFFERED_FILE)
-        if offered is not None:
-            return offered
-        where = where / "timings.parquet"
-        if not where.is_file():
-            raise TraceError(f"expected a job's log directory holding timings.parquet, found none in {path}")
-        enqueue = pq.read_table(where, columns=["enqueue"]).column("enqueue").to_pylist()
-        times = sorted(time for time in enqueue if time is not None)
-        return tuple(time - times[0] for time in times), None
-    table = _trace_table(where)
-    if "offset_s" not in table.column_names:
-        raise TraceError(f"expected a column offset_s in {path}, found the columns {', '.join(table.column_names)}")
-    offsets = table.column("offset_s").to_pylist()
-    for row, offset in enumerate(offsets):
-        if not isinstance(offset, (int, float)) or not math.isfinite(offset) or offset < 0:
-            raise TraceError(f"expected an offset in seconds >= 0 in every row of {path}, found {offset!r} in row {row + 1}")
-        if row and offset < offsets[row - 1]:
-            raise TraceError(f"expected offsets sorted from the earliest in {path}, found {offset:g} after "
-                             f"{offsets[row - 1]:g} in row {row + 1}")
-    if not offsets:
-        raise TraceError(f"expected at least one arrival time in {path}, found none")
-    if "stream" not in table.column_names:
-        return tuple(float(offset) for offset in offsets), None
-    streams = table.column("stream").to_pylist()
-    if not all(isinstance(stream, int) and stream >= 0 for stream in streams):
-        raise TraceError(f"expected a stream number >= 0 in every row of {path}'s stream column")
-    return tuple(float(offset) for offset in offsets), tuple(streams)
-
-
-def _offered_trace(path: Path) -> tuple[tuple[float, ...], tuple[int, ...] | None] | None:
-    """A job's offered requests as a trace: their due times from the first, and their streams where every one has
-    one; None where the file is missing or a request has no due time."""
-    if not path.is_file():
-        return None
-    table = pq.read_table(path, columns=["due", "stream"])
-    due, streams = table.column("due").to_pylist(), table.column("stream").to_pylist()
-    if not due or any(when is None for when in due):
-        return None
-    return (tuple(when - due[0] for when in due),
-            tuple(streams) if all(stream is not None for stream in streams) else None)
-
-
-def _trace_table(path: Path) -> pa.Table:
-    if not path.is_file():
-        raise TraceError(f"expected a CSV or Parquet file of arrival offsets, or a job's log directory, found nothing "
-                         f"at {path}")
-    try:
-        if path.suffix == ".parquet":
-            return pq.read_table(path)
-        return pa_csv.read_csv(path)
-    except (pa.ArrowException, OSError) as error:
-        raise TraceError(f"expected a CSV or Parquet file of arrival offsets, found {path} unreadable "
-                         f"({str(error).splitlines()[0]})") from None

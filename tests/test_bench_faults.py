@@ -6,11 +6,17 @@ tests/test_harness_faults.py.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+import pytest
+
+from bench import ring_stress
 from bench.fault_inputs import check_config, hand_made, mutants
 from bench.fault_jobs import JobRun
 from bench.faults import Ending, FaultRow, Verdict, hung_at, judge_stall, table
+from bench.ring_stress import GET_OVERRUN_BOUND_S, StressResult
+from bench.ring_stress import table as ring_table
 from rnb import cli
 
 CONFIGS = sorted(Path("config").glob("*.json"))
@@ -69,3 +75,21 @@ def test_a_stall_trial_passes_only_with_its_ending_its_items_all_logged_and_insi
                                                              "log, not 5")
     assert judge_stall(run(counted_items=5, finished_items=5, end_time=105.5), 100.0, ending).note == (
         "ended 5.5 s after the fault, past 5 s")
+
+
+def test_the_ring_row_passes_only_when_every_loss_is_a_killed_consumers_one_message_and_no_get_ran_late() -> None:
+    kept = StressResult(60.0, kills=100, holder_kills=80, consumer_kills=20, stops=5, acknowledged=10**6, lost=3,
+                        stranded=0, duplicated=0, worst_overrun_s=0.02, recoveries=30)
+    assert kept.passed and kept.kills_per_minute == 100
+    for broken in ({"lost": 21}, {"stranded": 1}, {"duplicated": 1}, {"worst_overrun_s": GET_OVERRUN_BOUND_S + 0.01}):
+        assert not dataclasses.replace(kept, **broken).passed, broken
+    assert ring_table([kept], header=False) == (
+        "| ring-stress | 4 producers, 2 consumers on a 4 KiB ring, lock holders SIGKILLed | 60 | 100 | 80 | 20 | 5 | "
+        "1,000,000 | 3 | 0 | 0 | 0.020 | 30 | yes |")
+
+
+@pytest.mark.slow
+def test_a_short_ring_stress_run_kills_lock_holders_and_loses_only_what_killed_consumers_held() -> None:
+    result = ring_stress.run(4.0, seed=1)
+    assert result.kills > 0 and result.acknowledged > 0
+    assert (result.stranded, result.duplicated) == (0, 0) and result.lost <= result.consumer_kills

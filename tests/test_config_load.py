@@ -112,7 +112,7 @@ def test_shipped_configs_load() -> None:
 
 def test_default_config_is_found_from_any_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert DEFAULT_CONFIG_PATH == REPO / "config" / "default.json"
+    assert DEFAULT_CONFIG_PATH == REPO / "rnb" / "pipeline" / "default.json" == (REPO / "config" / "default.json").resolve()
     assert load_config(None).raw == json.loads(DEFAULT_CONFIG_PATH.read_text())
 
 

@@ -51,8 +51,15 @@ def test_a_logged_jobs_mode_is_the_one_its_load_keys_choose() -> None:
 
 
 @pytest.mark.parametrize(("argv", "sentence"), [
-    (["-mi", "-1"], "command line: -mi/--mean_interval_ms: expected a number >= 0, found -1"),
-    (["-mi", "nan"], "command line: -mi/--mean_interval_ms: expected a number >= 0, found nan"),
+    (["-mi", "-1"], "command line: -mi/--mean_interval_ms: expected a number from 0 to 8.64e+07, found -1"),
+    (["-mi", "nan"], "command line: -mi/--mean_interval_ms: expected a number from 0 to 8.64e+07, found nan"),
+    (["-mi", "1e12"], "command line: -mi/--mean_interval_ms: expected a number from 0 to 8.64e+07, found 1e12"),
+    (["--scenario", "server", "--min-duration-ms", "1e12"],
+     "command line: --min-duration-ms: expected a number from 0 to 8.64e+07, found 1e12"),
+    (["--scenario", "server", "--target-latency-ms", "1e12"],
+     "command line: --target-latency-ms: expected a number > 0 and <= 8.64e+07, found 1e12"),
+    (["--scenario", "multi-stream", "--samples-per-query", "3000000000"],
+     "command line: --samples-per-query: expected an integer from 1 to 2147483647, found 3000000000"),
     (["--concurrency", "0"], "command line: --concurrency: expected an integer from 1 to 2147483647, found 0"),
     (["--concurrency", "2.5"], "command line: --concurrency: expected an integer from 1 to 2147483647, found 2.5"),
 ])
@@ -62,7 +69,8 @@ def test_a_bad_load_flag_is_one_sentence_and_exit_2(argv: list[str], sentence: s
 
 
 @pytest.mark.parametrize(("run", "sentence"), [
-    ({"mean_interval_ms": "3"}, 'c.json: run.mean_interval_ms: expected a number >= 0, found the string "3"'),
+    ({"mean_interval_ms": "3"}, 'c.json: run.mean_interval_ms: expected a number from 0 to 8.64e+07, found the string "3"'),
+    ({"streams": 20000}, "c.json: run.streams: expected an integer from 1 to 10000, found 20000"),
     ({"concurrency": True}, "c.json: run.concurrency: expected an integer from 1 to 2147483647, found true"),
 ])
 def test_a_bad_load_run_key_names_its_json_path(run: dict, sentence: str) -> None:

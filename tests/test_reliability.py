@@ -20,7 +20,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from bench.fault_jobs import MARK, children, fork_server_of, isolation_works, marked, waiting_for_fork_server
+from bench.fault_jobs import MARK, JobRun, children, fork_server_of, isolation_works, marked, run_job, waiting_for_fork_server
+from bench.fault_starts import INSTANTS, TURNS, strike_at
+from bench.faults import start_up_config
 from rnb.analysis import analyze_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,8 +30,7 @@ SLOW_IMPORTS = Path(__file__).resolve().parent / "slow_imports"
 # How long the fork server spends "importing torch" while the test kills the main process.  It starts as the main
 # process does (rnb.launch), so this covers the main process's own start (2-3 s here) and the test's act after it.
 IMPORT_DELAY_S = 10.0
-# The same while Ctrl-C lands: all waited out, as the job waits for its fork server to finish importing before it
-# exits.
+# The same while Ctrl-C lands: the stop cuts the main process's wait for its fork server short.
 INTERRUPTED_IMPORT_DELAY_S = 8.0
 
 
@@ -55,11 +56,11 @@ def start_job(tmp_path: Path, config: str, *argv: str, import_delay_s: float = 0
     return job, mark
 
 
-def wait_for_the_fork_server_to_be_waited_for(job: subprocess.Popen, timeout_s: float = 60.0) -> None:
+def wait_for_the_fork_server_to_be_waited_for(job: subprocess.Popen, logs: Path, timeout_s: float = 60.0) -> None:
     """Until the job's main process is at its first child while its fork server is still importing torch, slowly:
     no child is forked before it has."""
     deadline = time.time() + timeout_s
-    while not waiting_for_fork_server(job.pid):
+    while not waiting_for_fork_server(job.pid, logs):
         assert time.time() < deadline and job.poll() is None, "the job never reached its first child"
         time.sleep(0.05)
     server = fork_server_of(job.pid)
@@ -119,7 +120,7 @@ def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, tar
 def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_path):
     job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0",
                           import_delay_s=INTERRUPTED_IMPORT_DELAY_S)
-    wait_for_the_fork_server_to_be_waited_for(job)
+    wait_for_the_fork_server_to_be_waited_for(job, tmp_path / "logs")
     os.killpg(job.pid, signal.SIGINT)
     out, err = finish(job)
     assert job.returncode == 130, err
@@ -131,7 +132,7 @@ def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_pat
 
 def test_children_of_a_killed_main_exit_at_once_even_while_importing(tmp_path, capsys):
     job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0", import_delay_s=IMPORT_DELAY_S)
-    wait_for_the_fork_server_to_be_waited_for(job)
+    wait_for_the_fork_server_to_be_waited_for(job, tmp_path / "logs")
     job.kill()
     killed = time.time()
     finish(job)
@@ -194,3 +195,34 @@ def test_a_message_the_next_step_cannot_unpickle_ends_the_job_with_exit_1_and_on
     assert err.count(sentence) == 1 and f"benchmark.py: {sentence}\n" in err and "Traceback" not in err
     assert [row["item_id"] for row in rows] == [0, 1, 2] == list(range(meta["finished_items"]))  # all before item 3
     assert marked(mark) == []
+
+
+def stopped_at(tmp_path: Path, instant_name: str, turn: int) -> tuple[JobRun, int, str]:
+    """Run the bench's start-up trial for one instant (bench/fault_starts.py), the signal to the process group being
+    TURNS[turn]: the run, and the exit code and termination reason the stop must give."""
+    instant = next(instant for instant in INSTANTS if instant.name == instant_name)
+    number, code, reason = TURNS[turn]
+    config, extra = start_up_config(instant, tmp_path)
+    (tmp_path / "job.json").write_text(json.dumps(config))
+    run, struck = run_job(tmp_path, ["-c", str(tmp_path / "job.json"), *instant.argv, *extra],
+                          strike_at(instant, tmp_path / "stderr", tmp_path / "logs", number), isolated=False)
+    assert struck is not None, f"the job never reached {instant.what}"
+    return run, code, reason
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("instant", "turn", "logged"), [("imports", 0, False), ("spawning", 1, True),
+                                                         ("loading", 0, True)])
+def test_a_stop_at_an_instant_of_start_up_ends_with_its_code_one_line_and_a_whole_log_or_none(tmp_path, instant, turn,
+                                                                                            logged):
+    run, code, reason = stopped_at(tmp_path, instant, turn)
+    assert run.returncode == code and run.orphans == 0 and "Traceback" not in run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.startswith("benchmark.py: ")]
+    if logged:
+        meta, rows = job_log(tmp_path)
+        assert (meta["termination_reason"], meta["start_time"], rows) == (reason, None, [])
+        assert lines == [f"benchmark.py: {reason} (SIG{'TERM' if code == 143 else 'INT'}) after its log was opened: "
+                         "the log keeps what it measured"]
+    else:
+        assert not (tmp_path / "logs").exists() or list((tmp_path / "logs").iterdir()) == []
+        assert lines == [f"benchmark.py: {reason} (SIGINT) before the job started: nothing was written"]

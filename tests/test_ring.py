@@ -19,22 +19,12 @@ from typing import Any
 
 import pytest
 
-from rnb.engines.local.ring import RingQueue, UnreadableMessage
+from bench.ring_stress import Flag
+from rnb.engines.local.ring import QueueClosed, RingQueue, UnreadableMessage
 
 CTX = mp.get_context("spawn")
 JOIN_S = 120.0  # a hang guard for spawned children: they may take long to start on a loaded machine
 PER_PRODUCER = 3000  # messages each producer of the six-process test puts
-
-
-class Flag:
-    """The job's flag as the ring reads it, in shared memory (TerminationFlag would bring torch into every child)."""
-
-    def __init__(self) -> None:
-        self._value = CTX.RawValue("b", 0)
-
-    @property
-    def is_set(self) -> bool:
-        return bool(self._value.value)
 
 
 class DiesRinging:
@@ -71,6 +61,57 @@ class DiesWoken:
         if self.bell.acquire(timeout=JOIN_S):
             os.kill(os.getpid(), signal.SIGKILL)
         return False
+
+
+def _sigkill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class DiesReleasing:
+    """A lock that SIGKILLs its process instead of releasing: the holder dies with everything it did published."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+
+    def acquire(self, timeout: float = 0.0) -> bool:
+        return bool(self.lock.acquire(timeout))
+
+    def release(self) -> None:
+        _sigkill_self()
+
+
+def _then_killed(step: Any) -> Any:
+    """`step` (a ring's copy in or out) done, then its process SIGKILLed: it dies holding the lock, before the store
+    that would publish what it did."""
+    def dying(*args: Any) -> Any:
+        step(*args)
+        _sigkill_self()
+    return dying
+
+
+def _put_holding(ring: RingQueue, message: Any, point: str) -> None:
+    """Put `message`, dying holding the write lock `point`: "copied" (before publishing) or "published"."""
+    if point == "copied":
+        ring._store = _then_killed(ring._store)  # type: ignore[method-assign]
+    else:
+        ring._wlock = DiesReleasing(ring._wlock)  # type: ignore[assignment]
+    ring.put_nowait(message)
+
+
+def _get_holding(ring: RingQueue, point: str) -> None:
+    """Get, dying holding the read lock `point`: "copied" (before taking the message off) or "taken"."""
+    if point == "copied":
+        ring._load = _then_killed(ring._load)  # type: ignore[method-assign]
+    else:
+        ring._rlock = DiesReleasing(ring._rlock)  # type: ignore[assignment]
+    ring.get(timeout=JOIN_S)
+
+
+def _hold_lock(ring: RingQueue, which: str, holding: Any) -> None:
+    """Take one of the ring's locks and keep it, alive, until killed."""
+    assert getattr(ring, which).acquire(JOIN_S)
+    holding.set()
+    time.sleep(JOIN_S)
 
 
 def _put_dying_at(ring: RingQueue, messages: list[Any], dies_at: int) -> None:
@@ -224,3 +265,65 @@ def test_three_producers_and_three_consumers_lose_nothing_when_one_of_each_dies_
     expected = [1] * 1001 + [0] * (PER_PRODUCER - 1001) + [1] * (2 * PER_PRODUCER)
     assert (list(counts), disorder.value, drained(ring)) == (expected, 0, [])
 
+
+
+@pytest.mark.parametrize(("point", "in_ring"), [("copied", []), ("published", ["b"])])
+def test_a_producer_killed_holding_the_write_lock_wedges_nobody_and_leaves_the_ring_whole(point: str, in_ring: list):
+    """Killed after copying its message in but before publishing it, the producer wrote nothing; killed after
+    publishing, before releasing the lock, it wrote its message whole.  Either way the next put takes the lock over."""
+    ring = RingQueue(100, Flag(), ctx=CTX, name="test queue")
+    ring.put_nowait("a")
+    producer = CTX.Process(target=_put_holding, args=(ring, "b", point))
+    producer.start()
+    assert _killed(producer) == -signal.SIGKILL
+    assert ring.waiting() == 1 + len(in_ring)
+    ring.put_nowait("c")
+    assert (ring.recoveries, ring.waiting()) == (1, 2 + len(in_ring))
+    assert drained(ring) == ["a", *in_ring, "c"]
+    assert ring.waiting() == 0
+
+
+@pytest.mark.parametrize(("point", "left"), [("copied", ["a", "b"]), ("taken", ["b"])])
+def test_a_consumer_killed_holding_the_read_lock_takes_at_most_its_message_with_it(point: str, left: list):
+    """Killed after copying a message out but before taking it off, the consumer took nothing; killed after taking it
+    off, before releasing the lock, it took that one message with it.  The others read on at once, in order."""
+    ring = RingQueue(100, Flag(), ctx=CTX, name="test queue")
+    ring.put_nowait("a"), ring.put_nowait("b")
+    consumer = CTX.Process(target=_get_holding, args=(ring, point))
+    consumer.start()
+    assert _killed(consumer) == -signal.SIGKILL
+    assert ring.waiting() == len(left)
+    assert drained(ring) == left
+    assert (ring.recoveries, ring.waiting()) == (1, 0)
+    ring.put_nowait("c")
+    assert drained(ring) == ["c"]
+
+
+def test_a_live_lock_holder_that_never_lets_go_cannot_make_get_wait_past_its_timeout_nor_put_return_unwritten():
+    flag = Flag()
+    ring = RingQueue(100, flag, ctx=CTX, name="test queue")
+    ring.put_nowait("a")
+    holders = {which: (CTX.Event(), which) for which in ("_rlock", "_wlock")}
+    processes = [CTX.Process(target=_hold_lock, args=(ring, which, holding)) for holding, which in holders.values()]
+    for process in processes:
+        process.start()
+    assert all(holding.wait(JOIN_S) for holding, _ in holders.values())
+    with pytest.raises(queue.Empty):   # "a" is there, behind a read lock held for good
+        ring.get(timeout=0.2)
+    flag.raise_()
+    with pytest.raises(QueueClosed, match="the job ended before a message could be written to the test queue"):
+        ring.put_nowait("b")
+    for process in processes:
+        process.kill()
+        process.join(JOIN_S)
+    assert (drained(ring), ring.recoveries) == (["a"], 1)   # the dead reader's lock taken over; the writer's not asked
+
+
+def test_a_put_that_waits_for_room_when_the_job_ends_raises_rather_than_drop_its_message():
+    flag = Flag()
+    ring = RingQueue(100, flag, ctx=CTX, name="test queue", capacity=64)
+    ring.put_nowait("x" * 40)   # 8 + 56 bytes: the ring is full
+    flag.raise_()
+    with pytest.raises(QueueClosed):
+        ring.put_nowait("y")
+    assert drained(ring) == ["x" * 40]

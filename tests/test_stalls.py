@@ -6,10 +6,10 @@ Jobs run the toy pipeline with one step replaced by bench.fault_models.Hangs
 several times --stall-s), a short --stall-s, and end as
 a user would see them: exit 1, reason `stalled`, one sentence naming the
 step, replica and item, every process's Python stacks under stacks/, and
-every item the final step finished in timings.parquet.  The issue's bound is
-S + 2 s from the last item that left any step to the job's end (the flag);
-the hang's own time (printed by the fault model) is before that, so the
-tests measure from it.  Other bounds are hang guards.
+every item the final step finished in timings.parquet.  The bound is S +
+2 s from the hang (the time the fault model prints) to the job's end, which
+is when the watch saw the stall (taking the stacks comes after).  Other
+bounds are hang guards.
 """
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ import pytest
 from models.toy import SleepingDevice
 from rnb import cli
 from rnb.analysis import analyze_cli
-from rnb.core.progress import Progress, ProgressSnapshot, empty_cells
+from rnb.core.progress import ClientCells, ClientWait, Progress, ProgressSnapshot, empty_cells, empty_client_cells
 from rnb.core.records import ProcessRecord
 from rnb.engines.job import JobBook
-from rnb.engines.stall import JobWatch, describe
+from rnb.engines.stall import JobWatch, Stall, describe
 
 REPO = Path(__file__).resolve().parents[1]
 STALL_S = 3.0
@@ -480,3 +480,48 @@ def signalled(argv: list[str], stop: signal.Signals) -> tuple[int, str]:
         job.kill()
         pytest.fail("the job hung")
     return job.returncode, err
+
+
+def blamed(stall: Stall | None, process: str) -> str:
+    """The sentence of a stall put on `process`."""
+    assert stall is not None and stall.process == process, stall
+    return stall.sentence
+
+
+def test_a_step_whose_every_runner_is_stuck_ends_the_job_stall_s_after_its_calls_began_though_another_still_moves():
+    """The final step's only runner sits in one call from 100 s on, computing nothing, with an item: step 0 still hands
+    items on each second (into its queue), which used to put the stall off until step 0 stopped too."""
+    watch = JobWatch(stall_s=10.0, max_duration_s=0, now=0.0)
+    watch.started(90.0)
+    runners = book(*(r for r in RUNNERS.records if r.name != "step1-g1-r2"))
+    flat = {"step1-g0-r0": 1.0}   # its threads ran 1 s in all, before the call
+    for second in range(100, 110):
+        moving = {"step0-g0-r0": snapshot(second, second + 1, float(second)), "step1-g0-r0": calling(4, 5, 100.0, 100.0)}
+        assert watch.running(moving, lambda: flat, runners, float(second) + 0.5, {1: second - 99}) is None
+    assert blamed(watch.running(moving, lambda: flat, runners, 110.0, {1: 10}), "step1-g0-r0") == (
+        "step 1 replica 0 (pid 12, cuda:0) has held item 5 for 10.0 s with no item finished since and 10 items in its "
+        "input queue, and its process has not computed since the job started")
+
+
+def test_a_quiet_pipeline_whose_client_has_nothing_to_send_for_stall_s_has_stalled_saying_when_the_next_is_due():
+    watch = JobWatch(stall_s=10.0, max_duration_s=0, now=0.0)
+    watch.started(1000.0)
+    held = {"step0-g0-r0": snapshot(4, 4, 1040.0), "step1-g0-r0": snapshot(3)}
+    quiet = {"step0-g0-r0": snapshot(5), "step1-g0-r0": snapshot(5)}
+    waiting = ClientWait(since=1041.0, due=1000.0 + 86_000.0, item=5)   # the trace's next offset, a day on
+    assert watch.running(held, dict, RUNNERS, 1045.0, client=waiting) is None   # item 4 still in the pipeline
+    assert watch.running(quiet, dict, RUNNERS, 1046.0, client=waiting) is None
+    assert watch.running(quiet, dict, RUNNERS, 1055.9, client=waiting) is None   # quiet since 1046: not yet S
+    assert watch.running(quiet, dict, RUNNERS, 1_000_000.0, client=None) is None   # sending, or no due time at all
+    assert blamed(watch.running(quiet, dict, RUNNERS, 1056.0, client=waiting), "client") == (
+        "the client (pid 10) has had nothing to send for 15.0 s with every request sent so far finished: request 5 is "
+        "due 86000.0 s after the start, 85944.0 s from now (a load this sparse needs a larger --stall-s)")
+
+
+def test_the_client_cells_say_a_wait_whole_and_nothing_while_it_sends() -> None:
+    cells = ClientCells(empty_client_cells())
+    assert cells.read() is None
+    cells.waiting(5.0, 9.0, 3)
+    assert cells.read() == ClientWait(5.0, 9.0, 3)
+    cells.sending()
+    assert cells.read() is None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import matplotlib.image
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
@@ -16,7 +17,8 @@ from rnb.analysis.html import write_job_page
 from rnb.analysis.jobs import ValidityRules, load_jobs
 from rnb.analysis.plots import plot_jobs
 from rnb.analysis.report import format_report
-from rnb.engines.streams import Dealer
+from rnb.analysis.streams import SCREEN_ROWS, format_streams
+from rnb.engines.streams import Dealer, write_per_stream
 from rnb.load import LoadSettings, mode_of
 
 STEP_MS = 40.0   # one AsyncSleep step: at most 25 frames/s, so one stream at 30 fps is too much for it
@@ -154,9 +156,15 @@ def test_one_stream_at_30_fps_into_a_40_ms_step_drops_what_the_step_cannot_take(
 
 
 @pytest.mark.parametrize(("argv", "sentence"), [
-    (["--streams", "2", "--fps", "-30"], "command line: --fps: expected a number > 0, found -30"),
-    (["--streams", "2", "--fps", "0"], "command line: --fps: expected a number > 0, found 0"),
-    (["--streams", "0"], "command line: --streams: expected an integer >= 1, found 0"),
+    (["--streams", "2", "--fps", "-30"], "command line: --fps: expected a number >= 1.16e-05, found -30"),
+    (["--streams", "2", "--fps", "0"], "command line: --fps: expected a number >= 1.16e-05, found 0"),
+    (["--streams", "2", "--fps", "1e-300"], "command line: --fps: expected a number >= 1.16e-05, found 1e-300"),
+    (["--streams", "2", "--fps", "5e-324"], "command line: --fps: expected a number >= 1.16e-05, found 5e-324"),
+    (["--streams", "0"], "command line: --streams: expected an integer from 1 to 10000, found 0"),
+    (["--streams", "1000000000"], "command line: --streams: expected an integer from 1 to 10000, found 1000000000"),
+    (["--streams", str(10**20)], f"command line: --streams: expected an integer from 1 to 10000, found {10**20}"),
+    (["--streams", "2", "--deadline-ms", "1e9"],
+     "command line: --deadline-ms: expected a number > 0 and <= 8.64e+07, found 1e9"),
     (["--fps", "30"], "command line: --fps: expected --streams (or run.streams) beside it, found none"),
     (["--streams", "2", "--stream-policy", "leaky"],
      'command line: --stream-policy: expected one of "queue", "drop", found \'leaky\''),
@@ -180,3 +188,17 @@ def test_a_bad_stream_run_key_names_its_json_path(tmp_path: Path, capsys) -> Non
     config.write_text(json.dumps({**document, "run": {"fps": 30}}))
     assert cli.main(["-c", str(config), "--check"]) == 2
     assert capsys.readouterr().err.strip() == f"{config}: run.fps: expected --streams (or run.streams) beside it, found none"
+
+
+def test_the_summary_shows_a_screenful_of_streams_and_the_file_holds_every_one(tmp_path: Path) -> None:
+    per_stream = [{"stream": s, "offered": 4, "processed": 4, "late": s % 2, "dropped": 0, "p50_ms": 1.5, "p99_ms": 2.5,
+                   "fps": 30.0} for s in range(25)]
+    record = {"count": 25, "fps": 30.0, "policy": "queue", "deadline_ms": 33.3, "offered": 100, "processed": 100,
+              "late": 12, "dropped": 0, "per_stream": per_stream}
+    lines = format_streams(record).splitlines()
+    assert len(lines) == 2 + SCREEN_ROWS + 1 and lines[2 + SCREEN_ROWS - 1].split()[0] == str(SCREEN_ROWS - 1)
+    assert lines[-1] == ("  ... and 5 more streams: every stream is in meta.json (streams.per_stream) and in "
+                         "streams.csv")
+    assert len(format_streams({**record, "per_stream": per_stream[:SCREEN_ROWS]}).splitlines()) == 2 + SCREEN_ROWS
+    write_per_stream(tmp_path / "streams.csv", record)
+    assert pa_csv.read_csv(tmp_path / "streams.csv").to_pylist() == per_stream

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,7 +14,8 @@ import pytest
 
 from rnb import cli
 from rnb.analysis.jobs import ValidityRules, read_job, summarize_job
-from rnb.load import LoadSettings, Span, mode_of, parse_schedule, read_trace
+from rnb.load import LoadSettings, mode_of
+from rnb.load_inputs import Span, parse_schedule, read_trace
 
 
 def due(settings: LoadSettings, count: int, seed: int = 0) -> list[float]:
@@ -121,7 +123,8 @@ def bad_trace(tmp_path: Path, text: str) -> str:
     (lambda t: ["--arrivals", bad_trace(t, "offset_s\n0\n2\n1\n")],
      "command line: --arrivals: expected offsets sorted from the earliest in {t}/bad.csv, found 1 after 2 in row 3"),
     (lambda t: ["--arrivals", bad_trace(t, "offset_s,stream\n0,0\n,1\n1,0\n")],
-     "command line: --arrivals: expected an offset in seconds >= 0 in every row of {t}/bad.csv, found None in row 2"),
+     "command line: --arrivals: expected an offset in seconds from 0 to 86400 (one day) in every row of {t}/bad.csv, "
+     "found a blank cell in row 2"),
     (lambda t: ["--arrivals", bad_trace(t, "time\n0\n")],
      "command line: --arrivals: expected a column offset_s in {t}/bad.csv, found the columns time"),
     (lambda t: ["--arrivals", bad_trace(t, "offset_s\n0\n1\n"), "-v", "3"],
@@ -131,8 +134,8 @@ def bad_trace(tmp_path: Path, text: str) -> str:
      "nothing at {t}/none.csv"),
     (lambda t: ["--rate-schedule", "100@10s,fast@5s"], "command line: --rate-schedule: expected spans RATE@SECONDS or "
      "RATE-RATE@SECONDS separated by commas, such as \"100@10s,300@5s\", found 'fast@5s'"),
-    (lambda t: ["--rate-schedule", "100@0s"], "command line: --rate-schedule: expected each span to last more than 0 s, "
-     "found '100@0s'"),
+    (lambda t: ["--rate-schedule", "100@0s"], "command line: --rate-schedule: expected each span to last more than 0 s "
+     "and at most 86400 s (one day), found '100@0s'"),
     (lambda t: ["--rate-schedule", "100@1s", "--concurrency", "2"],
      "command line: --rate-schedule: expected one load mode, found --rate-schedule and --concurrency together"),
     (lambda t: ["--scenario", "offline", "-mi", "5"], "command line: --scenario: expected -mi/--mean_interval_ms 0 or "
@@ -143,3 +146,88 @@ def bad_trace(tmp_path: Path, text: str) -> str:
 def test_a_bad_trace_schedule_or_scenario_is_one_sentence_and_exit_2(argv, sentence: str, tmp_path: Path, capsys) -> None:
     assert cli.main(["-c", "config/toy.json", "--check", "-v", "2", "--warmup", "0", *argv(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == sentence.format(t=tmp_path)
+
+
+def written(tmp_path: Path, name: str, content: bytes | pa.Table) -> str:
+    path = tmp_path / name
+    if isinstance(content, pa.Table):
+        pq.write_table(content, path)
+    else:
+        path.write_bytes(content)
+    return str(path)
+
+
+OFFSETS_EXPECTED = "expected an offset in seconds from 0 to 86400 (one day) in every row of {path}, found "
+
+
+@pytest.mark.parametrize(("name", "content", "sentence"), [
+    ("abc.csv", b"offset_s\n0\n1\nabc\n", OFFSETS_EXPECTED + "'abc' in row 3"),
+    ("nan.csv", b"offset_s\n0\nnan\n1\n", OFFSETS_EXPECTED + "NaN in row 2"),
+    ("far.csv", b"offset_s\n0\n1e12\n", OFFSETS_EXPECTED + "1e12 in row 2"),
+    ("inf.csv", b"offset_s\n0\ninf\n", OFFSETS_EXPECTED + "inf in row 2"),
+    ("control.csv", b"offset_s\n0\x01\x1b[31m\n1\n", OFFSETS_EXPECTED + "'0\\x01\\x1b[31m' in row 1"),
+    ("blank.csv", b"offset_s\n0\n\n1\n", "expected an arrival in every row of {path}, found row 2 blank"),
+    ("stream.csv", b"offset_s,stream\n0,0\n1,x\n",
+     "expected a stream number from 0 to 9999 in every row of {path}'s column stream, found 'x' in row 2"),
+    ("far_stream.csv", b"offset_s,stream\n0,0\n1,10000\n",
+     "expected a stream number from 0 to 9999 in every row of {path}'s column stream, found 10000 in row 2"),
+    ("binary.csv", b"\xc5\x00\x1b\x9b garbage",
+     "expected a CSV or Parquet file of arrival offsets, or a job's log directory, found {path} not UTF-8 text "
+     "(byte 0xc5 at offset 0)"),
+    ("nul.csv", b"offset_s\n0\x00\n", OFFSETS_EXPECTED + "'0\\x00' in row 1"),
+    ("nan.parquet", pa.table({"offset_s": [0.0, math.nan, 2.0]}), OFFSETS_EXPECTED + "NaN in row 2"),
+    ("null.parquet", pa.table({"offset_s": [0.0, None, 2.0]}), OFFSETS_EXPECTED + "a blank cell in row 2"),
+    ("text.parquet", pa.table({"offset_s": ["0.0", "1.0"]}),
+     "expected numbers in the column offset_s of {path}, found a column of string (row 1: '0.0')"),
+    ("stream.parquet", pa.table({"offset_s": [0.0, 1.0], "stream": [0, -1]}),
+     "expected a stream number from 0 to 9999 in every row of {path}'s column stream, found -1 in row 2"),
+], ids=lambda value: value if isinstance(value, str) and "." in value and " " not in value else "")
+def test_a_bad_trace_is_refused_naming_its_row_and_its_value_as_written(tmp_path: Path, name: str, content, sentence: str,
+                                                                         capsys) -> None:
+    path = written(tmp_path, name, content)
+    assert cli.main(["-c", "config/toy.json", "--check", "-v", "2", "--arrivals", path]) == 2
+    said = capsys.readouterr().err
+    assert said == f"command line: --arrivals: {sentence.format(path=path)}\n"
+    assert said.isprintable() or said[:-1].isprintable()
+
+
+@pytest.mark.parametrize(("schedule", "sentence"), [
+    ("-5@10s", "expected rates from 0 to 1e+06 requests/s, found -5 in '-5@10s'"),
+    ("100@10s,-3-5@2s", "expected rates from 0 to 1e+06 requests/s, found -3 in '-3-5@2s'"),
+    ("nan@10s", "expected rates from 0 to 1e+06 requests/s, found NaN in 'nan@10s'"),
+    ("5@1e6s", "expected each span to last more than 0 s and at most 86400 s (one day), found '5@1e6s'"),
+    ("1e-9@10s", "expected a schedule that offers at least one request a day on average, found '1e-9@10s', which "
+                 "offers one request every 1e+09 s"),
+    ("0@10s", "expected a schedule that offers at least one request a day on average, found '0@10s', which offers "
+              "no request at all"),
+    ("5@\x1b[2J", "expected spans RATE@SECONDS or RATE-RATE@SECONDS separated by commas, such as \"100@10s,300@5s\", "
+                  "found '5@\\x1b[2J'"),
+])
+def test_a_bad_schedule_is_refused_in_a_sentence_whatever_its_first_character(schedule: str, sentence: str,
+                                                                             capsys) -> None:
+    assert cli.main(["-c", "config/toy.json", "--check", "-v", "2", "--rate-schedule", schedule]) == 2
+    assert capsys.readouterr().err == f"command line: --rate-schedule: {sentence}\n"
+
+
+def test_a_recorded_job_longer_than_a_day_is_refused_as_a_trace(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    pq.write_table(pa.table({"enqueue": [1000.0, 1000.0 + 86401.0]}), job / "timings.parquet")
+    with pytest.raises(ValueError, match=r"expected a recorded job whose requests came within 86400 s \(one day\) of "
+                                         r"its first, found one 86401 s after it in "):
+        read_trace(str(job))
+
+
+@pytest.mark.slow
+def test_a_trace_whose_next_arrival_is_far_off_ends_as_stalled_once_the_pipeline_has_been_idle_for_stall_s(
+        tmp_path: Path, job_log) -> None:
+    trace = tmp_path / "gap.csv"
+    trace.write_text("offset_s\n0\n0.1\n0.2\n1000\n")
+    code = cli.main(["-c", "config/toy.json", "--arrivals", str(trace), "-v", "4", "--stall-s", "1.5", "--warmup", "0",
+                     "-q", "--log-dir", str(tmp_path / "logs")])
+    log = job_log(tmp_path / "logs")
+    assert code == 1 and (log.meta["termination_reason"], log.meta["finished_items"]) == ("stalled", 3)
+    assert log.meta["failed_process"] == "client" and re.match(
+        r"the client \(pid \d+\) has had nothing to send for 1\.\d s with every request sent so far finished: request 3 "
+        r"is due 1000\.0 s after the start, 99\d\.\d s from now \(a load this sparse needs a larger --stall-s\)",
+        log.meta["error"])

@@ -21,12 +21,17 @@ def missed_fraction(streams: Mapping[str, Json]) -> float | None:
 
 STREAM_HEADER: tuple[str, ...] = ("stream", "offered", "processed", "late", "dropped", "p50 ms", "p99 ms", "fps")
 _WIDTHS = (6, 9, 11, 7, 9, 9, 9, 8)
+SCREEN_ROWS = 20   # the per-stream rows a summary prints: a screenful; the rest are in meta.json and streams.csv
 
 
-def format_streams(streams: Mapping[str, Json]) -> str:
-    """The summary's stream section: the totals in one line, then a row per stream."""
+def format_streams(streams: Mapping[str, Json], rows: int = SCREEN_ROWS) -> str:
+    """The summary's stream section: the totals in one line, then a row per stream, the first `rows` of them."""
     lines = [stream_totals(streams), "  " + "".join(f"{name:>{width}}" for name, width in zip(STREAM_HEADER, _WIDTHS))]
-    lines.extend("  " + "".join(f"{cell:>{width}}" for cell, width in zip(row, _WIDTHS)) for row in stream_rows(streams))
+    every = stream_rows(streams)
+    lines.extend("  " + "".join(f"{cell:>{width}}" for cell, width in zip(row, _WIDTHS)) for row in every[:rows])
+    if len(every) > rows:
+        lines.append(f"  ... and {len(every) - rows} more streams: every stream is in meta.json (streams.per_stream) "
+                     "and in streams.csv")
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ CONFIG_FILE = "config.json"          # the config as given
 META_FILE = "meta.json"              # the job's record (rnb.core.records), written last
 TIMINGS_FILE = "timings.parquet"     # one row per finished item
 SAMPLES_FILE = "samples.parquet"     # CPU, memory and GPU use over time (rnb.engines.sampler)
+STREAMS_FILE = "streams.csv"         # a camera-stream job's row per stream, as meta.json's streams.per_stream
 SPOOL_DIR = "timings.spool"          # finished items' rows in parts while the job runs (rnb.engines.spool)
 STACKS_DIR = "stacks"                # <process>.txt: each process's Python stacks when the job stalled
 

@@ -99,3 +99,48 @@ class Progress:
         held = item >= 0
         return ProgressSnapshot(int(left), int(item) if held else None, since if held else None, calling or None,
                                 slowest if slowest >= 0 else None, int(calls))
+
+
+# The client's cells: since when it has had nothing to send (0 while it sends), when its next request is due (epoch
+# seconds on the job's clock) and that request's number.
+IDLE_SINCE, NEXT_DUE, NEXT_ITEM = range(3)
+CLIENT_CELLS = 3
+
+
+def empty_client_cells() -> list[float]:
+    return [0.0, 0.0, _NONE]
+
+
+@dataclass(frozen=True)
+class ClientWait:
+    """The client with nothing to send until its next request falls due: since when, when it is due, which one."""
+
+    since: float
+    due: float
+    item: int
+
+
+class ClientCells:
+    """The client's cells (a RawArray('d', CLIENT_CELLS) in shared memory, or a list), written by the client.
+
+    A load whose next request falls due long after the pipeline emptied
+    leaves a job with nothing to do, which only the client can tell: the
+    stall watch reads these (rnb.engines.stall).  Written without a lock,
+    the time it began last: a reader that sees a wait sees its due time.
+    """
+
+    def __init__(self, cells: MutableSequence[float]) -> None:
+        self.cells = cells
+
+    def waiting(self, since: float, due: float, item: int) -> None:
+        cells = self.cells
+        cells[NEXT_DUE] = due
+        cells[NEXT_ITEM] = item
+        cells[IDLE_SINCE] = since
+
+    def sending(self) -> None:
+        self.cells[IDLE_SINCE] = 0.0
+
+    def read(self) -> ClientWait | None:
+        since, due, item = self.cells[:CLIENT_CELLS]
+        return ClientWait(since, due, int(item)) if since else None

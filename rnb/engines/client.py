@@ -72,7 +72,10 @@ class _Sender:
         for item_id, arrival in zip(range(spec.videos), mode.arrivals(spec.load, spec.seed)):
             if arrival.due_s is not None:
                 due_at = self.start + arrival.due_s
-                if not (leaky.sleep_until(due_at) if leaky else _sleep_until(due_at, transport)):
+                transport.waits.waiting(time.time(), due_at, item_id)   # what the stall watch reads
+                waited = leaky.sleep_until(due_at) if leaky else _sleep_until(due_at, transport)
+                transport.waits.sending()
+                if not waited:
                     return
             if item_id % query == 0 and not all(transport.wait_for_room() for _ in range(query)):
                 return

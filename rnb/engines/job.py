@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,7 +26,8 @@ from rnb.core.termination import Termination
 from rnb.engines.offered import offered_table
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.engines.spool import TimingsSpool
-from rnb.engines.streams import streams_record
+from rnb.engines.stopping import STOPS
+from rnb.engines.streams import streams_record, write_per_stream
 from rnb.load import MAX_SEMAPHORE_VALUE, OFFERED_FILE, LoadSettings, mode_of
 from rnb.pipeline.config import PipelineConfig
 
@@ -36,9 +36,6 @@ log = logging.getLogger(__name__)
 EXIT_CODES = {Termination.TARGET_REACHED: 0, Termination.MAX_DURATION: 0, Termination.INTERRUPTED: 130,
               Termination.TERMINATED: 143}
 DEFAULT_STALL_S = 60.0
-# What stops a job from outside, by the number a handler receives: Ctrl-C, and SIGTERM (kill, schedulers,
-# containers); children ignore both.
-STOP_SIGNALS: dict[int, Termination] = {signal.SIGINT: Termination.INTERRUPTED, signal.SIGTERM: Termination.TERMINATED}
 
 
 @dataclass(frozen=True)
@@ -157,7 +154,12 @@ class JobResult:
 
 
 def open_job_dir(config: PipelineConfig, args: RunArgs) -> Path:
-    """The job's new log directory, holding a copy of its config; LogWriteError (one sentence) if it cannot be made."""
+    """The job's new log directory, holding a copy of its config; LogWriteError (one sentence) if it cannot be made.
+
+    From here on a stop (Ctrl-C, SIGTERM) is the job's ending, logged like
+    any other (rnb.engines.stopping); one that came before raises Stopped.
+    """
+    STOPS.hold()
     job = joblog.job_id(time.time(), joblog.config_name(config.path), mode_of(args.load).job_label(args.load),
                         args.videos, args.batch_size, args.queue_size)
     where = Path(args.log_dir) / job
@@ -181,6 +183,9 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
     writes = ending.spool.writes
     offered = _offered(job_dir, args, ending)
     failure = ending.book.failure
+    streams = _streams(job_dir, config, args, ending, offered)
+    if streams is not None:   # every stream's row, which the summary cuts to a screenful
+        writes.attempt(job_dir / joblog.STREAMS_FILE, lambda: write_per_stream(job_dir / joblog.STREAMS_FILE, streams))
     error = "; and ".join(filter(None, (ending.error, writes.first))) or None
     meta = JobMeta(
         job_id=job_dir.name, config_path=config.path, args=logged_args(args), start_time=ending.start,
@@ -190,8 +195,7 @@ def close_job(job_dir: Path, config: PipelineConfig, args: RunArgs, gpus: Sequen
         counted_items=ending.counted,
         processes=ending.book.records, main_peak_rss_bytes=joblog.main_peak_rss_bytes(), versions=joblog.versions(),
         host=joblog.host(), gpus=tuple(gpus), notes=(*config.notes, *ending.book.notes), engine=ending.engine,
-        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"), streams=_streams(job_dir, config, args, ending, offered),
-        scenario=args.load.scenario)
+        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"), streams=streams, scenario=args.load.scenario)
     logged = writes.attempt(job_dir / joblog.META_FILE, lambda: joblog.write_meta(job_dir, meta))
     if not logged and writes.first and writes.first not in (error or ""):
         error = "; and ".join(filter(None, (error, writes.first)))

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rnb.core.joblog import STACKS_DIR
-from rnb.core.progress import ProgressSnapshot
+from rnb.core.progress import ClientWait, ProgressSnapshot
 from rnb.core.records import ProcessRecord
 from rnb.engines.job import JobBook
 
@@ -73,6 +73,7 @@ class JobWatch:
         self._sampled = -float("inf")   # when the runners' demand was last read
         self._demand: dict[str, deque[tuple[float, float]]] = {}   # each runner's (time, demand_seconds) samples
         self._busy_at: dict[str, float] = {}                  # when each runner was last seen computing
+        self._quiet_since: float | None = None   # since when nothing has waited in the pipeline, while nothing has
 
     def _moved(self, count: object, now: float) -> None:
         if count != self._count:
@@ -103,10 +104,13 @@ class JobWatch:
         return deadline is not None and now >= deadline
 
     def running(self, progress: Mapping[str, ProgressSnapshot], demand_s: Callable[[], Mapping[str, float]],
-                book: JobBook, now: float, queued: Mapping[int, int] | None = None) -> Stall | None:
+                book: JobBook, now: float, queued: Mapping[int, int] | None = None,
+                client: ClientWait | None = None) -> Stall | None:
         """After the start: stalled when items wait (a runner holds one, or `queued`, by step, says how many wait in
         each step's input queues), no item has left any step for stall_s, and no runner is working (`demand_s`:
-        each runner process's demand_seconds so far, asked every SAMPLE_EVERY_S).
+        each runner process's demand_seconds so far, asked every SAMPLE_EVERY_S); or at once when every runner of
+        a step for which items wait has been inside one call for stall_s without working, whatever the other
+        steps still move; or when nothing waits and the client has had nothing to send for stall_s (`client`).
 
         Items queued count as waiting too: a step whose calls hang while the
         step before it had room to hand on every item holds none itself.
@@ -119,16 +123,32 @@ class JobWatch:
         queued = {step: count for step, count in (queued or {}).items() if count}
         held = [p.held_since for p in progress.values() if p.held_item is not None and p.held_since is not None]
         if not held and not queued:
-            self._since = now   # nothing waits: a quiet pipeline has not stalled
-            return None
-        if now - max(self._since, min(held, default=self._since)) < self.stall_s:
-            return None
+            self._since = now   # nothing waits: a quiet pipeline has not stalled, unless its load stopped coming
+            self._quiet_since = self._quiet_since or now
+            return self._client_idle(client, book, now, self.stall_s)
+        self._quiet_since = None
         verdicts = {name: self._verdict(name, p, progress, book, now, self.stall_s) for name, p in progress.items()
                     if p.calling_since is not None}
         idle = {name: why for name, why in verdicts.items() if why is not None}
+        stuck = stuck_step(progress, book, now, idle, queued, self.stall_s)
+        if stuck is not None:   # every runner of a step items wait for is stuck: what the others move cannot finish
+            return blame({name: p for name, p in progress.items() if book[name].step == stuck}, book, now, idle, queued)
+        if now - max(self._since, min(held, default=self._since)) < self.stall_s:
+            return None
         if len(idle) < len(verdicts):   # a runner is working: the others wait for it
             return None
         return blame(progress, book, now, idle, queued)
+
+    def _client_idle(self, client: ClientWait | None, book: JobBook, now: float, stall_s: float) -> Stall | None:
+        """Nothing waits in the pipeline and the client has had nothing to send for stall_s: its next request falls
+        due so late that the job would sit idle (a trace's gap, a sparse schedule)."""
+        if client is None or self._quiet_since is None or now - max(client.since, self._quiet_since) < stall_s:
+            return None
+        start = self._start if self._start is not None else self._began
+        return Stall("client", f"{describe(book['client'], book)} has had nothing to send for {now - client.since:.1f} "
+                               f"s with every request sent so far finished: request {client.item} is due "
+                               f"{client.due - start:.1f} s after the start, {client.due - now:.1f} s from now "
+                               "(a load this sparse needs a larger --stall-s)")
 
     def _sample(self, demand_s: Mapping[str, float], now: float) -> None:
         """Note which runners are computing: those that demanded BUSY_SHARE of the last BUSY_WINDOW_S (or more)."""
@@ -166,6 +186,7 @@ class Look:
     progress: ProgressSnapshot | None   # a runner's progress; None for the client
     cpu_s: float                        # CPU seconds its loop's thread has used (start-up's progress)
     demand_s: float = 0.0               # demand_seconds of its loop's thread and those started since (torch's), not Ray's
+    client: ClientWait | None = None    # the client's wait for its next request's due time, if it waits
 
 
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -211,6 +232,25 @@ def demand_seconds(pid: int, leaving_out: Collection[int] = ()) -> float:
             continue  # gone since the listing
         total_ns += int(running_ns) + int(waiting_ns)
     return total_ns / 1e9
+
+
+def stuck_step(progress: Mapping[str, ProgressSnapshot], book: JobBook, now: float, idle: Mapping[str, str],
+               queued: Mapping[int, int], stall_s: float) -> int | None:
+    """A step for which items wait (its runners hold some, or its input queue does) whose every runner has been inside
+    one call for stall_s and is not working (`idle`: their verdicts); None if there is none.  The items cannot get
+    past it, so nothing the other steps still move finishes one: the stall dates from its calls, not from them."""
+    by_step: dict[int, list[str]] = {}
+    for name in progress:
+        step = book[name].step
+        if step is not None:
+            by_step.setdefault(step, []).append(name)
+    for step, names in sorted(by_step.items()):
+        calls = [progress[name].calling_since for name in names]
+        waiting = queued.get(step, 0) or any(progress[name].held_item is not None for name in names)
+        if waiting and all(name in idle for name in names) and all(
+                since is not None and now - since >= stall_s for since in calls):
+            return step
+    return None
 
 
 def blame(progress: Mapping[str, ProgressSnapshot], book: JobBook, now: float, verdicts: Mapping[str, str],

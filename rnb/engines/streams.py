@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from rnb.core.messages import Request
@@ -184,3 +185,14 @@ def _one_stream(stream: int, offered: int, dropped: int | None, mine: np.ndarray
                          float(np.percentile(latencies, 50)) if processed else None,
                          float(np.percentile(latencies, 99)) if processed else None,
                          processed / elapsed_s if elapsed_s else None)
+
+
+def write_per_stream(path: Path, record: JsonObject) -> None:
+    """The record's row per stream as a CSV file: what a summary too long for a screen leaves out, for a spreadsheet."""
+    per_stream = record.get("per_stream")
+    rows = per_stream if isinstance(per_stream, list) else []
+    columns = [field.name for field in dataclasses.fields(StreamFigures)]
+    table = pa.Table.from_pylist([row for row in rows if isinstance(row, dict)],
+                                 schema=pa.schema([(name, pa.float64() if name.endswith(("_ms", "fps")) else pa.int64())
+                                                   for name in columns]))
+    pa_csv.write_csv(table, path)

@@ -20,7 +20,7 @@ import torch
 
 from rnb.core.messages import Request, Results, Status
 from rnb.core.model import NonTensors
-from rnb.core.progress import Progress
+from rnb.core.progress import ClientCells, Progress
 from rnb.core.stages import StepEvents
 from rnb.core.termination import Termination
 from rnb.core.timecard import Cards, TimeCard
@@ -183,6 +183,10 @@ class Transport(Participant, Protocol):
 
 class ClientTransport(Participant, Protocol):
     """What the load generator needs from its engine besides what every participant has: sending requests."""
+
+    @property
+    def waits(self) -> ClientCells:
+        """Where the client says it waits for its next request's due time, in memory the driver reads."""
 
     def wait_for_room(self) -> bool:
         """Closed loop: block until fewer than the concurrency are in flight; False if the job ended first."""

@@ -79,7 +79,9 @@ class PipelineConfig:
     notes: tuple[str, ...] = ()     # what was mapped from the original RnB's vocabulary (rnb.pipeline.original)
 
 
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config" / "default.json"
+# The embedded default ships in the package, so an installed command runs it from any directory; the checkout's
+# config/default.json is a link to it.
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().with_name("default.json")
 DEFAULT_NUM_SHARED_TENSORS = 10
 
 _TOP_KEYS = ("pipeline", "source", "run", "video_path_iterator", "description")

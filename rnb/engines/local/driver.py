@@ -20,7 +20,6 @@ import dataclasses
 import gc
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,19 +28,20 @@ from multiprocessing.context import BaseContext, ForkServerContext
 import torch
 
 from rnb.core.joblog import SAMPLES_FILE
-from rnb.core.progress import CELLS, Progress, empty_cells
+from rnb.core.progress import CELLS, ClientCells, Progress, empty_cells
 from rnb.core.records import GpuRecord, MainGpuMemory, ProcessRecord
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
-from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
+from rnb.engines.job import JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.engines.live import LiveProgress, progress_mode
-from rnb.engines.local.lifeline import children_context
+from rnb.engines.local.lifeline import children_context, end_fork_server
 from rnb.engines.local.plumbing import Plumbing, SharedSlot
 from rnb.engines.local.supervisor import Supervisor
 from rnb.engines.local.transport import DeviceFirst, LocalWiring, client_main, runner_main
 from rnb.engines.sampler import SampledGpu, Sampler
 from rnb.engines.spool import TimingsSpool
 from rnb.engines.stall import JobWatch, Stall, kept_stacks, stall_error
+from rnb.engines.stopping import STOPS
 from rnb.pipeline.config import PipelineConfig
 from rnb.pipeline.gpus import DEVICE_ORDER, device_memory_record
 from rnb.pipeline.plan import Placement, slot_bytes, with_device_uuids
@@ -71,38 +71,35 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
     sampler = Sampler(args.sample_interval_ms / 1000.0,
                       tuple(SampledGpu(gpu.logical_index, gpu.physical_index) for gpu in gpus))
     sampler.watch("main", os.getpid())
-    previous = {number: signal.signal(number, lambda number, _: plumbing.flag.take_over(STOP_SIGNALS[signal.Signals(number)]))
-                for number in STOP_SIGNALS}
     start = None
     watch = JobWatch(args.stall_s, args.max_duration_s, time.time())
     stall: list[Stall] = []  # the stall that ended the job, if one did
     live = LiveProgress(["client", *(p.name for p in placements)], args.videos, progress_mode(args.quiet, sys.stderr))
-    try:
-        spawn_all(ctx, supervisor, config, args, placements, wirings)
-        for record in supervisor.book.records:
-            if record.pid is not None:  # every spawned child's record has one
-                sampler.watch(record.name, record.pid)
-        sampler.start()  # from start-up on, so that model loading shows too
-        start = _run_between_barriers(supervisor, job_dir.name, live, len(placements), watch, stall)
-    finally:
-        end = plumbing.flag.raised_at if plumbing.flag.is_set else time.time()
-        plumbing.flag.take_over(Termination.INTERRUPTED)  # a no-op unless we got here by an exception
-        supervisor.stop(**({"grace_s": STALLED_GRACE_S} if stall else {}))
-        live.close(spool.rows)
-        sampler.stop()
-        spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-        held = with_main_memory(gpus, placements)
-        left = release_main_slots(wirings.values(), on_cuda)
-        reason = plumbing.flag.reason
-        stacks = kept_stacks(job_dir)
-        for name, path in stacks.items():
-            supervisor.book.update(name, stacks=path)
-        stalled = stall_error(stall[0], job_dir, stacks) if stall else None
-        result = close_job(job_dir, config, args, with_release(held, left, supervisor.book), JobEnding(
-            start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.book.failure, args, stalled),
-            spool=spool, book=supervisor.book, counted=plumbing.finished_count if start is not None else None))
+    with STOPS.reacting(lambda stop: plumbing.flag.take_over(stop.termination)):   # a stop raises the flag
+        try:
+            if spawned(ctx, supervisor, config, args, placements, wirings):
+                for record in supervisor.book.records:
+                    if record.pid is not None:  # every spawned child's record has one
+                        sampler.watch(record.name, record.pid)
+                sampler.start()  # from start-up on, so that model loading shows too
+                start = _run_between_barriers(supervisor, job_dir.name, live, len(placements), watch, stall)
+        finally:
+            end = plumbing.flag.raised_at if plumbing.flag.is_set else time.time()
+            plumbing.flag.take_over(Termination.INTERRUPTED)  # a no-op unless we got here by an exception
+            supervisor.stop(**_grace(plumbing.flag.reason, bool(stall)))
+            live.close(spool.rows)
+            sampler.stop()
+            spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
+            held = with_main_memory(gpus, placements)
+            left = release_main_slots(wirings.values(), on_cuda)
+            reason = plumbing.flag.reason
+            stacks = kept_stacks(job_dir)
+            for name, path in stacks.items():
+                supervisor.book.update(name, stacks=path)
+            stalled = stall_error(stall[0], job_dir, stacks) if stall else None
+            result = close_job(job_dir, config, args, with_release(held, left, supervisor.book), JobEnding(
+                start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.book.failure, args, stalled),
+                spool=spool, book=supervisor.book, counted=plumbing.finished_count if start is not None else None))
     return result
 
 
@@ -204,6 +201,18 @@ def spawn_all(ctx: ForkServerContext, supervisor: Supervisor, config: PipelineCo
             output_device=p.output_device if p.output_shapes else None))
 
 
+def spawned(ctx: ForkServerContext, supervisor: Supervisor, config: PipelineConfig, args: RunArgs,
+            placements: list[Placement], wirings: Mapping[str, LocalWiring]) -> bool:
+    """Spawn every child (spawn_all); False if a stop came first or cut the spawning short (the first child may wait
+    seconds for the fork server's imports): then the children started are killed (none is ready, nothing is
+    measured) and the fork server too, with any child it was forking when the stop came."""
+    if STOPS.cut_short(lambda: spawn_all(ctx, supervisor, config, args, placements, wirings)):
+        return True
+    supervisor.kill_all()
+    end_fork_server()
+    return False
+
+
 def _run_between_barriers(supervisor: Supervisor, job: str, live: LiveProgress, runners: int, watch: JobWatch,
                           stall: list[Stall]) -> float | None:
     """Wait until every child is ready, open the start gate, then wait for the flag; the start time, if any.
@@ -237,7 +246,8 @@ def _run_between_barriers(supervisor: Supervisor, job: str, live: LiveProgress, 
             plumbing.flag.take_over(Termination.MAX_DURATION)
         else:
             _stop_if_stalled(supervisor, watch.running(supervisor.progress_now(), supervisor.demand_of_children,
-                                                       supervisor.book, now, plumbing.queued()), stall)
+                                                       supervisor.book, now, plumbing.queued(),
+                                                       ClientCells(plumbing.client_cells).read()), stall)
     return start
 
 
@@ -246,12 +256,21 @@ def _stop_if_stalled(supervisor: Supervisor, found: Stall | None, stall: list[St
     and the stalled child is killed."""
     if found is None or supervisor.plumbing.flag.is_set:
         return
+    seen = time.time()   # the job's end: taking the stacks is part of stopping it, not of what it measured
     log.info("the job stalled: asking every process for its Python stacks")
     supervisor.ask_for_stacks()
-    if supervisor.plumbing.flag.take_over(Termination.STALLED):
+    if supervisor.plumbing.flag.take_over(Termination.STALLED, seen):
         stall.append(found)
         supervisor.book.first_failure(found.process, found.sentence)
         supervisor.kill(found.process)
+
+
+def _grace(reason: Termination, stalled: bool) -> dict[str, float]:
+    """How long the children may take to leave on their own (Supervisor.stop): a stalled job's not stuck leave within a
+    poll; a stopped job's children still starting have nothing measured to flush, and are killed at once."""
+    if stalled:
+        return {"grace_s": STALLED_GRACE_S}
+    return {"starting_grace_s": 0.0} if reason in (Termination.INTERRUPTED, Termination.TERMINATED) else {}
 
 
 def _setup_failed(failure: Exception, spool: TimingsSpool) -> JobEnding:

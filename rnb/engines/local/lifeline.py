@@ -25,8 +25,9 @@ the job stalls, a child answers even when its Python code cannot run (a
 deadlock, a read or device call that never returns, an import that hangs),
 since the handler runs in C.
 
-Its module imports only the standard library and `rnb.pipeline.dotted`, so
-unpickling the child's entry point (`run`) is cheap too.
+Its module imports only the standard library, `rnb.pipeline.dotted` and
+`rnb.engines.stopping`, so unpickling the child's entry point (`run`) is
+cheap too.
 
 Children ignore Ctrl-C and SIGTERM from their first instruction: stopping
 them in order is the main process's business, and a Ctrl-C to the whole
@@ -57,6 +58,7 @@ from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from rnb.engines.stopping import STOPS
 from rnb.pipeline.dotted import load_object
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -120,14 +122,33 @@ def _stop_fork_server() -> None:
     A waited-for server's CPU, and that of the children it forked and
     waited for, counts among this process's children (getrusage), as a
     spawned child's did: what rnb.tune.cores counts as a job's own CPU.
-    multiprocessing keeps the server in a private global; its `_stop` is
-    what its own tests use.  A server started early that no child has used
+    A server started early that no child has used
     (a config that failed its checks, a job sent to Ray) is killed first:
-    waiting would only let it finish importing torch for nobody.
+    waiting would only let it finish importing torch for nobody; so is
+    the server of a command that a stop ends.
+    """
+    # A command ending by a stop (Ctrl-C, SIGTERM) leaves at once: a server still importing would hold it for seconds,
+    # and its children (all stopped by now) die with it (PR_SET_PDEATHSIG).
+    end_fork_server(kill=_started_early or STOPS.received is not None)
+
+
+def end_fork_server(kill: bool = True) -> None:
+    """Stop this process's fork server (SIGKILLed first with `kill`) and wait for it, at most STOP_WAIT_S.
+
+    A stop that cut the first children's start short (rnb.engines.stopping)
+    ends the server at once: a child it was forking, which the main process
+    never heard of, dies with it rather than start against a job whose
+    semaphores are about to go.  multiprocessing keeps the server in a
+    private global; its `_stop` is what its own tests use, and it resets
+    the server so that a later child would start a new one.
     """
     server = multiprocessing.forkserver._forkserver
-    if _started_early and server._forkserver_pid is not None:  # type: ignore[attr-defined]  # not in typeshed
-        os.kill(server._forkserver_pid, signal.SIGKILL)  # type: ignore[attr-defined]
+    pid = server._forkserver_pid  # type: ignore[attr-defined]  # not in typeshed
+    if kill and pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     waiter = threading.Thread(target=server._stop, daemon=True)  # type: ignore[attr-defined]  # not in typeshed
     waiter.start()
     waiter.join(STOP_WAIT_S)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
+from rnb.core.progress import empty_client_cells
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.ring import REQUEST_BYTES, RING_BYTES, RingQueue
@@ -47,25 +48,25 @@ class TerminationFlag:
         self._when = ctx.RawValue("d", 0.0)
         self._token = ctx.Lock()
 
-    def raise_(self, reason: Termination) -> bool:
-        """Set the flag unless another reason got there first; True if this call won."""
+    def raise_(self, reason: Termination, at: float | None = None) -> bool:
+        """Set the flag unless another reason got there first, dated `at` (default now); True if this call won."""
         if not self._token.acquire(False):
             return False
-        self._when.value = time.time()  # before the reason: whoever sees the reason sees its time
+        self._when.value = time.time() if at is None else at  # before the reason: whoever sees the reason sees its time
         self._value.value = int(reason)
         return True
 
-    def take_over(self, reason: Termination) -> bool:
+    def take_over(self, reason: Termination, at: float | None = None) -> bool:
         """The main process's raise: also when a process took the token and died before writing the reason.
 
         True if this call set the flag.  (Should the token's taker still be
         alive, its write may land after this one: either way the job ends.)
         """
-        if self.raise_(reason):
+        if self.raise_(reason, at):
             return True
         if self.is_set:
             return False
-        self._when.value = time.time()
+        self._when.value = time.time() if at is None else at
         self._value.value = int(reason)
         return True
 
@@ -290,6 +291,7 @@ class Plumbing:
     finished: Any      # shared count of finished items
     start: Any         # shared byte, set to 1 by main once every child is ready (no lock: see TerminationFlag)
     in_flight: Any     # Semaphore or None
+    client_cells: Any  # RawArray('d', CLIENT_CELLS): the client's wait for its next due time (rnb.core.progress)
     completions: RingQueue | None = None   # finished item ids, final step -> a LoadGen client (rnb.engines.loadgen)
 
     @staticmethod
@@ -311,8 +313,15 @@ class Plumbing:
             finished=ctx.Value("q", 0),
             start=ctx.RawValue("b", 0),
             in_flight=ctx.Semaphore(concurrency) if concurrency else None,
+            client_cells=_cells(ctx, empty_client_cells()),
             completions=RingQueue(RESULTS_MAXSIZE, flag, ctx=ctx, name="completions queue") if completions else None,
         )
+
+    @property
+    def rings(self) -> tuple[RingQueue, ...]:
+        """Every queue that is a ring: requests, the inter-step queues, results (and a LoadGen client's completions)."""
+        return (self.requests, *(ring for queues in self.step_queues for ring in queues.values()), self.results,
+                *([self.completions] if self.completions is not None else []))
 
     def queued(self) -> dict[int, int]:
         """How many messages wait in each step's input queues (the request queue is step 0's), by step."""
@@ -353,3 +362,9 @@ class Plumbing:
                 return False
             time.sleep(START_POLL_S)
         return not self.flag.is_set
+
+
+def _cells(ctx: BaseContext, values: list[float]) -> Any:
+    cells = ctx.RawArray("d", len(values))
+    cells[:] = values
+    return cells

@@ -133,6 +133,10 @@ class Supervisor:
             time.sleep(0.01)
         time.sleep(0.02)  # each handler writes all its threads at once; let the last ones end theirs
 
+    def kill_all(self) -> None:
+        """Stop every child now (a job stopped while they start: none has measured anything)."""
+        self._kill(self.alive())
+
     def kill(self, name: str) -> None:
         """Stop one child now (a stalled one, whose stacks are taken): it cannot leave on its own."""
         self._kill([child for child in self.alive() if child.name == name])
@@ -192,6 +196,10 @@ class Supervisor:
             if inbox.stuck or inbox.broken:
                 self.book.notes.append(f"the {inbox.name} queue was left cut short by a process that died writing to it "
                                   "(what was sent after that was lost)")
+        for ring in self.plumbing.rings:
+            if ring.recoveries:
+                self.book.notes.append(f"a lock of the {ring.name} was taken over {ring.recoveries} times from a process "
+                                       "that died holding it (a reader that died so took at most its one message with it)")
 
     def _kill(self, children: list[Child]) -> None:
         for child in children:

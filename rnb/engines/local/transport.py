@@ -21,15 +21,16 @@ from typing import Any
 
 import torch
 
-from rnb.core.messages import Exited, Request, Signal, Status, Wire
+from rnb.core.messages import Exited, Request, Results, Signal, Status, Wire
 from rnb.core.model import NonTensors
-from rnb.core.progress import Progress, empty_cells
+from rnb.core.progress import ClientCells, Progress, empty_cells
 from rnb.core.termination import POLL_S, Termination
 from rnb.core.timecard import Cards, TimeCard, as_cards
 from rnb.engines import client, loadgen
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.child import child_main
 from rnb.engines.local.plumbing import PinnedHostSlots, Plumbing, SharedSlot
+from rnb.engines.local.ring import QueueClosed
 from rnb.engines.runner import Runner
 from rnb.engines.streams import step_zero_non_tensors
 from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input, Stamps
@@ -88,8 +89,16 @@ class LocalTransport(_LocalParticipant):
         self._next_slot = 0
         # A finished card waits for company in its batch to the main process at most RESULTS_WAIT_S (FinishedCards),
         # and not at all once the input is idle, the target is reached or the runner exits.
-        self.finished = FinishedCards(plumbing.results.put_nowait)
+        self.finished = FinishedCards(self._ship)
         self.progress = Progress(wiring.progress)
+
+    def _ship(self, results: Results) -> None:
+        """Put counted cards on the results queue; once the job ended while the put waited, they are lost to the
+        log (meta.json's counted_items says how many)."""
+        try:
+            self.plumbing.results.put_nowait(results)
+        except QueueClosed:
+            pass
 
     def _sync(self) -> None:
         """Wait for copies queued on the current CUDA stream (the runner's own)."""
@@ -145,6 +154,9 @@ class LocalTransport(_LocalParticipant):
             slot.free.set()
             self.stop(Termination.INTER_STEP_QUEUE_FULL)
             return False
+        except QueueClosed:  # the job ended while the put waited: nothing was written
+            slot.free.set()
+            return False
         return True
 
     def _acquire_slot(self) -> int | None:
@@ -188,6 +200,7 @@ class LocalClientTransport(_LocalParticipant):
     def __init__(self, plumbing: Plumbing, target: int) -> None:
         super().__init__(plumbing)
         self.target = target
+        self.waits = ClientCells(plumbing.client_cells)
 
     def wait_for_room(self) -> bool:
         in_flight = self.plumbing.in_flight
@@ -202,6 +215,8 @@ class LocalClientTransport(_LocalParticipant):
             self.plumbing.requests.put_nowait(request.wire())
         except queue.Full:
             self.stop(Termination.REQUEST_QUEUE_FULL)
+            return False
+        except QueueClosed:
             return False
         return True
 

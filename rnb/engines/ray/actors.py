@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from rnb.core.progress import Progress, empty_cells
+from rnb.core.progress import ClientCells, Progress, empty_cells, empty_client_cells
 from rnb.core.termination import Termination
 from rnb.core.timecard import set_clock_offset
 
@@ -85,6 +85,7 @@ class _Member:
         self.loop_thread: int | None = None   # the native id of the thread its loop runs in, once it runs
         self.ray_threads: frozenset[int] = frozenset()   # the process's other threads when the loop began: Ray's
         self.progress: Progress | None = None  # a runner's progress cells (rnb.core.progress), in this process
+        self.waits: ClientCells | None = None   # the client's wait for its next request's due time, likewise
 
     async def where(self) -> Whereabouts:
         context = ray.get_runtime_context()
@@ -116,10 +117,12 @@ class _Member:
         """
         from rnb.engines.stall import Look, cpu_seconds, demand_seconds
 
+        progress = None if self.progress is None else self.progress.read()
+        client = None if self.waits is None else self.waits.read()
         if self.loop_thread is None:
-            return Look(None if self.progress is None else self.progress.read(), 0.0)
-        return Look(None if self.progress is None else self.progress.read(), cpu_seconds(os.getpid(), self.loop_thread),
-                    demand_seconds(os.getpid(), self.ray_threads))
+            return Look(progress, 0.0, client=client)
+        return Look(progress, cpu_seconds(os.getpid(), self.loop_thread), demand_seconds(os.getpid(), self.ray_threads),
+                    client)
 
     async def stacks(self) -> str:
         """Every thread's Python stack, as faulthandler writes them (the local engine's children write the same)."""
@@ -217,6 +220,7 @@ class ClientActor(_Member):
     def __init__(self, control: Any, concurrency: int | None) -> None:
         super().__init__(control)
         self.in_flight = threading.Semaphore(concurrency) if concurrency else None
+        self.waits: ClientCells = ClientCells(empty_client_cells())
 
     async def release(self, count: int) -> None:
         """Closed loop: the final step finished `count` items."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -43,6 +44,9 @@ from typing import Any
 
 import psutil
 
+from rnb.engines.ray.own_processes import OwnProcesses
+from rnb.engines.stopping import STOPS, handlers_kept
+
 LOOPBACK = "127.0.0.1"
 NAMESPACE = "rnb"            # the Ray namespace of every job's named actors
 LABEL_KEY = "node"           # a group's "node": "loaders" selects nodes labelled node=loaders
@@ -52,6 +56,9 @@ SIMULATED_OBJECT_STORE_BYTES = 200 * 2**20  # per simulated node (they share thi
 OWN_SYSTEM_CONFIG = {"memory_monitor_refresh_ms": 0}
 # samples.parquet's name prefix for the cluster's own processes on the driver's machine (raylets, the GCS, agents).
 DAEMON_SAMPLES = "ray-daemon:"
+# How long the driver's Ray waits at shutdown to send its last task events to a GCS, which a SIGTERM to the process
+# group may have ended: Ray's default (seconds) would hold a stopped command past its 3 s.
+SHUTDOWN_FLUSH_ENV = {"RAY_task_events_shutdown_flush_timeout_ms": "500"}
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +87,8 @@ def prepare(address: str | None) -> None:
     """
     use_loopback_if_local(address)
     use_token_as_the_cluster_wants(address)
+    for key, value in SHUTDOWN_FLUSH_ENV.items():
+        os.environ.setdefault(key, value)
 
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -197,6 +206,7 @@ class JobRay:
     gpu_labels: frozenset[str] = frozenset()
     machine_gpus: int = 0
     cluster: Any = field(default=None, init=False)   # ray.cluster_utils.Cluster when simulated
+    processes: OwnProcesses = field(default_factory=OwnProcesses, init=False)   # own Ray: what it started
 
     @property
     def own(self) -> bool:
@@ -208,22 +218,10 @@ class JobRay:
         return self.cluster is not None
 
     def __enter__(self) -> JobRay:
-        import ray
-
         said: list[str] = []
         try:
-            if self.address is not None:
-                # Ray's own client logs each refused connection attempt to stderr from C++ for as long as it
-                # retries; kept aside, they tell why it failed.
-                with _stderr_kept_in(said):
-                    ray.init(address=self.address, namespace=NAMESPACE, logging_level=logging.WARNING)
-            elif self.labels:
-                self.cluster = _simulated_cluster(self.labels, self.gpu_labels, self.machine_gpus)
-                ray.init(address=self.cluster.address, namespace=NAMESPACE, logging_level=logging.WARNING)
-            else:
-                ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False,
-                         num_cpus=len(os.sched_getaffinity(0)), num_gpus=self.machine_gpus,
-                         _system_config=OWN_SYSTEM_CONFIG, namespace=NAMESPACE, logging_level=logging.WARNING)
+            with self.processes.starting() if self.own else contextlib.nullcontext(), handlers_kept():
+                self._connect(said)
         except Exception as error:
             self._shutdown()
             if self.address is not None and _refused_auth(error, "".join(said)):
@@ -231,16 +229,42 @@ class JobRay:
             where = f"the Ray cluster at {self.address}" if self.address else "a Ray instance for the job on 127.0.0.1"
             raise ClusterStartError(f"could not start or reach {where} ({type(error).__name__}: "
                                     f"{(str(error).splitlines() or [''])[0]})") from None
+        except SystemExit:  # ray.init's own SIGTERM handler, set while it runs, exits so: the stop is ours
+            self._shutdown()
+            raise STOPS.answered_elsewhere(signal.SIGTERM) from None
+        except BaseException:  # a stop (rnb.engines.stopping.Stopped): what Ray started so far goes
+            self._shutdown()
+            raise
         sys.stderr.write("".join(said))  # what Ray said on a connection that worked is the user's to see
         return self
+
+    def _connect(self, said: list[str]) -> None:
+        import ray
+
+        if self.address is not None:
+            # Ray's own client logs each refused connection attempt to stderr from C++ for as long as it
+            # retries; kept aside, they tell why it failed.
+            with _stderr_kept_in(said):
+                ray.init(address=self.address, namespace=NAMESPACE, logging_level=logging.WARNING)
+        elif self.labels:
+            self.cluster = _simulated_cluster(self.labels, self.gpu_labels, self.machine_gpus)
+            ray.init(address=self.cluster.address, namespace=NAMESPACE, logging_level=logging.WARNING)
+        else:
+            ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False,
+                     num_cpus=len(os.sched_getaffinity(0)), num_gpus=self.machine_gpus,
+                     _system_config=OWN_SYSTEM_CONFIG, namespace=NAMESPACE, logging_level=logging.WARNING)
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         self._shutdown()
 
     def _shutdown(self) -> None:
+        """Disconnect; a Ray of the job's own goes too, at once (SIGKILL, every process): its daemons do not hear
+        SIGTERM, with which Ray's orderly shutdown would ask them and then wait a second for each."""
         import ray
 
+        if self.own:
+            self.processes.end()
         ray.shutdown()
         if self.cluster is not None:
             self.cluster.shutdown()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -40,7 +39,7 @@ from rnb.core.records import GpuRecord, ProcessRecord, Role
 from rnb.core.stages import StepEvents
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
-from rnb.engines.job import STOP_SIGNALS, JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
+from rnb.engines.job import JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.engines.live import LiveProgress, progress_mode
 from rnb.engines.ray.actors import ClientActor, RayWiring, RunnerActor
 from rnb.engines.ray.cluster import JobRay, NodeInfo, daemons_here
@@ -49,6 +48,7 @@ from rnb.engines.ray.placement import NodeChoice, Seat, seat_runners
 from rnb.engines.sampler import Sampler
 from rnb.engines.spool import TimingsSpool
 from rnb.engines.stall import JobWatch, Look, Stall, kept_stacks, stacks_file, stall_error
+from rnb.engines.stopping import STOPS
 from rnb.pipeline.config import ConfigError, PipelineConfig
 from rnb.pipeline.dataset_source import KINDS
 from rnb.pipeline.gpus import DEVICE_ORDER, GpuRequestError, busy_notes, check_assigned_gpu
@@ -62,6 +62,9 @@ ACTOR_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1", **DEVICE_ORDER}
 PLACE_TIMEOUT_S = 120.0   # an actor or GPU bundle not placed by then will not be: the cluster lacks room
 GRACE_S = 4.0             # how long halted actors get to finish on their own before they are killed
 STALLED_GRACE_S = 1.0     # ... when the job stalled: those not stuck leave within a poll interval
+STOPPED_GRACE_S = 1.0     # ... when Ctrl-C or SIGTERM stopped it: their last cards go within a poll, and the command
+                          # must be gone within 3 s of the signal (its own Ray's processes are killed, not waited for)
+STOPPED_COLLECT_S = 0.25  # ... and how long it waits for the JobControl to answer (one still starting holds nothing)
 LOOK_EVERY_S = 0.25       # how often the driver looks at every actor's progress (one small call each)
 STACKS_WAIT_S = 2.0       # how long a stalled job waits for its actors' Python stacks
 CLOCK_ROUND_TRIPS = 5     # per node; the shortest round trip gives the offset
@@ -174,9 +177,15 @@ class RayJob:
         return infos
 
     def run(self, job_dir: Path) -> JobEnding:
-        """Create the actors, start them together, wait for the flag, stop them; how the job ended."""
-        previous = {number: signal.signal(number, lambda number, _: self.stopped_from_outside(STOP_SIGNALS[number]))
-                    for number in STOP_SIGNALS}
+        """Create the actors, start them together, wait for the flag, stop them; how the job ended.
+
+        A stop (Ctrl-C, SIGTERM: rnb.engines.stopping), also one that came
+        while the directory was made, raises the flag at the next poll.
+        """
+        with STOPS.reacting(lambda stop: self.stopped_from_outside(stop.termination)):
+            return self._run(job_dir)
+
+    def _run(self, job_dir: Path) -> JobEnding:
         setup_error = None
         job = job_dir.name
         self.job_dir = job_dir
@@ -199,8 +208,6 @@ class RayJob:
             if not self.interrupted.is_set():
                 setup_error = f"could not set up the job on Ray ({type(error).__name__}: {_one_line(error)})"
         finally:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
             self.stop(self.outside if self.interrupted.is_set() or self.start is not None else Termination.SETUP_FAILED)
             self.live.close(self.spool.rows)
             sampler.stop()
@@ -361,8 +368,10 @@ class RayJob:
             return
         else:
             seen = [(m.name, m.seen) for m in self.members if m.seen and m.seen.progress]
+            client = self.members[0].seen   # the client's latest look: whether it waits for a due time
             found = self.watch.running({name: look.progress for name, look in seen if look.progress},
-                                       lambda: {name: look.demand_s for name, look in seen}, self.book, now)
+                                       lambda: {name: look.demand_s for name, look in seen}, self.book, now,
+                                       client=client.client if client else None)
         if found is not None:
             self.stalled(found)
 
@@ -386,6 +395,7 @@ class RayJob:
     def stalled(self, found: Stall) -> None:
         """Every actor's Python stacks into the log first (what each was doing), then the flag; the stalled one is killed."""
         assert self.job_dir is not None
+        seen = time.time()   # the job's end: taking the stacks is part of stopping it, not of what it measured
         log.info("the job stalled: asking every actor for its Python stacks")
         asked = {m.actor.stacks.remote(): m for m in self._running()}
         answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=STACKS_WAIT_S) if asked else ([], [])
@@ -400,7 +410,7 @@ class RayJob:
                 path.write_text(text)
             except OSError:  # a log directory that cannot take them costs only the stacks
                 continue
-        self.raise_flag(Termination.STALLED)
+        self.raise_flag(Termination.STALLED, seen)
         if self.state is not None and self.state.reason == Termination.STALLED:
             self.stall = found
             self.book.first_failure(found.process, found.sentence)
@@ -424,12 +434,12 @@ class RayJob:
     def poll(self, timeout: float = POLL_S) -> None:
         runs = {m.run: m for m in self._running()}
         finished, _ = ray.wait(list(runs), num_returns=len(runs), timeout=timeout) if runs else ([], [])
+        if self.interrupted.is_set():  # first: a Ctrl-C to the process group may have ended Ray's workers too
+            self.raise_flag(self.outside)
         self.collect()
         for ref in finished:
             self._ended(runs[ref], ref)
-        if self.interrupted.is_set():
-            self.raise_flag(self.outside)
-        elif self.spool is not None and self.spool.writes.first is not None:  # the log directory refused a write
+        if self.spool is not None and self.spool.writes.first is not None:  # the log directory refused a write
             self.raise_flag(Termination.LOG_FAILED)
 
     def raise_flag(self, reason: Termination, at: float | None = None) -> None:
@@ -444,7 +454,11 @@ class RayJob:
         if self.state is not None and self.book.failure is not None and self.book.failure.process == "control":
             return
         try:
-            state = ray.get(self.control.collect.remote())
+            # Stopped from outside, the command waits no longer for a JobControl that is still starting: it has
+            # gathered nothing yet, and the job is over.
+            state = ray.get(self.control.collect.remote(), timeout=STOPPED_COLLECT_S if self.interrupted.is_set() else None)
+        except ray.exceptions.GetTimeoutError:
+            state = ControlState(self.outside, time.time(), (), ())
         except ray.exceptions.RayActorError as error:
             self.book.first_failure("control", _death_sentence(error))
             state = ControlState(Termination.PROCESS_FAILED, time.time(), (), ())
@@ -484,14 +498,15 @@ class RayJob:
             self.state = ControlState(reason, time.time(), (), ())
             return
         self.raise_flag(reason)
-        deadline = time.time() + (STALLED_GRACE_S if self.stall else GRACE_S)
+        stopped = self.interrupted.is_set()
+        deadline = time.time() + (STALLED_GRACE_S if self.stall else STOPPED_GRACE_S if stopped else GRACE_S)
         while self._running() and time.time() < deadline:
             self.poll()
         self.last_looks()
         for member in self._running():
             member.killed_by_driver = True
             ray.kill(member.actor, no_restart=True)
-        deadline = time.time() + GRACE_S
+        deadline = time.time() + (0.0 if stopped else GRACE_S)   # a stopped command kills its own Ray's processes
         while self._running() and time.time() < deadline:
             self.poll()
         self.collect()

@@ -155,6 +155,7 @@ class RayClientTransport(RayParticipant):
     def __init__(self, member: ClientActor, step0: tuple[Any, ...], queue_size: int) -> None:
         super().__init__(member, "client")
         self.in_flight = member.in_flight
+        self.waits = member.waits
         self.queue_size = queue_size
         self.outbox = Outbox(len(step0), lambda c, parcels: step0[c].push.remote(parcels), self.courier)
 
