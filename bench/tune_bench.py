@@ -40,10 +40,11 @@ from rnb.analysis.jobs import JobRow, ValidityRules, read_job, summarize_job
 from rnb.analysis.sweep import RunOutcome, run_benchmark
 from rnb.engines.ray.cluster import shared_simulated_cluster
 from rnb.load import logged_seed, logged_settings
-from rnb.tune.estimate import Arrivals, Estimator
+from rnb.tune.estimate import Estimator
 from rnb.tune.hosts import hosts_of
 from rnb.tune.profile import SAMPLE_INTERVAL_MS, Bench, ProfileCache, plan_profiles, profile_all
 from rnb.tune.report import BEST, CANDIDATES
+from rnb.tune.sim_records import Arrivals
 from rnb.tune.space import Budget, Candidate, TuneSpace, read_space
 from rnb.tune.verify import HIGH, LOW, VerifySettings, verify
 

@@ -17,10 +17,11 @@ from bench.run import BENCHMARKS
 from bench.tune_bench import CPU_EXAMPLE, EXAMPLE, TuneRun, grid_of, measure_grid, near_best_peak, ratio_row
 from rnb.analysis.sweep import Trial, bisect_rate
 from rnb.load import LoadSettings, mode_of
-from rnb.tune.estimate import Arrivals, Estimator
+from rnb.tune.estimate import Estimator
 from rnb.tune.hosts import hosts_of
 from rnb.tune.profile import Bench
 from rnb.tune.report import BEST, CANDIDATES
+from rnb.tune.sim_records import Arrivals
 from rnb.tune.space import Candidate, TuneSpace
 from rnb.tune.verify import HIGH, LOW, Verified
 from tests.tune_support import hand_profiles

@@ -27,7 +27,7 @@ import torch
 from rnb.analysis.jobs import ValidityRules, read_job, summarize_job
 from rnb.pipeline.config import parse_config
 from rnb.tune.cli import main
-from rnb.tune.estimate import Simulation
+from rnb.tune.simulation import Simulation
 from tests.tune_support import REPO, example_document, render, replay, write_example
 
 TUNE = REPO / "scripts" / "tune.py"

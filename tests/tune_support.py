@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from rnb.analysis.jobs import Job
-from rnb.tune.estimate import Arrivals, Service, SimGroup, SimPipeline
 from rnb.tune.profile import Bench, Profile, ProfileKey, calls_of, occupancy, plan_profiles
+from rnb.tune.sim_records import Arrivals, Service, SimGroup, SimPipeline
 from rnb.tune.space import TuneSpace
 
 REPO = Path(__file__).resolve().parents[1]

@@ -42,7 +42,7 @@ from rnb.console import terminal_logging
 from rnb.engines.ray.cluster import ClusterStartError
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.gpus import GpuRequestError, validate_gpus
-from rnb.tune.estimate import DEFAULT_ITEMS, EstimateError, Estimator
+from rnb.tune.estimate import Estimator
 from rnb.tune.hosts import hosts_of
 from rnb.tune.profile import (
     SAMPLE_INTERVAL_MS,
@@ -57,6 +57,7 @@ from rnb.tune.profile import (
 )
 from rnb.tune.report import BEST, REPORT, Outcome, Request, resolution_note, winner_of, write_report
 from rnb.tune.search import Evaluated, Goal, Memory, Search, choose_mode, finalists, search
+from rnb.tune.sim_records import DEFAULT_ITEMS, EstimateError
 from rnb.tune.space import Budget, TuneRequestError, TuneSpace, read_space
 from rnb.tune.streams import DEFAULT_BOUND, StreamGoal, measure_finalist, stream_finalists
 from rnb.tune.streams_report import StreamOutcome, write_streams_report

@@ -23,8 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from rnb.tune.estimate import Estimator, PeakEstimate
+from rnb.tune.estimate import Estimator
 from rnb.tune.profile import Bench, Profile, ProfileKey, forms_of, profile_key, unit_plan
+from rnb.tune.sim_records import PeakEstimate
 from rnb.tune.space import Candidate, GroupChoices, TuneSpace
 
 log = logging.getLogger(__name__)
