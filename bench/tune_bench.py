@@ -42,7 +42,9 @@ from rnb.engines.ray.cluster import shared_simulated_cluster
 from rnb.load import logged_seed, logged_settings
 from rnb.tune.estimate import Estimator
 from rnb.tune.hosts import hosts_of
-from rnb.tune.profile import SAMPLE_INTERVAL_MS, Bench, ProfileCache, plan_profiles, profile_all
+from rnb.tune.profile import SAMPLE_INTERVAL_MS, Bench
+from rnb.tune.profile_cache import ProfileCache, profile_all
+from rnb.tune.profile_plan import plan_profiles
 from rnb.tune.report import BEST, CANDIDATES
 from rnb.tune.sim_records import Arrivals
 from rnb.tune.space import Budget, Candidate, TuneSpace, read_space

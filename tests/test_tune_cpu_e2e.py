@@ -28,7 +28,9 @@ from rnb.analysis.jobs import ValidityRules, read_job, summarize_job
 from rnb.analysis.sweep import run_benchmark
 from rnb.tune.cores import with_others
 from rnb.tune.estimate import Estimator
-from rnb.tune.profile import Bench, Profile, ProfileCache, ProfileKey, plan_profiles
+from rnb.tune.profile import Bench, Profile, ProfileKey
+from rnb.tune.profile_cache import ProfileCache
+from rnb.tune.profile_plan import plan_profiles
 from rnb.tune.sim_records import Arrivals
 from rnb.tune.space import Budget, read_space
 from tests.tune_support import REPO

@@ -44,17 +44,9 @@ from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.gpus import GpuRequestError, validate_gpus
 from rnb.tune.estimate import Estimator
 from rnb.tune.hosts import hosts_of
-from rnb.tune.profile import (
-    SAMPLE_INTERVAL_MS,
-    Bench,
-    Profile,
-    ProfileCache,
-    ProfileError,
-    ProfileJob,
-    ProfileKey,
-    plan_profiles,
-    profile_all,
-)
+from rnb.tune.profile import SAMPLE_INTERVAL_MS, Bench, Profile, ProfileError, ProfileJob, ProfileKey
+from rnb.tune.profile_cache import ProfileCache, profile_all
+from rnb.tune.profile_plan import plan_profiles
 from rnb.tune.report import BEST, REPORT, Outcome, Request, resolution_note, winner_of, write_report
 from rnb.tune.search import Evaluated, Goal, Memory, Search, choose_mode, finalists, search
 from rnb.tune.sim_records import DEFAULT_ITEMS, EstimateError

@@ -26,7 +26,8 @@ from rnb.analysis.sweep import format_interval
 from rnb.core.records import JsonObject
 from rnb.tune.cores import saturated
 from rnb.tune.estimate import Estimator
-from rnb.tune.profile import Profile, write_json_atomic
+from rnb.tune.profile import Profile
+from rnb.tune.profile_cache import write_json_atomic
 from rnb.tune.search import Evaluated, Goal, Search
 from rnb.tune.space import Candidate, GroupChoices, TuneSpace
 from rnb.tune.verify import Verified, VerifySettings, videos_for

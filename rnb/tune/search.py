@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from rnb.tune.estimate import Estimator
-from rnb.tune.profile import Bench, Profile, ProfileKey, forms_of, profile_key, unit_plan
+from rnb.tune.profile import Bench, Profile, ProfileKey
+from rnb.tune.profile_plan import forms_of, profile_key, unit_plan
 from rnb.tune.sim_records import PeakEstimate
 from rnb.tune.space import Candidate, GroupChoices, TuneSpace
 

@@ -8,7 +8,8 @@ import numpy as np
 from rnb.core.termination import POLL_S  # a plain group's receive timeout, as the runner's
 from rnb.pipeline.config import merges_segments
 from rnb.pipeline.plan import thread_share
-from rnb.tune.profile import Bench, Form, Profile, ProfileKey, forms_of, profile_key, unit_plan
+from rnb.tune.profile import Bench, Form, Profile, ProfileKey
+from rnb.tune.profile_plan import forms_of, profile_key, unit_plan
 from rnb.tune.sim_records import Background, EstimateError, Service, SimGroup, SimPipeline
 from rnb.tune.space import Candidate, TuneSpace
 

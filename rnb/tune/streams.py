@@ -25,7 +25,7 @@ from rnb.analysis.stream_search import StreamSearch, measure_streams, most_passi
 from rnb.analysis.sweep import RunOutcome, run_benchmark
 from rnb.load import LoadSettings, mode_of
 from rnb.tune.estimate import Estimator
-from rnb.tune.profile import write_json_atomic
+from rnb.tune.profile_cache import write_json_atomic
 from rnb.tune.search import Search
 from rnb.tune.sim_records import Arrivals, SimPipeline
 from rnb.tune.simulation import Simulation
