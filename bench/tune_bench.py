@@ -47,7 +47,8 @@ from rnb.tune.profile_cache import ProfileCache, profile_all
 from rnb.tune.profile_plan import plan_profiles
 from rnb.tune.report import BEST, CANDIDATES
 from rnb.tune.sim_records import Arrivals
-from rnb.tune.space import Budget, Candidate, TuneSpace, read_space
+from rnb.tune.space import Budget, Candidate, TuneSpace
+from rnb.tune.tuning_config import read_space
 from rnb.tune.verify import HIGH, LOW, VerifySettings, verify
 
 REPO = Path(__file__).resolve().parents[1]

@@ -32,7 +32,8 @@ from rnb.tune.profile import Bench, Profile, ProfileKey
 from rnb.tune.profile_cache import ProfileCache
 from rnb.tune.profile_plan import plan_profiles
 from rnb.tune.sim_records import Arrivals
-from rnb.tune.space import Budget, read_space
+from rnb.tune.space import Budget
+from rnb.tune.tuning_config import read_space
 from tests.tune_support import REPO
 
 CPU_EXAMPLE = REPO / "config" / "tune-cpu-example.json"

@@ -22,7 +22,8 @@ from rnb.tune.profile import Bench, CpuUse, Profile, ProfileKey
 from rnb.tune.profile_plan import plan_profiles
 from rnb.tune.sim_records import Arrivals, Background, SimPipeline
 from rnb.tune.simulation import simulate
-from rnb.tune.space import Budget, TuneSpace, read_space
+from rnb.tune.space import Budget, TuneSpace
+from rnb.tune.tuning_config import read_space
 from tests.test_tune_cores import cpu_chain
 from tests.tune_support import REPO
 

@@ -50,9 +50,10 @@ from rnb.tune.profile_plan import plan_profiles
 from rnb.tune.report import BEST, REPORT, Outcome, Request, resolution_note, winner_of, write_report
 from rnb.tune.search import Evaluated, Goal, Memory, Search, choose_mode, finalists, search
 from rnb.tune.sim_records import DEFAULT_ITEMS, EstimateError
-from rnb.tune.space import Budget, TuneRequestError, TuneSpace, read_space
+from rnb.tune.space import Budget, TuneRequestError, TuneSpace
 from rnb.tune.streams import DEFAULT_BOUND, StreamGoal, measure_finalist, stream_finalists
 from rnb.tune.streams_report import StreamOutcome, write_streams_report
+from rnb.tune.tuning_config import read_space
 from rnb.tune.verify import Verified, VerifySettings, closest, verify
 
 log = logging.getLogger(__name__)
