@@ -36,7 +36,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from bench.common import Effort, Goal, Row, Side
-from rnb.analysis.jobs import JobRow, ValidityRules, read_job, summarize_job
+from rnb.analysis.job_columns import JobRow
+from rnb.analysis.job_dirs import read_job
+from rnb.analysis.jobs import ValidityRules, summarize_job
 from rnb.analysis.sweep import RunOutcome, run_benchmark
 from rnb.engines.ray.cluster import shared_simulated_cluster
 from rnb.load import logged_seed, logged_settings

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from rnb.analysis import sweep_cli
-from rnb.analysis.jobs import ValidityRules, load_jobs, stat_column
+from rnb.analysis.job_columns import stat_column
+from rnb.analysis.jobs import ValidityRules, load_jobs
 from rnb.analysis.sweep import RunOutcome, Trial, bisect_rate, format_interval, measure_trial, run_benchmark
 
 REPO = Path(__file__).resolve().parents[1]

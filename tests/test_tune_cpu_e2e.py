@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from rnb.analysis.jobs import ValidityRules, read_job, summarize_job
+from rnb.analysis.job_dirs import read_job
+from rnb.analysis.jobs import ValidityRules, summarize_job
 from rnb.analysis.sweep import run_benchmark
 from rnb.tune.cores import with_others
 from rnb.tune.estimate import Estimator

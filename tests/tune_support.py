@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rnb.analysis.jobs import Job
+from rnb.analysis.job_dirs import Job
 from rnb.tune.profile import Bench, Profile, ProfileKey
 from rnb.tune.profile_plan import plan_profiles
 from rnb.tune.profile_read import calls_of, occupancy

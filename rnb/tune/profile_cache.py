@@ -6,7 +6,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rnb.analysis.jobs import JobLogError, read_job
+from rnb.analysis.job_dirs import read_job
+from rnb.analysis.jobs import JobLogError
 from rnb.analysis.sweep import RunOutcome, SweepError
 from rnb.tune.cores import with_others
 from rnb.tune.profile import Profile, ProfileError, ProfileJob, ProfileKey

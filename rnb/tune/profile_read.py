@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from rnb.analysis.jobs import Job
+from rnb.analysis.job_dirs import Job
 from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.ray.cluster import DAEMON_SAMPLES
