@@ -50,9 +50,7 @@ from bench.fault_jobs import (
     job_children,
     run_job,
 )
-from bench.fault_stalls import (
-    stall_rows,
-)
+from bench.fault_stalls import stall_rows
 from bench.fault_starts import INSTANTS, TURNS, Instant, judge_stop, strike_at
 from bench.fault_trials import REPO, FaultRow, after_start, during_start_up, ensure_dataset, holding, judge, table, toy
 from bench.installed import check_installed

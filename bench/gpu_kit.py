@@ -37,7 +37,7 @@ IPC_WARNING = "Producer process has been terminated before all shared CUDA tenso
 LOADER = ("models.episode.EpisodeLoader", {"num_clips": 4, "clip_length": 8, "size": 112})
 NETWORK = ("models.r2p1d.R2P1DRunner", {"start_index": 1, "end_index": 5, "num_clips": 4, "clip_length": 8,
                                         "size": 112})
-DISCARD: tuple[str, dict[str, Any]] = ("bench.harness_bench.Discard", {})
+DISCARD: tuple[str, dict[str, Any]] = ("bench.scaling_bench.Discard", {})
 TOY = {"clips": 2, "frames": 4, "height": 16, "width": 16}
 SYNTHETIC: dict[str, dict[str, Any]] = {  # 256x256 H.264 (NVDEC decodes it) and 32x32 (under NVDEC's minimum width)
     "good": {"episodes": 8, "cameras": 1, "episodes_per_file": 4, "width": 256, "height": 256, "min_length": 30,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
 import signal
 import sys
 import tempfile
@@ -93,10 +94,10 @@ def p8_gpu(effort: Effort, space: Workspace) -> list[Row]:
     return gpu_rows(effort)
 
 
-def _harness(name: str) -> Callable[[Effort, Workspace], list[Row]]:
+def _harness(name: str, module: str = "harness_bench") -> Callable[[Effort, Workspace], list[Row]]:
     def run(effort: Effort, space: Workspace) -> list[Row]:
-        from bench import harness_bench
-        return getattr(harness_bench, name)(effort)
+        rows: Callable[[Effort], list[Row]] = getattr(importlib.import_module(f"bench.{module}"), name)
+        return rows(effort)
     return run
 
 
@@ -180,8 +181,8 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P3m": _overlap("P3m"),
     "P4": p4_decode,
     "P4r": _access("P4r"),
-    "P5": _harness("p5_ipc"),
-    "P6": _harness("p6_scaling"),
+    "P5": _harness("p5_ipc", "ipc_bench"),
+    "P6": _harness("p6_scaling", "scaling_bench"),
     "P7": p7_sidecar,
     "P8": p8_gpu,
     "P10": _access("P10"),
@@ -191,8 +192,8 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P11": _access("P11"),
     "P12": p12_child_start,
     "P12j": p12j_job_start,
-    "P9": _harness("p9_ray_sleeping_steps"),
-    "P9h": _harness("p9_ray_per_hop"),
+    "P9": _harness("p9_ray_sleeping_steps", "ray_bench"),
+    "P9h": _harness("p9_ray_per_hop", "ray_bench"),
     "T1": _tune("t1"),
     "T2": _tune("t2"),
     "T3": _tune("t3"),
