@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 import rnb.flags as flags
-from rnb.analysis.sweep_cli import add_job_rules
+from rnb.analysis.rnb_sweep import add_job_rules
 from rnb.tune.sim_records import DEFAULT_ITEMS
 from rnb.tune.streams import DEFAULT_BOUND
 
