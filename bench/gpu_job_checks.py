@@ -7,12 +7,9 @@ import math
 import sys
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench.bounded import Deadline, finish, first_line, isolated, kill_group, start
-
-if TYPE_CHECKING:
-    pass
 from bench.gpu_kit import (
     DISCARD,
     FRAME_TOLERANCE,
@@ -31,7 +28,6 @@ from bench.gpu_kit import (
     verdict,
 )
 
-# ---------------------------------------------------------------- jobs on the GPU
 
 def check_stage_times(datasets: Datasets, work: Path, deadline: Deadline) -> Check:
     import pyarrow.parquet as pq

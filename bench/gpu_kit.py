@@ -18,13 +18,9 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench.bounded import NO_DEADLINE, Deadline, finish, isolated, start
-
-if TYPE_CHECKING:
-    pass
-
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_S = 120.0               # one benchmark.py job's own bound (they take seconds on a GPU machine)

@@ -8,13 +8,9 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bench.bounded import NO_DEADLINE, Deadline, Overrun, finish, start
 from bench.common import Effort, Goal, Row, table_text
-
-if TYPE_CHECKING:
-    pass
 from bench.gpu_device_checks import CudaSpinner, check_dtype, check_pinned, check_seam, check_uuid
 from bench.gpu_job_checks import (
     check_busy,
@@ -28,7 +24,6 @@ from bench.gpu_job_checks import (
 )
 from bench.gpu_kit import DISCARD, LOADER, NETWORK, PYTEST_S, REPO, Check, CheckFunction, Datasets, verdict
 
-# ---------------------------------------------------------------- the tests and P8
 
 def gpu_test_files() -> list[str]:
     """The test files with GPU-marked tests that this machine can import (the lent ones have no Ray)."""
