@@ -1,4 +1,4 @@
-"""What bench/gpu_run.py brings to a GPU machine that has its own torch, no FFmpeg and no internet.
+"""What bench/gpu_check.py brings to a GPU machine that has its own torch, no FFmpeg and no internet.
 
 The lent machine's image holds Python 3.12, torch 2.11.0+cu130 (CUDA 13),
 torchvision, pyarrow, fsspec, tqdm and pytest, but neither torchcodec,

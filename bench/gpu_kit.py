@@ -1,4 +1,4 @@
-"""What the checks of the prepared GPU run (bench/gpu_run.py) share: a check's line, the datasets, jobs run
+"""What the checks of the prepared GPU run (bench/gpu_check.py) share: a check's line, the datasets, jobs run
 through benchmark.py with NVML watching the GPU.
 
 Each check takes the run's datasets, a folder of its own and the deadline

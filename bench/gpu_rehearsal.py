@@ -1,4 +1,4 @@
-"""The GPU run rehearsed on a machine without one: bench/gpu_run.py's orchestration, stand-ins at its edges.
+"""The GPU run rehearsed on a machine without one: bench/gpu_check.py's orchestration, stand-ins at its edges.
 
 The first GPU run is short, and a mistake in how it is run (a child that
 outlives its time, a result written only at the end, a failure that takes
@@ -117,7 +117,7 @@ def check_crashing_p8(datasets: Datasets, work: Path, deadline: Deadline) -> Che
 
 def plan() -> Plan:
     seam = functools.partial(check_seam, SleepSpinner)
-    return Plan("bench/gpu_run.py --rehearse (CPU stand-ins, no GPU)",
+    return Plan("bench/gpu_check.py --rehearse (CPU stand-ins, no GPU)",
                 (Step("seam", seam), Step("dies", check_dies), Step("hangs", check_hangs), Step("unreached", seam),
                  Step("tests", check_stand_in_tests, TESTS_S), Step("P8", check_crashing_p8, P8_S)),
                 DEADLINE_S, 1.0)

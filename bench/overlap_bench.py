@@ -12,7 +12,7 @@ replica that leaves one. Where no core is free they are paid in the
 loader's time: the note prints the CPU per item of this process and its
 children on each side, and the ratio they bound P3w to then.
 
-`overlap_rates` is the same comparison for bench/gpu_run.py's
+`overlap_rates` is the same comparison for bench/gpu_check.py's
 nvdec-overlap line (NVDEC decoding, nginx not needed), and its CPU stand-in.
 
 P3m follows the loader's resident memory over a long remote run: whatever

@@ -89,7 +89,7 @@ def p8_gpu(effort: Effort, space: Workspace) -> list[Row]:
     import torch
     if not torch.cuda.is_available():
         return [Row("P8", "R(2+1)D pipeline on one GPU / the same network in one loop", Goal(">=", 0.95),
-                    note="skipped: no CUDA device here; bench/gpu_run.py runs it on a lent GPU machine")]
+                    note="skipped: no CUDA device here; bench/gpu_check.py runs it on a lent GPU machine")]
     from bench.gpu_suite import gpu_rows
     return gpu_rows(effort)
 

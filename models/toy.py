@@ -318,7 +318,7 @@ class GpuSpin:
     """A step whose work is one CUDA kernel spinning `ms` milliseconds (torch.cuda._sleep); the call returns at once.
 
     The GPU counterpart of AsyncSleep, for checking on a real GPU that each
-    step's stage times are the device's (bench/gpu_run.py): the kernel's
+    step's stage times are the device's (bench/gpu_check.py): the kernel's
     length is known, its call returns when it is queued, and the runner must
     wait for it before it stamps the finish.  The spin's clock cycles per
     millisecond are measured once, with CUDA events, when the model loads,

@@ -3,7 +3,7 @@
 Without a GPU, torchcodec's CUDA decoder is faked at the public seams: a
 decoder whose `cpu_fallback` is torchcodec's own CpuFallbackStatus in a
 given state, and an EpisodeByteCache whose reads report a given backend.
-The real NVDEC runs in bench/gpu_run.py and the GPU tests.
+The real NVDEC runs in bench/gpu_check.py and the GPU tests.
 """
 from __future__ import annotations
 

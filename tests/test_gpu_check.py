@@ -1,4 +1,4 @@
-"""bench/gpu_run.py's own machinery, on the CPU: its configs, jobs in sessions of their own, isolated calls, lines.
+"""bench/gpu_check.py's own machinery, on the CPU: its configs, jobs in sessions of their own, isolated calls, lines.
 
 The checks themselves need a GPU; this makes sure the run a GPU session
 gets is not lost to a mistake that shows without one (tests/test_gpu_rehearsal.py
@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from bench import gpu_kit, gpu_run
+from bench import gpu_check, gpu_kit
 from bench.bounded import Deadline, finish, isolated, start
 from bench.common import Goal, Row, Side
 from bench.gpu_job_checks import contexts_seen
@@ -77,13 +77,13 @@ def test_contexts_are_unknown_where_nvml_cannot_list_them():
 def test_each_check_is_one_line_and_the_run_refuses_what_it_cannot_do(monkeypatch: pytest.MonkeyPatch, capsys):
     assert verdict("seam", True, "12 us/item").line() == "PASS  seam          12 us/item"
     assert Check("tests", "SKIP", "no time").line().startswith("SKIP  tests")
-    monkeypatch.setenv(gpu_run.BUNDLED, "1")  # as if the bundle were unpacked: no re-run of itself
-    assert gpu_run.main(["--only", "seam,warp"]) == 2
+    monkeypatch.setenv(gpu_check.BUNDLED, "1")  # as if the bundle were unpacked: no re-run of itself
+    assert gpu_check.main(["--only", "seam,warp"]) == 2
     assert "--only: expected names among seam, uuid, pinned, stage-times" in capsys.readouterr().err
-    assert gpu_run.main(["--rehearse", "--deadline", "0"]) == 2
-    assert capsys.readouterr().err == "bench/gpu_run.py: --deadline: expected a number of seconds > 0, found 0\n"
+    assert gpu_check.main(["--rehearse", "--deadline", "0"]) == 2
+    assert capsys.readouterr().err == "bench/gpu_check.py: --deadline: expected a number of seconds > 0, found 0\n"
     if not torch.cuda.is_available():
-        assert gpu_run.main(["--only", "seam"]) == 2
+        assert gpu_check.main(["--only", "seam"]) == 2
         assert "torch sees no CUDA device" in capsys.readouterr().err
 
 

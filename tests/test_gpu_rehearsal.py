@@ -1,4 +1,4 @@
-"""`python -m bench.gpu_run --rehearse`: the GPU run's whole orchestration on the CPU, stand-ins at its edges.
+"""`python -m bench.gpu_check --rehearse`: the GPU run's whole orchestration on the CPU, stand-ins at its edges.
 
 One rehearsal runs for the module, as a user would start it; each test
 reads one property of it: its lines, its JSON after every line, the hung
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # one rehearsal of about a minute for the module
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE_S = 50.0  # the checks get 50 - 15 - 2 = 33 s: the seam's process imports torch, slowly on a loaded machine
 CHECKS_END_S = DEADLINE_S - gpu_rehearsal.TESTS_S - gpu_rehearsal.P8_S
-TITLE = "bench/gpu_run.py --rehearse (CPU stand-ins, no GPU)"
+TITLE = "bench/gpu_check.py --rehearse (CPU stand-ins, no GPU)"
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Rehearsal:
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> Rehearsal:
     target = tmp_path_factory.mktemp("rehearsal") / "gpu_check.json"
-    child = subprocess.Popen([sys.executable, "-m", "bench.gpu_run", "--rehearse", "--deadline", f"{DEADLINE_S:g}",
+    child = subprocess.Popen([sys.executable, "-m", "bench.gpu_check", "--rehearse", "--deadline", f"{DEADLINE_S:g}",
                               "--json", str(target)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert child.stdout is not None and child.stderr is not None

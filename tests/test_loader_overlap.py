@@ -284,7 +284,7 @@ def test_the_budget_drops_what_nobody_claimed_newest_first_and_waits_for_what_is
 
 
 def test_the_nvdec_overlap_line_measures_a_loader_fetching_ahead_through_the_link(root: Path) -> None:
-    """bench/gpu_run.py's nvdec-overlap line, with the CPU standing in for NVDEC: what it measures and counts."""
+    """bench/gpu_check.py's nvdec-overlap line, with the CPU standing in for NVDEC: what it measures and counts."""
     found = overlap_rates(str(root), "cpu", items=4)
     assert found["devices"] == ["cpu"] and found["fetched_ahead"] == 1.0
     assert min(found["wan_items_per_s"], found["local_items_per_s"], found["link_items_per_s"]) > 0

@@ -1,7 +1,7 @@
 """Shared slots are let go of explicitly: children release what they received, main frees and collects (CPU side).
 
 The CUDA side of the same code (CUDA IPC reference counts, no warning, no GPU
-memory left after a job) runs in tests/test_harness_gpu.py and bench/gpu_run.py.
+memory left after a job) runs in tests/test_harness_gpu.py and bench/gpu_check.py.
 """
 from __future__ import annotations
 

@@ -40,11 +40,11 @@ bench/gpu_bundle.py says what is brought along and why. Once, where PyPI is
 reachable, from the repository root:
 
     echo /.whl/ >> .git/info/exclude
-    python -m bench.gpu_run --prepare          # downloads 42 MiB of wheels into .whl/
+    python -m bench.gpu_check --prepare          # downloads 42 MiB of wheels into .whl/
 
 then call the device tool's `run` with carry [".whl"], timeout_s 420 and the command
 
-    set -o pipefail; PYTHONUNBUFFERED=1 python3 -m bench.gpu_run 2>&1 | tee $OUT/gpu.log
+    set -o pipefail; PYTHONUNBUFFERED=1 python3 -m bench.gpu_check 2>&1 | tee $OUT/gpu.log
 
 It writes $OUT/gpu_check.json where OUT is set (or --json FILE). Finding
 .whl/, the script unpacks it under /tmp and runs itself again with
@@ -84,7 +84,7 @@ P8_S = 90.0                 # what P8 keeps, after the tests
 MIN_START_S = 10.0          # a step with less than this left is not started (SKIP)
 
 
-GPU_PLAN = Plan("bench/gpu_run.py", (*(Step(name, check) for name, check in CHECKS.items()),
+GPU_PLAN = Plan("bench/gpu_check.py", (*(Step(name, check) for name, check in CHECKS.items()),
                                        Step("tests", check_gpu_tests, TESTS_S), Step("P8", check_p8, P8_S)),
                 DEADLINE_S, MIN_START_S)
 
@@ -166,7 +166,7 @@ def run(plan: Plan, deadline_s: float, target: Path | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/gpu_run.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="bench/gpu_check.py", description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here (default: $OUT/gpu_check.json if OUT is set)")
     parser.add_argument("--only", help=f"comma-separated steps to run ({', '.join(step.name for step in GPU_PLAN.steps)})")
     parser.add_argument("--skip-tests", action="store_true", help="leave the GPU pytest tests out")
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.prepare:
         total = gpu_bundle.prepare(WHEEL_DIR)
-        print(f"bench/gpu_run.py: {WHEEL_DIR}/ holds {total / 2**20:.1f} MiB of wheels to carry", flush=True)
+        print(f"bench/gpu_check.py: {WHEEL_DIR}/ holds {total / 2**20:.1f} MiB of wheels to carry", flush=True)
         return 0
     plan = gpu_rehearsal.plan() if args.rehearse else GPU_PLAN
     names = [step.name for step in plan.steps]
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or (args.deadline is not None and not args.deadline > 0):  # NaN is not > 0 either
         what = (f"--only: expected names among {', '.join(names)}, found {', '.join(unknown)}" if unknown else
                 f"--deadline: expected a number of seconds > 0, found {args.deadline:g}")
-        print(f"bench/gpu_run.py: {what}", file=sys.stderr)
+        print(f"bench/gpu_check.py: {what}", file=sys.stderr)
         return 2
     plan = plan.only([name for name in only if not (args.skip_tests and name == "tests")])
     target = args.json or (Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT") else None)
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():  # asks the driver how many GPUs there are; creates no context
-        print("bench/gpu_run.py: torch sees no CUDA device; run this on a GPU machine", file=sys.stderr)
+        print("bench/gpu_check.py: torch sees no CUDA device; run this on a GPU machine", file=sys.stderr)
         return 2
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     return run(plan, args.deadline or plan.deadline_s, target)
@@ -211,12 +211,12 @@ def run_bundled(argv: list[str]) -> int:
     try:
         env, libpython = gpu_bundle.install(WHEEL_DIR, Path(tempfile.gettempdir()) / "rnb-gpu-bundle")
     except Exception as error:  # the run goes on without the bundle: the checks that need it fail, the rest run
-        print(f"bench/gpu_run.py: the bundle in {WHEEL_DIR}/ did not install ({one_line(error)}); running without "
+        print(f"bench/gpu_check.py: the bundle in {WHEEL_DIR}/ did not install ({one_line(error)}); running without "
               "it", flush=True)
         env, libpython = {}, ""
     if libpython:
-        print(f"bench/gpu_run.py: {libpython}", flush=True)
-    return subprocess.run([sys.executable, "-m", "bench.gpu_run", *argv], env={**os.environ, **env, BUNDLED: "1"}).returncode
+        print(f"bench/gpu_check.py: {libpython}", flush=True)
+    return subprocess.run([sys.executable, "-m", "bench.gpu_check", *argv], env={**os.environ, **env, BUNDLED: "1"}).returncode
 
 
 if __name__ == "__main__":
