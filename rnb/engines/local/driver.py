@@ -1,7 +1,7 @@
 """The local engine's driver: one job on this host, who spawns whom, and what flows where.
 
     main process (run_job) ── builds Plumbing (queues, flag, start gate) and every runner's SharedSlots
-      │ spawns (rnb.engines.local.transport: client_main, runner_main)
+      │ spawns (rnb.engines.local.shared_memory_transport: client_main, runner_main)
       ▼
     client ──Request──▶ step 0 runners ──Signal──▶ step 1 runners ... ──▶ final step
      (rnb.engines.client)  (rnb.engines.runner, the same loop at every step)        │
@@ -36,8 +36,8 @@ from rnb.engines.job import JobBook, JobEnding, JobResult, RunArgs, close_job, e
 from rnb.engines.live import LiveProgress, progress_mode
 from rnb.engines.local.lifeline import children_context, end_fork_server
 from rnb.engines.local.plumbing import Plumbing, SharedSlot
+from rnb.engines.local.shared_memory_transport import DeviceFirst, LocalWiring, client_main, runner_main
 from rnb.engines.local.supervisor import Supervisor
-from rnb.engines.local.transport import DeviceFirst, LocalWiring, client_main, runner_main
 from rnb.engines.sampler import SampledGpu, Sampler
 from rnb.engines.spool import TimingsSpool
 from rnb.engines.stall import JobWatch, Stall, kept_stacks, stall_error
@@ -129,7 +129,7 @@ def release_main_slots(wirings: Iterable[LocalWiring], on_cuda: bool) -> dict[in
     """Once every child is gone: free the main process's slots, collect CUDA IPC, empty torch's cache.
 
     Every child released its hold on the CUDA slots it received
-    (rnb.engines.local.transport.release_slots), so they can go now; a slot a
+    (rnb.engines.local.shared_memory_transport.release_slots), so they can go now; a slot a
     killed child still held stays with torch's CUDA IPC until this process
     exits.  A process that runs several jobs (a bench, a test session) thus
     keeps no GPU memory from one job to the next.  Returns, per GPU index,

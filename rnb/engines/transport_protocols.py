@@ -5,7 +5,7 @@ time-card stamps, the model call, segments, the selector, batcher flushes,
 final-step checks.  How an input reaches a step, how outputs reach the next
 one, how the start barrier, the termination flag and the job's results are
 shared: that is the engine's, behind these two small protocols.  The local
-engine implements them in `rnb.engines.local.transport` (shared slots and
+engine implements them in `rnb.engines.local.shared_memory_transport` (shared slots and
 rings of messages in shared memory); another engine implements the same methods.
 """
 from __future__ import annotations
