@@ -254,7 +254,7 @@ def test_the_job_control_and_everything_it_unpickles_import_no_torch(modules, ab
 def test_a_ray_address_without_the_ray_engine_is_exit_2_in_one_sentence(capsys):
     assert cli.main(["-c", "config/toy.json", "--ray-address", "127.0.0.1:6379", "--check"]) == 2
     assert capsys.readouterr().err.strip() == (
-        'command line: --ray-address: expected the Ray engine (--engine ray or the config\'s "run": {"engine": "ray"}), '
+        'command line: --ray-address: expected the ray engine (--engine ray or the config\'s "run": {"engine": "ray"}), '
         "found the local engine")
 
 

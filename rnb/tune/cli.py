@@ -40,6 +40,7 @@ from rnb.analysis.sweep import RunOutcome, SweepError, run_benchmark
 from rnb.analysis.sweep_cli import add_job_rules
 from rnb.console import terminal_logging
 from rnb.engines.ray.cluster import ClusterStartError
+from rnb.engines.registry import DEFAULT_ENGINE, ENGINES
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.gpus import GpuRequestError, validate_gpus
 from rnb.tune.estimate import DEFAULT_ITEMS, EstimateError, Estimator
@@ -94,7 +95,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--search", choices=("auto", "exhaustive", "quick", "optuna"), default="auto",
                         help="auto: exhaustive up to 256 candidates, else quick; optuna: TPE over the same space "
                              "(default auto)")
-    parser.add_argument("--engine", choices=("local", "ray"), default="local",
+    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
                         help="the harness engine every job runs on (default local)")
     parser.add_argument("--out", required=True, type=Path, help="directory of profiles, jobs and the report (required)")
     parser.add_argument(*flags.BATCH, "--batch", dest="batch", type=flags.integers(1), metavar="LIST",

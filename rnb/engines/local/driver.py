@@ -32,6 +32,7 @@ from rnb.core.progress import CELLS, ClientCells, Progress, empty_cells
 from rnb.core.records import GpuRecord, MainGpuMemory, ProcessRecord
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
+from rnb.engines.drivers import EngineJob
 from rnb.engines.job import JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
 from rnb.engines.live import LiveProgress, progress_mode
 from rnb.engines.local.lifeline import children_context, end_fork_server
@@ -51,6 +52,11 @@ log = logging.getLogger(__name__)
 # How long the children of a stalled job get to leave on their own (the stalled one is killed at once): those that
 # are not stuck leave within a poll interval of the flag.
 STALLED_GRACE_S = 1.0
+
+
+def run(job: EngineJob) -> JobResult:
+    """The local engine's entry in rnb.engines.registry: the command checked the GPUs on this host."""
+    return run_job(job.config, job.args, job.placements, job.gpus)
 
 
 def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], gpus: Sequence[GpuRecord]) -> JobResult:
