@@ -126,7 +126,7 @@ class Input:
     """One input of a step, already the runner's own: the producer may reuse what it came from."""
 
     tensors: tuple[torch.Tensor, ...]   # () for step 0, whose input is a request
-    non_tensors: dict                   # {"request": payload} for step 0
+    non_tensors: NonTensors             # {"request": payload} for step 0
     time_card: Cards                    # one card, or a batch's
     arrived: float                      # epoch seconds when it was taken off the input, before any copy
 

@@ -228,18 +228,31 @@ def _run_between_barriers(supervisor: Supervisor, job: str, live: LiveProgress, 
     to `stall`) or has run its maximum duration.  `live` shows how far
     start-up and then the items have got.
     """
+    if not _all_ready(supervisor, live, watch, stall):
+        return None
+    start = time.time()
+    watch.started(start)
+    supervisor.plumbing.open_start_gate()
+    live.started()
+    log.info("started %s: client and %d runners ready", job, runners)
+    _follow(supervisor, live, watch, stall)
+    return start
+
+
+def _all_ready(supervisor: Supervisor, live: LiveProgress, watch: JobWatch, stall: list[Stall]) -> bool:
+    """Wait until every child is ready (True) or the flag is raised first (False)."""
     plumbing = supervisor.plumbing
     while not plumbing.flag.is_set and len(supervisor.book.ready) < len(supervisor.children):
         supervisor.pump()
         live.starting(supervisor.book.ready)
         _stop_if_stalled(supervisor, watch.start_up(supervisor.book, supervisor.cpu_of_starting(), time.time()), stall)
-    if plumbing.flag.is_set:
-        return None
-    start = time.time()
-    watch.started(start)
-    plumbing.open_start_gate()
-    live.started()
-    log.info("started %s: client and %d runners ready", job, runners)
+    return not plumbing.flag.is_set
+
+
+def _follow(supervisor: Supervisor, live: LiveProgress, watch: JobWatch, stall: list[Stall]) -> None:
+    """Until the flag is raised: take in what the children report, show progress, end a job that stalled, ran its
+    maximum duration or lost its log directory."""
+    plumbing = supervisor.plumbing
     deadline = watch.deadline()
     while not plumbing.flag.is_set:
         # At the maximum duration's end the flag goes up within a few ms: its time is the job's end.
@@ -254,7 +267,6 @@ def _run_between_barriers(supervisor: Supervisor, job: str, live: LiveProgress, 
             _stop_if_stalled(supervisor, watch.running(supervisor.progress_now(), supervisor.demand_of_children,
                                                        supervisor.book, now, plumbing.queued(),
                                                        ClientCells(plumbing.client_cells).read()), stall)
-    return start
 
 
 def _stop_if_stalled(supervisor: Supervisor, found: Stall | None, stall: list[Stall]) -> None:

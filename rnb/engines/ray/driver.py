@@ -119,10 +119,10 @@ class Member:
 
     name: str
     actor: Any                          # a Ray actor handle
-    run: ray.ObjectRef | None = None    # its run() call
+    run: ray.ObjectRef[Any] | None = None   # its run() call
     node: NodeInfo | None = None
     killed_by_driver: bool = False
-    looking: ray.ObjectRef | None = None  # its look() call not yet answered
+    looking: ray.ObjectRef[Any] | None = None # its look() call not yet answered
     seen: Look | None = None            # what its latest answered look() said
 
 
