@@ -105,7 +105,8 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
             stalled = stall_error(stall[0], job_dir, stacks) if stall else None
             result = close_job(job_dir, config, args, with_release(held, left, supervisor.book), JobEnding(
                 start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.book.failure, args, stalled),
-                spool=spool, book=supervisor.book, counted=plumbing.finished_count if start is not None else None))
+                spool=spool, book=supervisor.book, engine={"name": args.engine},
+                counted=plumbing.finished_count if start is not None else None))
     return result
 
 
