@@ -14,9 +14,10 @@ from rnb import cli
 from rnb.core.messages import Request, Results
 from rnb.core.termination import Termination
 from rnb.core.timecard import TimeCard
+from rnb.engines.ray.clock import measure_offset
 from rnb.engines.ray.cluster import NodeInfo, is_loopback_address, resolve_address, split_label, use_loopback_if_local
 from rnb.engines.ray.control import JobControl
-from rnb.engines.ray.driver import measure_offset, paths_every_node_sees
+from rnb.engines.ray.driver import paths_every_node_sees
 from rnb.engines.ray.handoffs import Courier, Outbox, Parcel
 from rnb.engines.ray.placement import RESOURCE_SLIVER, seat_runners
 from rnb.pipeline.config import ConfigError, parse_config
