@@ -39,7 +39,7 @@ from rnb.analysis.jobs import JobLogError, ValidityRules
 from rnb.analysis.sweep import RunOutcome, SweepError, run_benchmark
 from rnb.analysis.sweep_cli import add_job_rules
 from rnb.console import terminal_logging
-from rnb.engines.ray.cluster import ClusterStartError
+from rnb.engines.registry import DEFAULT_ENGINE, ENGINES, EngineUnavailable
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.gpus import GpuRequestError, validate_gpus
 from rnb.tune.estimate import DEFAULT_ITEMS, EstimateError, Estimator
@@ -94,7 +94,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--search", choices=("auto", "exhaustive", "quick", "optuna"), default="auto",
                         help="auto: exhaustive up to 256 candidates, else quick; optuna: TPE over the same space "
                              "(default auto)")
-    parser.add_argument("--engine", choices=("local", "ray"), default="local",
+    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
                         help="the harness engine every job runs on (default local)")
     parser.add_argument("--out", required=True, type=Path, help="directory of profiles, jobs and the report (required)")
     parser.add_argument(*flags.BATCH, "--batch", dest="batch", type=flags.integers(1), metavar="LIST",
@@ -168,7 +168,7 @@ def _bench_and_memory(space: TuneSpace, engine: str, address: str | None) -> tup
     bench, memory = _devices(space, engine)
     try:
         hosts = hosts_of(space.config, engine, address, bench.cores.usable)
-    except ClusterStartError as error:
+    except EngineUnavailable as error:
         raise TuneRequestError(str(error)) from None
     return dataclasses.replace(bench, hosts=hosts), memory
 

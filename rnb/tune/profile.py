@@ -44,7 +44,7 @@ from rnb.core.joblog import host
 from rnb.core.records import JsonObject
 from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.termination import POLL_S, Termination
-from rnb.engines.ray.cluster import DAEMON_SAMPLES
+from rnb.engines.registry import DAEMON_SAMPLES
 from rnb.pipeline.config import merges_segments, parse_config
 from rnb.pipeline.plan import Placement, plan_runners, runner_name
 from rnb.tune.cores import HostCores, host_cores, with_others
@@ -111,7 +111,7 @@ class Bench:
     """Where profiles are measured: what part of their key does not come from the step itself."""
 
     device_kind: str       # "cpu", or the GPU's name
-    engine: str            # "local" or "ray"
+    engine: str            # an rnb.engines.registry name
     device: int = -1       # where the profiled runners go: -1, or the first GPU of the budget
     host: str = dataclasses.field(default_factory=host)
     cores: HostCores = dataclasses.field(default_factory=host_cores)
