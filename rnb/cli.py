@@ -28,16 +28,16 @@ import rnb.flags as flags
 from rnb.analysis.summary import job_summary, judged
 from rnb.console import terminal_logging
 from rnb.core import joblog
+from rnb.engines.drivers import EngineJob, driver_of
 from rnb.engines.job import DEFAULT_STALL_S, JobResult, RunArgs, request_queue_note
 from rnb.engines.loadgen import loadgen_refusal
-from rnb.engines.local.driver import run_job
-from rnb.engines.ray import cluster as ray_cluster
+from rnb.engines.registry import DEFAULT_ENGINE, ENGINES, EngineUnavailable, engine_named, engines_help
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.engines.stopping import STOPS
 from rnb.load import DEFAULTS as LOAD_DEFAULTS
 from rnb.load import EXCLUSIVE, LOAD_KEYS, SCENARIO_KEYS, LoadSettings, mode_of, with_scenario
 from rnb.load import refusal as load_refusal
-from rnb.pipeline.config import RUN_CHOICES, RUN_KEYS, ConfigError, PipelineConfig, load_config
+from rnb.pipeline.config import RUN_KEYS, ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
 from rnb.pipeline.gpus import (
     DEVICE_ORDER,
@@ -45,9 +45,8 @@ from rnb.pipeline.gpus import (
     busy_notes,
     check_cuda_numbering,
     validate_gpus,
-    visible_gpu_count,
 )
-from rnb.pipeline.plan import Placement, check_against_dataset, check_slot_memory, limit_replicas, plan_runners
+from rnb.pipeline.plan import check_against_dataset, check_slot_memory, limit_replicas, plan_runners
 from rnb.pipeline.sources import check_source
 
 # What applies when neither the command line nor the config's "run" object sets a value; the load modes'
@@ -112,9 +111,8 @@ def benchmark_parser() -> flags.CommandParser:
     parser.add_argument("--max-replicas", dest="max_replicas", type=flags.integer(1), metavar="N",
                         help="at most N runners per queue group (the first N of its gpus), to try a many-GPU config "
                              "(default: all)")
-    parser.add_argument("--engine", choices=RUN_CHOICES["engine"],
-                        help="local: processes on this host; ray: actors on a Ray cluster (default: the config's, "
-                             "else local)")
+    parser.add_argument("--engine", choices=ENGINES,
+                        help=f"{engines_help()} (default: the config's, else {DEFAULT_ENGINE})")
     parser.add_argument("--ray-address", dest="ray_address",
                         help="the Ray cluster to run on (default: RAY_ADDRESS if set, else a Ray started for the job)")
     parser.add_argument("--stall-s", dest="stall_s", type=run_value("stall_s"), metavar="S",
@@ -132,14 +130,20 @@ def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
     if load.scenario is not None and ns.warmup is None and "warmup" not in config.run:
         values["warmup"] = 0   # LoadGen counts every query of a scenario's run
     _check_warmup(ns, config, values["warmup"], values["videos"])
-    engine = ns.engine or str(config.run.get("engine", RUN_CHOICES["engine"][0]))  # _parse_run checked it is a choice
+    engine = ns.engine or str(config.run.get("engine", DEFAULT_ENGINE))  # _parse_run checked it is an engine's name
     if load.client == "loadgen":
         _check_loadgen(ns, config, engine, values["max_duration_s"])
-    if ns.ray_address is not None and engine != "ray":
-        raise ConfigError(flags.WHERE, "--ray-address", f"expected the Ray engine (--engine ray or the config's "
-                                                        f"\"run\": {{\"engine\": \"ray\"}}), found the {engine} engine")
+    if ns.ray_address is not None and not engine_named(engine).takes_address:
+        raise ConfigError(flags.WHERE, "--ray-address", _address_refusal(engine))
     return RunArgs(**values, load=load, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms, engine=engine,
                    ray_address=ns.ray_address, quiet=ns.quiet)
+
+
+def _address_refusal(engine: str) -> str:
+    """Why --ray-address does not go with `engine`: the engines that run on a cluster it names."""
+    takers = [name for name, declared in ENGINES.items() if declared.takes_address]
+    asked = " or ".join(f'--engine {name} or the config\'s "run": {{"engine": "{name}"}}' for name in takers)
+    return f"expected the {' or '.join(takers)} engine ({asked}), found the {engine} engine"
 
 
 def _checked_load(ns: argparse.Namespace, config: PipelineConfig, videos: int) -> LoadSettings:
@@ -242,8 +246,9 @@ def _run(ns: argparse.Namespace) -> int:
             config = limit_replicas(config, ns.max_replicas)
         args = resolve_args(ns, config)
         config = dataclasses.replace(config, notes=(*config.notes, *filter(None, [request_queue_note(args)])))
-        # On Ray the GPUs are the cluster's: rnb.engines.ray.driver checks each on its node.
-        gpus = validate_gpus(config, cpu_only=args.cpu or args.engine == "ray", allow_busy=ns.allow_busy_gpus)
+        # An engine whose GPUs are its nodes' (Ray) checks each on its node, in its driver.
+        engine = engine_named(args.engine)
+        gpus = validate_gpus(config, cpu_only=args.cpu or not engine.gpus_checked_here, allow_busy=ns.allow_busy_gpus)
         check_cuda_numbering(config, gpus)
         config = dataclasses.replace(config, notes=(*config.notes, *busy_notes(gpus)))
         dataset = _checked_source(config, ns)
@@ -262,12 +267,14 @@ def _run(ns: argparse.Namespace) -> int:
         print(f"ready: {versions}; {config.path} is valid ({len(config.steps)} steps, {len(placements)} runners)")
         return 0
     try:
-        if args.engine == "ray":
-            return _run_on_ray(config, args, placements, ns.allow_busy_gpus)
-        return _reported(run_job(config, args, placements, gpus))
-    except joblog.LogWriteError as error:  # the log directory could not take the job's directory or config copy
+        result = driver_of(engine)(EngineJob(config, args, placements, gpus, ns.allow_busy_gpus))
+    except ConfigError as error:   # what the engine's hosts cannot run, found before any log exists
+        print(error, file=sys.stderr)
+        return 2
+    except (EngineUnavailable, joblog.LogWriteError) as error:  # hosts out of reach; a log directory that refused the job
         print(f"benchmark.py: {error}", file=sys.stderr)
         return 1
+    return _reported(result)
 
 
 def _checked_source(config: PipelineConfig, ns: argparse.Namespace) -> object:
@@ -278,24 +285,6 @@ def _checked_source(config: PipelineConfig, ns: argparse.Namespace) -> object:
         if ns.dataset is not None and error.json_path == f"source.{next(iter(config.source), '')}":
             raise ConfigError("command line", "--dataset", error.expected) from None
         raise
-
-
-def _run_on_ray(config: PipelineConfig, args: RunArgs, placements: list[Placement], allow_busy_gpus: bool) -> int:
-    """The job on the Ray engine: what the cluster cannot host is exit 2, a cluster out of reach exit 1."""
-    address = ray_cluster.resolve_address(args.ray_address)
-    try:
-        ray_cluster.prepare(address)
-        from rnb.engines.ray.driver import run_ray_job  # only now: Ray reads what prepare set when first imported
-
-        result = run_ray_job(config, args, placements, address, machine_gpus=visible_gpu_count() if address is None else 0,
-                             allow_busy_gpus=allow_busy_gpus)
-    except ConfigError as error:
-        print(error, file=sys.stderr)
-        return 2
-    except ray_cluster.ClusterStartError as error:
-        print(f"benchmark.py: {error}", file=sys.stderr)
-        return 1
-    return _reported(result)
 
 
 def _reported(result: JobResult) -> int:

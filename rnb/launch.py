@@ -10,9 +10,9 @@ needs the heavy imports); a wrong guess costs only the server's import, 2 s
 of CPU: a job that the config sends to Ray, or a config that fails its
 checks, leaves an idle server that is stopped at exit.
 
-This module imports no more than the standard library and rnb.engines.stopping
-(then lifeline), so that Ctrl-C and SIGTERM are the command's from its first
-act (a stop before the job's log exists: exit 130 or 143 and one line,
+This module imports no more than the standard library, rnb.engines.stopping
+and rnb.engines.registry (then lifeline), so that Ctrl-C and SIGTERM are the
+command's from its first act (a stop before the job's log exists: exit 130 or 143 and one line,
 nothing written), and the guess and the start come before anything slow.
 """
 from __future__ import annotations
@@ -22,15 +22,24 @@ import sys
 from collections.abc import Sequence
 
 from rnb.engines import stopping
+from rnb.engines.registry import DEFAULT_ENGINE, ENGINES
 
 NO_CHILDREN_FLAGS = frozenset({"-h", "--help", "--check"})
 
 
 def starts_local_children(argv: Sequence[str]) -> bool:
-    """Whether these arguments ask for a job on this host: not help, not `--check`, not `--engine ray`."""
-    if NO_CHILDREN_FLAGS.intersection(argv) or "--engine=ray" in argv:
+    """Whether these arguments ask for a job that forks children here: not help, not `--check`, and --engine (else
+    the default engine) one whose job does (rnb.engines.registry); a name no engine has is the command's error."""
+    if NO_CHILDREN_FLAGS.intersection(argv):
         return False
-    return not any(flag == "--engine" and value == "ray" for flag, value in zip(argv, argv[1:]))
+    name = DEFAULT_ENGINE
+    for flag, value in zip(argv, [*argv[1:], ""]):   # the last --engine wins, as argparse has it
+        if flag == "--engine":
+            name = value
+        elif flag.startswith("--engine="):
+            name = flag.removeprefix("--engine=")
+    engine = ENGINES.get(name)
+    return engine is None or engine.forks_here
 
 
 def main() -> int:

@@ -82,7 +82,7 @@ def free_port() -> int:
 
 
 def device_order_seen(file: str, json_path: str, allow_busy: bool) -> str:
-    """A stand-in for the Ray driver's GPU check task (rnb.engines.ray.driver._check_gpu_here): what it would
+    """A stand-in for the Ray driver's GPU check task (rnb.engines.ray.gpu_bundles._check_gpu_here): what it would
     have checked under, returned where the check returns what is wrong."""
     return f"CUDA_DEVICE_ORDER={os.environ.get('CUDA_DEVICE_ORDER', 'unset')}"
 

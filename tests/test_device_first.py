@@ -1,4 +1,4 @@
-"""A runner's CUDA device is current before any of its CUDA arguments is unpickled (rnb.engines.local.transport.DeviceFirst)."""
+"""A runner's CUDA device is current before any CUDA argument is unpickled (shared_memory_transport.DeviceFirst)."""
 from __future__ import annotations
 
 import os
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rnb.engines.local import transport as local
-from rnb.engines.local.transport import DeviceFirst
+from rnb.engines.local import shared_memory_transport as local
+from rnb.engines.local.shared_memory_transport import DeviceFirst
 from rnb.pipeline.gpus import Nvml
 
 LOADED: list[tuple[str, str]] = []

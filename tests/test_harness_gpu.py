@@ -20,7 +20,7 @@ from rnb.core.messages import Signal
 from rnb.core.timecard import TimeCard
 from rnb.engines.local.driver import allocate_slots
 from rnb.engines.local.plumbing import PinnedHostSlots, Plumbing, SharedSlot
-from rnb.engines.local.transport import LocalTransport, LocalWiring
+from rnb.engines.local.shared_memory_transport import LocalTransport, LocalWiring
 from rnb.pipeline.config import parse_config
 from rnb.pipeline.gpus import GpuMismatchError, Nvml, check_device_uuid, child_environment, nvml_uuid
 from rnb.pipeline.plan import plan_runners

@@ -16,12 +16,12 @@ from rnb.core import joblog
 from rnb.core.messages import Exited, Request, Results, Signal
 from rnb.core.termination import Termination
 from rnb.core.timecard import TimeCard, as_cards
-from rnb.engines import transport as transport_module
+from rnb.engines import transport_protocols as transport_module
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local.lifeline import children_context
 from rnb.engines.local.plumbing import Plumbing, SharedSlot, SlotFlag, TerminationFlag
 from rnb.engines.local.ring import RING_BYTES, QueueClosed, RingQueue
-from rnb.engines.local.transport import LocalTransport, LocalWiring
+from rnb.engines.local.shared_memory_transport import LocalTransport, LocalWiring
 from rnb.engines.runner import Runner
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.plan import Placement

@@ -26,11 +26,9 @@ import ray
 import torch
 
 from rnb import cli
-from rnb.engines.job import RunArgs
-from rnb.engines.ray import driver as ray_driver
+from rnb.engines.ray import gpu_bundles
 from rnb.engines.ray.cluster import DAEMON_SAMPLES, NAMESPACE, JobRay
 from rnb.engines.ray.placement import seat_runners
-from rnb.load import LoadSettings
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.plan import plan_runners
 from rnb.tune.hosts import HostPools
@@ -196,21 +194,14 @@ def test_gpu_runners_sharing_one_gpu_entry_share_their_nodes_gpu_checked_there(r
 def test_the_gpu_check_task_numbers_the_gpus_as_nvml_does(ray_cluster, tmp_path, monkeypatch):
     """The driver's own reservation and check of a GPU bundle on the nets node, with the check swapped for one that
     says what CUDA_DEVICE_ORDER its task sees: the cluster's processes start with FASTEST_FIRST."""
-    monkeypatch.setattr(ray_driver, "_check_gpu_here", device_order_seen)
+    monkeypatch.setattr(gpu_bundles, "_check_gpu_here", device_order_seen)
     document = json.loads(Path(small_config(tmp_path)).read_text())
     document["pipeline"][1]["queue_groups"][0]["gpus"] = [0]
     config = parse_config(document, "gpu.json")
     cluster = JobRay(ray_cluster.address)   # not entered: the test process is connected already
-    nodes = cluster.nodes()
-    seats, bundles = seat_runners(config, plan_runners(config, 1), nodes)
-    args = RunArgs(videos=4, batch_size=1, queue_size=4, warmup=0, seed=0, cpu=False, log_dir=str(tmp_path / "logs"),
-                   load=LoadSettings(mean_interval_ms=0))
-    job = ray_driver.RayJob(config, args, seats, nodes, cluster)
-    try:
-        with pytest.raises(ConfigError) as caught:
-            job.reserve_gpus(bundles, allow_busy=False)
-    finally:
-        job.clean_up()
+    seats, bundles = seat_runners(config, plan_runners(config, 1), cluster.nodes())
+    with pytest.raises(ConfigError) as caught:
+        gpu_bundles.reserve_gpus(config, seats, bundles, allow_busy=False)   # which removes its placement group
     assert str(caught.value) == "gpu.json: pipeline[1].queue_groups[0].gpus[0]: CUDA_DEVICE_ORDER=PCI_BUS_ID"
 
 

@@ -14,9 +14,10 @@ from rnb import cli
 from rnb.core.messages import Request, Results
 from rnb.core.termination import Termination
 from rnb.core.timecard import TimeCard
+from rnb.engines.ray.clock import measure_offset
 from rnb.engines.ray.cluster import NodeInfo, is_loopback_address, resolve_address, split_label, use_loopback_if_local
 from rnb.engines.ray.control import JobControl
-from rnb.engines.ray.driver import measure_offset, paths_every_node_sees
+from rnb.engines.ray.driver import paths_every_node_sees
 from rnb.engines.ray.handoffs import Courier, Outbox, Parcel
 from rnb.engines.ray.placement import RESOURCE_SLIVER, seat_runners
 from rnb.pipeline.config import ConfigError, parse_config
@@ -254,7 +255,7 @@ def test_the_job_control_and_everything_it_unpickles_import_no_torch(modules, ab
 def test_a_ray_address_without_the_ray_engine_is_exit_2_in_one_sentence(capsys):
     assert cli.main(["-c", "config/toy.json", "--ray-address", "127.0.0.1:6379", "--check"]) == 2
     assert capsys.readouterr().err.strip() == (
-        'command line: --ray-address: expected the Ray engine (--engine ray or the config\'s "run": {"engine": "ray"}), '
+        'command line: --ray-address: expected the ray engine (--engine ray or the config\'s "run": {"engine": "ray"}), '
         "found the local engine")
 
 

@@ -12,7 +12,7 @@ import torch
 
 from rnb.engines.local.driver import release_main_slots
 from rnb.engines.local.plumbing import PinnedHostSlots, SharedSlot
-from rnb.engines.local.transport import LocalWiring, release_slots
+from rnb.engines.local.shared_memory_transport import LocalWiring, release_slots
 
 
 def _slot(shape: tuple[int, ...] = (4, 8)) -> SharedSlot:

@@ -8,7 +8,7 @@ request queue aborts the job; in the closed loop the engine's
 LoadGen's multi-stream queries go in lockstep: the room for a whole query
 is taken before its first request, so it goes only once every request of
 the query before it has finished.
-It talks to the engine through a `ClientTransport` (rnb.engines.transport).
+It talks to the engine through a `ClientTransport` (rnb.engines.transport_protocols).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from rnb.core.stages import ENQUEUE
 from rnb.core.termination import POLL_S
 from rnb.core.timecard import TimeCard, now
 from rnb.engines.streams import Dealer, LeakyStreams, mark_frame
-from rnb.engines.transport import ClientTransport
+from rnb.engines.transport_protocols import ClientTransport
 from rnb.load import DUE_FIELD, Arrival, LoadSettings, mode_of
 from rnb.pipeline.sources import open_source
 

@@ -16,7 +16,7 @@ import torch
 
 from rnb.core.messages import Exited, Failed
 from rnb.core.termination import Termination
-from rnb.engines.transport import Participant
+from rnb.engines.transport_protocols import Participant
 from rnb.pipeline.gpus import DeviceMemory, device_memory_record
 
 

@@ -9,8 +9,8 @@ final step counts finished items instead, and ends the job at the target.
 Every move is stamped on the item's time card.
 
 What the loop needs from the engine (inputs, outputs, the start barrier, the
-termination flag) goes through a `Transport` (rnb.engines.transport); the
-local engine's is `rnb.engines.local.transport.LocalTransport`.
+termination flag) goes through a `Transport` (rnb.engines.transport_protocols); the
+local engine's is `rnb.engines.local.shared_memory_transport.LocalTransport`.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from rnb.core.model import (
 )
 from rnb.core.termination import POLL_S, Termination
 from rnb.core.timecard import TimeCard, as_cards, now
-from rnb.engines.transport import Input, Stamps, Transport
+from rnb.engines.transport_protocols import Input, Stamps, Transport
 from rnb.load import DEADLINE_FIELD, LATE_FIELD
 from rnb.pipeline.dotted import load_object
 from rnb.pipeline.gpus import check_device_uuid

@@ -27,7 +27,7 @@ from rnb.core.records import JsonObject
 from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.termination import POLL_S
 from rnb.core.timecard import TimeCard
-from rnb.engines.transport import ClientTransport
+from rnb.engines.transport_protocols import ClientTransport
 from rnb.load import DEADLINE_FIELD, FRAME_FIELD, LATE_FIELD, STREAM_FIELD, LoadSettings, mode_of
 
 # How often a client holding frames looks whether the pipeline took a stream's previous one: a frame period

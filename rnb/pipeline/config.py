@@ -22,6 +22,7 @@ from typing import NoReturn
 from rnb.core.model import Keywords
 from rnb.core.model import merges_segments as model_merges_segments
 from rnb.core.records import Json, JsonObject
+from rnb.engines.registry import ENGINES
 from rnb.load import LOAD_KEYS, MAX_SEMAPHORE_VALUE
 from rnb.pipeline.dotted import load_object
 from rnb.pipeline.keywords import Misfit, declared_keywords, misfit
@@ -111,7 +112,7 @@ RUN_KEYS: dict[str, tuple[bool, int, int | None]] = {
     "max_duration_s": (False, 0, None),   # 0: no maximum
 }
 # run keys that name one of a few choices -> the choices, the first being the default
-RUN_CHOICES: dict[str, tuple[str, ...]] = {"engine": ("local", "ray")}
+RUN_CHOICES: dict[str, Mapping[str, object]] = {"engine": ENGINES}
 
 
 def load_config(path: str | None) -> PipelineConfig:

@@ -38,7 +38,7 @@ import rnb.flags as flags
 from rnb.analysis.jobs import JobLogError, ValidityRules
 from rnb.analysis.sweep import RunOutcome, SweepError, run_benchmark
 from rnb.console import terminal_logging
-from rnb.engines.ray.cluster import ClusterStartError
+from rnb.engines.registry import EngineUnavailable
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.gpus import GpuRequestError, validate_gpus
 from rnb.tune.cli_flags import add_flags, check_flags
@@ -92,7 +92,7 @@ def _bench_and_memory(space: TuneSpace, engine: str, address: str | None) -> tup
     bench, memory = _devices(space, engine)
     try:
         hosts = hosts_of(space.config, engine, address, bench.cores.usable)
-    except ClusterStartError as error:
+    except EngineUnavailable as error:
         raise TuneRequestError(str(error)) from None
     return dataclasses.replace(bench, hosts=hosts), memory
 

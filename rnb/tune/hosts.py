@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from rnb.engines.ray.cluster import JobRay, NodeInfo, prepare, resolve_address, simulated_node_cpus, split_label
+from rnb.engines.registry import spans_hosts
 from rnb.pipeline.config import PipelineConfig
 
 
@@ -107,7 +108,7 @@ def hosts_of(config: PipelineConfig, engine: str, address: str | None, cores: fl
     """Where a config's groups compute on an engine: the local engine and a Ray of the job's own are this host;
     node labels without an address are the simulated cluster, on this host too; a cluster is asked."""
     labels = [group.node for step in config.steps for group in step.queue_groups]
-    if engine != "ray" or not any(labels) and resolve_address(address) is None:
+    if not spans_hosts(engine) or not any(labels) and resolve_address(address) is None:
         return HostPools()
     given = resolve_address(address)
     if given is None:

@@ -90,7 +90,7 @@ class Bench:
     """Where profiles are measured: what part of their key does not come from the step itself."""
 
     device_kind: str       # "cpu", or the GPU's name
-    engine: str            # "local" or "ray"
+    engine: str            # an rnb.engines.registry name
     device: int = -1       # where the profiled runners go: -1, or the first GPU of the budget
     host: str = dataclasses.field(default_factory=host)
     cores: HostCores = dataclasses.field(default_factory=host_cores)

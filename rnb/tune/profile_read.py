@@ -12,7 +12,7 @@ import torch
 from rnb.analysis.job_dirs import Job
 from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.core.termination import POLL_S, Termination
-from rnb.engines.ray.cluster import DAEMON_SAMPLES
+from rnb.engines.registry import DAEMON_SAMPLES
 from rnb.pipeline.config import parse_config
 from rnb.pipeline.plan import Placement, plan_runners, runner_name
 from rnb.tune.profile import CpuUse, Profile, ProfileError, ProfileKey

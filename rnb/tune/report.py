@@ -23,6 +23,7 @@ from rnb.analysis.jobs import ValidityRules, load_jobs, rows_to_table
 from rnb.analysis.report import TableRow
 from rnb.analysis.sweep import format_interval
 from rnb.core.records import JsonObject
+from rnb.engines.registry import DEFAULT_ENGINE
 from rnb.tune.cores import saturated
 from rnb.tune.estimate import Estimator
 from rnb.tune.pareto import Point, pareto_figure, plot_points, write_plot_png
@@ -251,7 +252,7 @@ def best_document(space: TuneSpace, winner: Verified, request: Request, settings
     assert best is not None
     run: JsonObject = {"mean_interval_ms": float(format_interval(best.mean_interval_ms)),
                            "videos": videos_for(best.rate_per_s, settings), "warmup": settings.warmup}
-    if request.engine != "local":
+    if request.engine != DEFAULT_ENGINE:
         run["engine"] = request.engine
     description = (f"rnb-tune's best for p{request.percentile:g} < {request.bound_ms:g} ms on {request.budget}: "
                    f"{space.label(winner.candidate)}; measured {best.rate_per_s:.4g} req/s with p{request.percentile:g} "

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from rnb.core.termination import POLL_S  # a plain group's receive timeout, as the runner's
+from rnb.engines.registry import spans_hosts
 from rnb.pipeline.config import merges_segments
 from rnb.pipeline.plan import thread_share
 from rnb.tune.profile import Bench, Form, Profile, ProfileKey
@@ -53,21 +54,21 @@ def pipeline_of(space: TuneSpace, candidate: Candidate, profiles: Mapping[Profil
             timeout_s=float(group.model_kwargs.get("timeout_ms", 50.0)) / 1000.0 if settings.batch else POLL_S,
             merges=merges_segments(g.model), cpu_fraction=profile.cpu.fraction,
             profiled_threads=max(1, profile.cpu.threads), threads=max(1, threads),
-            pool=bench.hosts.pool_of(group.node) if bench.engine == "ray" else 0))
+            pool=bench.hosts.pool_of(group.node) if spans_hosts(bench.engine) else 0))
     background = Background(float(np.median([p.cpu.client_per_item_s for p in used])),
                             float(np.median([p.cpu.main_per_item_s for p in used])),
                             float(np.median([p.cpu.daemons_per_hop_s for p in used])),
-                            float(np.median([p.cpu.hop_per_item_s for p in used])) if bench.engine == "ray" else 0.0)
-    pools = (bench.hosts.cores if bench.engine == "ray" else ()) or (bench.cores.usable,)
+                            float(np.median([p.cpu.hop_per_item_s for p in used])) if spans_hosts(bench.engine) else 0.0)
+    pools = (bench.hosts.cores if spans_hosts(bench.engine) else ()) or (bench.cores.usable,)
     hops = [p.hop_latency_s for p in used if p.hop_latency_s > 0]
     delivery = float(np.median(hops)) if hops else 0.0
     return SimPipeline(tuple(groups), space.num_steps, pools[0], background, pools[1:], delivery,
-                       delivery if bench.engine == "ray" else 0.0)
+                       delivery if spans_hosts(bench.engine) else 0.0)
 
 
 def _node_of(bench: Bench, node: str | None) -> str | None:
     """A group's node label where the engine shares threads per node (Ray, a label whose CPUs are known)."""
-    return node if bench.engine == "ray" and bench.hosts.cpus_of(node) is not None else None
+    return node if spans_hosts(bench.engine) and bench.hosts.cpus_of(node) is not None else None
 
 
 def _thread_shares(space: TuneSpace, candidate: Candidate, bench: Bench) -> dict[str | None, int]:

@@ -30,6 +30,7 @@ from typing import IO
 from rnb.analysis.jobs import BOUNDED_PERCENTILE, ValidityRules
 from rnb.analysis.stats import min_items_for_upper_bound
 from rnb.analysis.sweep import RunOutcome, Trial, bisect_rate, format_interval, measure_valid, run_benchmark
+from rnb.engines.registry import DEFAULT_ENGINE
 from rnb.tune.profile_cache import write_json_atomic
 from rnb.tune.space import Candidate, TuneSpace, digest
 
@@ -43,7 +44,7 @@ class VerifySettings:
 
     bound_ms: float
     percentile: float
-    engine: str = "local"
+    engine: str = DEFAULT_ENGINE
     max_steps: int = 3                       # bisection steps after the two ends
     seconds: float = 3.0                     # a job's -v: about this many seconds of requests at its rate
     warmup: int = 20

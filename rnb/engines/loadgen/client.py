@@ -25,7 +25,7 @@ from rnb.core.termination import POLL_S
 from rnb.core.timecard import TimeCard, now
 from rnb.engines.client import ClientSpec
 from rnb.engines.loadgen.settings import test_settings
-from rnb.engines.transport import ClientTransport
+from rnb.engines.transport_protocols import ClientTransport
 from rnb.pipeline.sources import open_source
 
 LOG_PREFIX = "mlperf_log_"

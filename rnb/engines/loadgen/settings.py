@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from rnb.engines.registry import ENGINES, engine_named
 from rnb.load import SCENARIOS, LoadSettings
 
 MODULE = "mlperf_loadgen"   # what `pip install '.[loadgen]'` (mlcommons-loadgen) installs
@@ -16,9 +17,10 @@ def loadgen_refusal(engine: str, max_duration_s: float) -> str | None:
     if importlib.util.find_spec(MODULE) is None:
         return (f"expected MLPerf LoadGen's Python package installed (pip install '.[loadgen]'), found no {MODULE} "
                 "module")
-    if engine != "local":
-        return (f"expected the local engine, found the {engine} engine: on Ray the final step's actors would have "
-                "to send each completion to the client actor, which holds LoadGen, and that path is not built")
+    refusal = engine_named(engine).loadgen_refusal
+    if refusal is not None:
+        able = " or ".join(name for name, able in ENGINES.items() if able.loadgen_refusal is None)
+        return f"expected the {able} engine, found the {engine} engine: {refusal}"
     if max_duration_s:
         return (f"expected no --max-duration beside it, found {max_duration_s:g} s: LoadGen ends its run when its "
                 "last query completes, and a job ended before then would leave LoadGen waiting for samples")

@@ -15,7 +15,7 @@ import torch
 from rnb.core.termination import POLL_S
 from rnb.engines.local.plumbing import Plumbing, TerminationFlag
 from rnb.engines.participant import run_and_report
-from rnb.engines.transport import Participant
+from rnb.engines.transport_protocols import Participant
 
 # How long an exiting child waits for its queued messages to be written (normally well under a millisecond).
 FLUSH_S = 1.0

@@ -1,7 +1,7 @@
 """The local engine's driver: one job on this host, who spawns whom, and what flows where.
 
     main process (run_job) ── builds Plumbing (queues, flag, start gate) and every runner's SharedSlots
-      │ spawns (rnb.engines.local.transport: client_main, runner_main)
+      │ spawns (rnb.engines.local.shared_memory_transport: client_main, runner_main)
       ▼
     client ──Request──▶ step 0 runners ──Signal──▶ step 1 runners ... ──▶ final step
      (rnb.engines.client)  (rnb.engines.runner, the same loop at every step)        │
@@ -20,27 +20,26 @@ import dataclasses
 import gc
 import logging
 import os
-import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from multiprocessing.context import BaseContext, ForkServerContext
 
 import torch
 
-from rnb.core.joblog import SAMPLES_FILE
 from rnb.core.progress import CELLS, ClientCells, Progress, empty_cells
 from rnb.core.records import GpuRecord, MainGpuMemory, ProcessRecord
 from rnb.core.termination import POLL_S, Termination
 from rnb.engines.client import ClientSpec
-from rnb.engines.job import JobBook, JobEnding, JobResult, RunArgs, close_job, error_sentence, open_job_dir
-from rnb.engines.live import LiveProgress, progress_mode
+from rnb.engines.drivers import EngineJob
+from rnb.engines.job import JobBook, JobEnding, JobResult, RunArgs, close_job, open_job_dir
+from rnb.engines.lifecycle import JobLife
 from rnb.engines.local.lifeline import children_context, end_fork_server
 from rnb.engines.local.plumbing import Plumbing, SharedSlot
+from rnb.engines.local.shared_memory_transport import DeviceFirst, LocalWiring, client_main, runner_main
 from rnb.engines.local.supervisor import Supervisor
-from rnb.engines.local.transport import DeviceFirst, LocalWiring, client_main, runner_main
-from rnb.engines.sampler import SampledGpu, Sampler
+from rnb.engines.sampler import SampledGpu
 from rnb.engines.spool import TimingsSpool
-from rnb.engines.stall import JobWatch, Stall, kept_stacks, stall_error
+from rnb.engines.stall import Stall
 from rnb.engines.stopping import STOPS
 from rnb.pipeline.config import PipelineConfig
 from rnb.pipeline.gpus import DEVICE_ORDER, device_memory_record
@@ -53,6 +52,11 @@ log = logging.getLogger(__name__)
 STALLED_GRACE_S = 1.0
 
 
+def run(job: EngineJob) -> JobResult:
+    """The local engine's entry in rnb.engines.registry: the command checked the GPUs on this host."""
+    return run_job(job.config, job.args, job.placements, job.gpus)
+
+
 def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], gpus: Sequence[GpuRecord]) -> JobResult:
     """Spawn, start everyone together, wait for the flag, stop everyone, release the slots, write the log."""
     ctx = children_context()
@@ -60,46 +64,37 @@ def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], 
         os.environ.setdefault(key, value)
     placements = with_device_uuids(placements, {gpu.logical_index: gpu.uuid for gpu in gpus})
     job_dir = open_job_dir(config, args)
-    spool = TimingsSpool(job_dir, len(config.steps), args.warmup)
+    life = JobLife(job_dir, args, len(config.steps), [p.name for p in placements],
+                   [SampledGpu(gpu.logical_index, gpu.physical_index) for gpu in gpus])
     on_cuda = any(p.output_shapes and torch.device(p.output_device).type == "cuda" for p in placements)
     try:
         plumbing, wirings = build_plumbing(ctx, placements, args)
     except Exception as failure:  # out of CUDA or shared memory, a size torch refuses (TypeError), ...: all end logged
         release_main_slots((), on_cuda)
-        return close_job(job_dir, config, args, gpus, _setup_failed(failure, spool))
-    supervisor = Supervisor(plumbing, spool, progress={name: Progress(w.progress) for name, w in wirings.items()})
-    sampler = Sampler(args.sample_interval_ms / 1000.0,
-                      tuple(SampledGpu(gpu.logical_index, gpu.physical_index) for gpu in gpus))
-    sampler.watch("main", os.getpid())
+        life.live.close(0)
+        return close_job(job_dir, config, args, gpus, _setup_failed(failure, life.spool))
+    supervisor = Supervisor(plumbing, life.spool, progress={name: Progress(w.progress) for name, w in wirings.items()})
+    life.sampler.watch("main", os.getpid())
+    life.watch_from_now()
     start = None
-    watch = JobWatch(args.stall_s, args.max_duration_s, time.time())
-    stall: list[Stall] = []  # the stall that ended the job, if one did
-    live = LiveProgress(["client", *(p.name for p in placements)], args.videos, progress_mode(args.quiet, sys.stderr))
     with STOPS.reacting(lambda stop: plumbing.flag.take_over(stop.termination)):   # a stop raises the flag
         try:
             if spawned(ctx, supervisor, config, args, placements, wirings):
                 for record in supervisor.book.records:
                     if record.pid is not None:  # every spawned child's record has one
-                        sampler.watch(record.name, record.pid)
-                sampler.start()  # from start-up on, so that model loading shows too
-                start = _run_between_barriers(supervisor, job_dir.name, live, len(placements), watch, stall)
+                        life.sampler.watch(record.name, record.pid)
+                life.sampler.start()  # from start-up on, so that model loading shows too
+                start = _run_between_barriers(supervisor, life, len(placements))
         finally:
             end = plumbing.flag.raised_at if plumbing.flag.is_set else time.time()
             plumbing.flag.take_over(Termination.INTERRUPTED)  # a no-op unless we got here by an exception
-            supervisor.stop(**_grace(plumbing.flag.reason, bool(stall)))
-            live.close(spool.rows)
-            sampler.stop()
-            spool.writes.attempt(job_dir / SAMPLES_FILE, lambda: sampler.write(job_dir))
+            supervisor.stop(**_grace(plumbing.flag.reason, life.stall is not None))
+            life.wind_down()
             held = with_main_memory(gpus, placements)
             left = release_main_slots(wirings.values(), on_cuda)
-            reason = plumbing.flag.reason
-            stacks = kept_stacks(job_dir)
-            for name, path in stacks.items():
-                supervisor.book.update(name, stacks=path)
-            stalled = stall_error(stall[0], job_dir, stacks) if stall else None
-            result = close_job(job_dir, config, args, with_release(held, left, supervisor.book), JobEnding(
-                start=start, end=end, reason=reason, error=error_sentence(reason, supervisor.book.failure, args, stalled),
-                spool=spool, book=supervisor.book, counted=plumbing.finished_count if start is not None else None))
+            ending = life.ending(supervisor.book, start, end, plumbing.flag.reason,
+                                 counted=plumbing.finished_count if start is not None else None)
+            result = close_job(job_dir, config, args, with_release(held, left, supervisor.book), ending)
     return result
 
 
@@ -129,7 +124,7 @@ def release_main_slots(wirings: Iterable[LocalWiring], on_cuda: bool) -> dict[in
     """Once every child is gone: free the main process's slots, collect CUDA IPC, empty torch's cache.
 
     Every child released its hold on the CUDA slots it received
-    (rnb.engines.local.transport.release_slots), so they can go now; a slot a
+    (rnb.engines.local.shared_memory_transport.release_slots), so they can go now; a slot a
     killed child still held stays with torch's CUDA IPC until this process
     exits.  A process that runs several jobs (a bench, a test session) thus
     keeps no GPU memory from one job to the next.  Returns, per GPU index,
@@ -213,32 +208,44 @@ def spawned(ctx: ForkServerContext, supervisor: Supervisor, config: PipelineConf
     return False
 
 
-def _run_between_barriers(supervisor: Supervisor, job: str, live: LiveProgress, runners: int, watch: JobWatch,
-                          stall: list[Stall]) -> float | None:
+def _run_between_barriers(supervisor: Supervisor, life: JobLife, runners: int) -> float | None:
     """Wait until every child is ready, open the start gate, then wait for the flag; the start time, if any.
 
-    The main process raises the flag itself when `watch` says the job has
-    stalled (first asking every child for its stacks; the stall is appended
-    to `stall`) or has run its maximum duration.  `live` shows how far
-    start-up and then the items have got.
+    The main process raises the flag itself when the job's watch says it
+    has stalled (first asking every child for its stacks; the stall is kept
+    in `life`) or has run its maximum duration.  The live progress shows
+    how far start-up and then the items have got.
     """
+    if not _all_ready(supervisor, life):
+        return None
+    start = time.time()
+    life.watch.started(start)
+    supervisor.plumbing.open_start_gate()
+    life.live.started()
+    log.info("started %s: client and %d runners ready", life.job_dir.name, runners)
+    _follow(supervisor, life)
+    return start
+
+
+def _all_ready(supervisor: Supervisor, life: JobLife) -> bool:
+    """Wait until every child is ready (True) or the flag is raised first (False)."""
     plumbing = supervisor.plumbing
     while not plumbing.flag.is_set and len(supervisor.book.ready) < len(supervisor.children):
         supervisor.pump()
-        live.starting(supervisor.book.ready)
-        _stop_if_stalled(supervisor, watch.start_up(supervisor.book, supervisor.cpu_of_starting(), time.time()), stall)
-    if plumbing.flag.is_set:
-        return None
-    start = time.time()
-    watch.started(start)
-    plumbing.open_start_gate()
-    live.started()
-    log.info("started %s: client and %d runners ready", job, runners)
+        life.live.starting(supervisor.book.ready)
+        _stop_if_stalled(supervisor, life.watch.start_up(supervisor.book, supervisor.cpu_of_starting(), time.time()), life)
+    return not plumbing.flag.is_set
+
+
+def _follow(supervisor: Supervisor, life: JobLife) -> None:
+    """Until the flag is raised: take in what the children report, show progress, end a job that stalled, ran its
+    maximum duration or lost its log directory."""
+    plumbing, watch = supervisor.plumbing, life.watch
     deadline = watch.deadline()
     while not plumbing.flag.is_set:
         # At the maximum duration's end the flag goes up within a few ms: its time is the job's end.
         supervisor.pump(POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.time())))
-        live.running(supervisor.spool.rows)
+        life.live.running(supervisor.spool.rows)
         now = time.time()
         if supervisor.spool.writes.first is not None:  # the log directory refused a write: nothing more to measure
             plumbing.flag.take_over(Termination.LOG_FAILED)
@@ -247,11 +254,10 @@ def _run_between_barriers(supervisor: Supervisor, job: str, live: LiveProgress, 
         else:
             _stop_if_stalled(supervisor, watch.running(supervisor.progress_now(), supervisor.demand_of_children,
                                                        supervisor.book, now, plumbing.queued(),
-                                                       ClientCells(plumbing.client_cells).read()), stall)
-    return start
+                                                       ClientCells(plumbing.client_cells).read()), life)
 
 
-def _stop_if_stalled(supervisor: Supervisor, found: Stall | None, stall: list[Stall]) -> None:
+def _stop_if_stalled(supervisor: Supervisor, found: Stall | None, life: JobLife) -> None:
     """A stall ends the job: every child's stacks first (what each was doing, not how it left), then the flag,
     and the stalled child is killed."""
     if found is None or supervisor.plumbing.flag.is_set:
@@ -260,7 +266,7 @@ def _stop_if_stalled(supervisor: Supervisor, found: Stall | None, stall: list[St
     log.info("the job stalled: asking every process for its Python stacks")
     supervisor.ask_for_stacks()
     if supervisor.plumbing.flag.take_over(Termination.STALLED, seen):
-        stall.append(found)
+        life.stall = found
         supervisor.book.first_failure(found.process, found.sentence)
         supervisor.kill(found.process)
 

@@ -28,7 +28,7 @@ class Inbox:
         self.source = source
         self.name = name
         self.broken: str | None = None   # why reading stopped early, if it did
-        self._items: queue.SimpleQueue = queue.SimpleQueue()
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closing = threading.Event()
         self._empty_since = 0.0          # when the latest read that found the pipe empty began
         self._thread = threading.Thread(target=self._read, name=f"inbox-{name}", daemon=True)

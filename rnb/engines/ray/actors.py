@@ -1,4 +1,4 @@
-"""The Ray engine's side on the cluster: the job's actors (their transports: rnb.engines.ray.transports).
+"""The Ray engine's side on the cluster: the job's actors (their transports: rnb.engines.ray.actor_transports).
 
     JobControl (on the driver's node; rnb.engines.ray.control): the flag, the finished count, what the driver collects
     ClientActor ──push(Request)──▶ RunnerActor, step 0 ──push(Handoff, tensors)──▶ RunnerActor, step 1 ...
@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     import torch
 
     from rnb.engines.client import ClientSpec
+    from rnb.engines.ray.actor_transports import RayParticipant
     from rnb.engines.ray.handoffs import Parcel
-    from rnb.engines.ray.transports import RayParticipant
     from rnb.engines.stall import Look
     from rnb.pipeline.plan import Placement
 
@@ -202,7 +202,7 @@ class RunnerActor(_Member):
 
     async def run(self, spec: Placement, wiring: RayWiring) -> int:
         """The runner loop, until the job ends; 0 ok, 1 failed (reported to the control as Failed)."""
-        from rnb.engines.ray.transports import RayTransport
+        from rnb.engines.ray.actor_transports import RayTransport
         from rnb.engines.runner import Runner
 
         transport = RayTransport(spec, wiring, self)
@@ -229,7 +229,7 @@ class ClientActor(_Member):
 
     async def run(self, spec: ClientSpec, step0: tuple[Any, ...], queue_size: int) -> int:
         from rnb.engines.client import generate
-        from rnb.engines.ray.transports import RayClientTransport
+        from rnb.engines.ray.actor_transports import RayClientTransport
 
         transport = RayClientTransport(self, step0, queue_size)
         return await self._in_thread(transport, lambda: generate(spec, transport))

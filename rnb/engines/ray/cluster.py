@@ -45,6 +45,7 @@ from typing import Any
 import psutil
 
 from rnb.engines.ray.own_processes import OwnProcesses
+from rnb.engines.registry import EngineUnavailable, engine_named
 from rnb.engines.stopping import STOPS, handlers_kept
 
 LOOPBACK = "127.0.0.1"
@@ -55,7 +56,7 @@ SIMULATED_OBJECT_STORE_BYTES = 200 * 2**20  # per simulated node (they share thi
 # short whoever uses it, where the local engine's processes would carry on; the job's own Ray does without.
 OWN_SYSTEM_CONFIG = {"memory_monitor_refresh_ms": 0}
 # samples.parquet's name prefix for the cluster's own processes on the driver's machine (raylets, the GCS, agents).
-DAEMON_SAMPLES = "ray-daemon:"
+DAEMON_SAMPLES = engine_named("ray").daemon_samples
 # How long the driver's Ray waits at shutdown to send its last task events to a GCS, which a SIGTERM to the process
 # group may have ended: Ray's default (seconds) would hold a stopped command past its 3 s.
 SHUTDOWN_FLUSH_ENV = {"RAY_task_events_shutdown_flush_timeout_ms": "500"}
@@ -63,7 +64,7 @@ SHUTDOWN_FLUSH_ENV = {"RAY_task_events_shutdown_flush_timeout_ms": "500"}
 log = logging.getLogger(__name__)
 
 
-class ClusterStartError(RuntimeError):
+class ClusterStartError(EngineUnavailable):
     """The job's own Ray could not be started, or the given cluster could not be reached."""
 
 

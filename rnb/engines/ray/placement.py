@@ -17,8 +17,13 @@ from typing import Any
 
 from rnb.engines.ray.cluster import NodeInfo, split_label
 from rnb.pipeline.config import ConfigError, PipelineConfig
+from rnb.pipeline.gpus import DEVICE_ORDER
 from rnb.pipeline.plan import Placement
 
+# Ray's own zero-copy path for CPU tensors: the consumer reads them straight out of the object store; and
+# CUDA numbering GPUs as NVML does, so that the index Ray puts in CUDA_VISIBLE_DEVICES is the GPU it checked.
+ACTOR_ENV = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1", **DEVICE_ORDER}
+PLACE_TIMEOUT_S = 120.0   # an actor or GPU bundle not placed by then will not be: the cluster lacks room
 # What a runner pinned by a custom resource asks of it: a sliver, so any number fit on one node.
 RESOURCE_SLIVER = 0.001
 

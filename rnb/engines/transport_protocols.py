@@ -5,7 +5,7 @@ time-card stamps, the model call, segments, the selector, batcher flushes,
 final-step checks.  How an input reaches a step, how outputs reach the next
 one, how the start barrier, the termination flag and the job's results are
 shared: that is the engine's, behind these two small protocols.  The local
-engine implements them in `rnb.engines.local.transport` (shared slots and
+engine implements them in `rnb.engines.local.shared_memory_transport` (shared slots and
 rings of messages in shared memory); another engine implements the same methods.
 """
 from __future__ import annotations
@@ -126,7 +126,7 @@ class Input:
     """One input of a step, already the runner's own: the producer may reuse what it came from."""
 
     tensors: tuple[torch.Tensor, ...]   # () for step 0, whose input is a request
-    non_tensors: dict                   # {"request": payload} for step 0
+    non_tensors: NonTensors             # {"request": payload} for step 0
     time_card: Cards                    # one card, or a batch's
     arrived: float                      # epoch seconds when it was taken off the input, before any copy
 

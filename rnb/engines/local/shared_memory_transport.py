@@ -33,7 +33,7 @@ from rnb.engines.local.plumbing import PinnedHostSlots, Plumbing, SharedSlot
 from rnb.engines.local.ring import QueueClosed
 from rnb.engines.runner import Runner
 from rnb.engines.streams import step_zero_non_tensors
-from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input, Stamps
+from rnb.engines.transport_protocols import RESULTS_BATCH, FinishedCards, Input, Stamps
 from rnb.pipeline.plan import Placement
 
 
@@ -52,7 +52,7 @@ class LocalWiring:
 
 
 class _LocalParticipant:
-    """What the client's and the runners' transports do alike (rnb.engines.transport.Participant)."""
+    """What the client's and the runners' transports do alike (rnb.engines.transport_protocols.Participant)."""
 
     def __init__(self, plumbing: Plumbing) -> None:
         self.plumbing = plumbing
@@ -72,7 +72,7 @@ class _LocalParticipant:
 
 
 class LocalTransport(_LocalParticipant):
-    """A runner's transport (rnb.engines.transport.Transport) over slots and queues."""
+    """A runner's transport (rnb.engines.transport_protocols.Transport) over slots and queues."""
 
     def __init__(self, spec: Placement, target: int, wiring: LocalWiring, plumbing: Plumbing) -> None:
         super().__init__(plumbing)
@@ -195,7 +195,7 @@ class LocalTransport(_LocalParticipant):
 
 
 class LocalClientTransport(_LocalParticipant):
-    """The client's transport (rnb.engines.transport.ClientTransport): the request queue and the in-flight bound."""
+    """The client's transport (rnb.engines.transport_protocols.ClientTransport): the request queue and the in-flight bound."""
 
     def __init__(self, plumbing: Plumbing, target: int) -> None:
         super().__init__(plumbing)

@@ -1,4 +1,4 @@
-"""The Ray actors' transports: the shared loops' side of actor calls (rnb.engines.transport's protocols on Ray).
+"""The Ray actors' transports: the shared loops' side of actor calls (rnb.engines.transport_protocols's protocols on Ray).
 
 Apart from the actor classes (rnb.engines.ray.actors), which import none
 of this at module level: every process that holds an actor handle loads
@@ -22,7 +22,7 @@ from rnb.core.timecard import Cards, TimeCard, as_cards, now
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.ray.handoffs import Courier, Outbox, Parcel
 from rnb.engines.streams import step_zero_non_tensors
-from rnb.engines.transport import RESULTS_BATCH, FinishedCards, Input
+from rnb.engines.transport_protocols import RESULTS_BATCH, FinishedCards, Input
 from rnb.pipeline.plan import Placement
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 class RayParticipant:
-    """What the client's and the runners' Ray transports do alike (rnb.engines.transport.Participant).
+    """What the client's and the runners' Ray transports do alike (rnb.engines.transport_protocols.Participant).
 
     Its reports and its stop go through the courier, behind the hand-offs
     and cards posted before them: a Failed arrives before the stop it
@@ -67,7 +67,7 @@ class RayParticipant:
 
 
 class RayTransport(RayParticipant):
-    """A runner's transport (rnb.engines.transport.Transport) over actor calls and Ray's object store."""
+    """A runner's transport (rnb.engines.transport_protocols.Transport) over actor calls and Ray's object store."""
 
     def __init__(self, spec: Placement, wiring: RayWiring, member: RunnerActor) -> None:
         super().__init__(member, spec.name)
@@ -146,7 +146,7 @@ class RayTransport(RayParticipant):
 
 
 class RayClientTransport(RayParticipant):
-    """The client's transport (rnb.engines.transport.ClientTransport): requests as calls to step-0 runners.
+    """The client's transport (rnb.engines.transport_protocols.ClientTransport): requests as calls to step-0 runners.
 
     The request queue of the local engine holds at most -qs requests; here
     that bound is on the requests sent but not yet taken by any step-0 runner.
