@@ -36,9 +36,9 @@ import torch
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
 from bench.episode_bench import SPEED_GOAL, decode_rows, frame_size, grainy_dataset, remote_rows
 from episodes import LeRobotDataset, open_dataset
+from episodes.synthetic import SyntheticSpec
 from episodes.testing.network import SLOW_WAN, WAN, NetworkProfile
 from episodes.testing.server import serve_directory
-from episodes.testing.synthetic import SyntheticSpec
 from episodes.tools.spans import episode_bytes
 from episodes.tools.streaming import (
     StreamingOptions,

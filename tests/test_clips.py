@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from episodes import EpisodeByteCache, FrameRequest, open_dataset
-from episodes.testing.synthetic import make_dataset
+from episodes.synthetic import make_dataset
 from models.episode import decode_clips, sample_clip_frames, to_clips
 from rnb.core.timecard import TimeCard
 

@@ -16,7 +16,7 @@ import torch
 from torchcodec.decoders import CpuFallbackStatus
 
 from episodes import DecodeBackend, EpisodeByteCache, FetchedFrames, FrameRead, decode_backend
-from episodes.testing.synthetic import make_dataset
+from episodes.synthetic import make_dataset
 from models.episode import DecodeWatch, EpisodeDecoder, EpisodeFetcher, EpisodeLoader, NvdecUnavailable
 from models.r2p1d import R2P1DSingleStep
 from rnb.core.timecard import TimeCard

@@ -18,8 +18,8 @@ from episodes import EpisodeByteCache, FetchedFrames, FetchError, FrameRequest, 
 from episodes._budget import ByteBudget
 from episodes._ready_parts import ReadyParts
 from episodes._storage import RangeAnswer, Storage
+from episodes.synthetic import make_dataset
 from episodes.testing.faults import serve_with_faults
-from episodes.testing.synthetic import make_dataset
 from episodes.tools.verify import FullFileReference
 from models.episode import EpisodeLoader, cache_dir, clips_of, sample_clip_frames
 from rnb.core.timecard import TimeCard

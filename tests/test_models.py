@@ -20,7 +20,7 @@ from episodes import DEFAULT_COALESCE_GAP, EpisodeByteCache, open_dataset
 from episodes._mp4.span import episode_span
 from episodes._mp4.windows import frame_windows
 from episodes._storage import coalesce_ranges
-from episodes.testing.synthetic import make_dataset
+from episodes.synthetic import make_dataset
 from models import shipped
 from models.aggregator import Aggregator
 from models.batcher import Batcher

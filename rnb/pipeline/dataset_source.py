@@ -169,7 +169,7 @@ def check_source(source: Mapping[str, Json], config_path: str, may_write: bool =
         if not may_write:
             log.info("dataset %s is missing: a run (without --check) generates it there", options.root)
             return None
-        from episodes.testing.synthetic import make_dataset
+        from episodes.synthetic import make_dataset
 
         log.info("dataset %s is missing: generating the synthetic dataset there "
                  "(scripts/make_dataset.py with default options)", options.root)
