@@ -49,8 +49,8 @@ from episodes.tools.streaming import (
     windows_track,
 )
 from models.episode import EpisodeLoader, cache_dir
+from rnb.core.episode_request import EpisodeRequest
 from rnb.core.timecard import TimeCard
-from rnb.pipeline.dataset_source import EpisodeRequest
 
 GOP30 = SyntheticSpec(codec="h264", gop=30, bframes=2, episodes=64, cameras=1, episodes_per_file=16,
                       min_length=220, max_length=300, width=128, height=128, seed=13)

@@ -80,11 +80,10 @@ from episodes import (
     open_episodes,
 )
 from models.clips import ClipCount, NumClips, clip_shape
-from rnb.core.keywords import Count, Natural
+from rnb.core.episode_request import READ_RETRIES, READ_TIMEOUT_S, EpisodeRequest
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
+from rnb.core.model_keywords import Count, KeywordError, Natural
 from rnb.core.timecard import TimeCard, now, one_card
-from rnb.pipeline.config import KeywordError
-from rnb.pipeline.dataset_source import READ_RETRIES, READ_TIMEOUT_S, EpisodeRequest
 
 # What a loader reads for an item: an EpisodeRequest from a dataset or videos source, or an episode number of
 # the step's own `dataset`.

@@ -27,11 +27,12 @@ from models.batcher import Batcher
 from models.clips import ClipCount
 from models.episode import EpisodeDecoder, EpisodeFetcher, EpisodeLoader, sample_clip_frames, to_clips
 from models.r2p1d import R2P1DRunner, input_rows, stage_shape, warm_up_rows
+from rnb.core.episode_request import EpisodeRequest
 from rnb.core.timecard import TimeCard
 from rnb.engines.local.driver import allocate_slots
 from rnb.engines.local.plumbing import SharedSlot
 from rnb.pipeline.config import ConfigError, parse_config
-from rnb.pipeline.dataset_source import EpisodeRequest, SourceOptions, parse_options, requests
+from rnb.pipeline.dataset_source import SourceOptions, parse_options, requests
 from rnb.pipeline.plan import plan_runners
 from selector import LargeSmallSelector
 from tests.mp4_fixtures import read_index

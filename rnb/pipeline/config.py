@@ -24,7 +24,7 @@ from rnb.core.model import merges_segments as model_merges_segments
 from rnb.core.records import Json, JsonObject
 from rnb.load import LOAD_KEYS, MAX_SEMAPHORE_VALUE
 from rnb.pipeline.dotted import load_object
-from rnb.pipeline.keywords import Misfit, declared_keywords, misfit
+from rnb.pipeline.keyword_check import Misfit, declared_keywords, misfit
 from rnb.pipeline.original import translate
 
 
@@ -36,15 +36,6 @@ class ConfigError(ValueError):
         self.json_path = json_path
         self.expected = expected
         super().__init__(f"{file}: {json_path}: {expected}")
-
-
-class KeywordError(ValueError):
-    """A model's complaint about one of its keywords (a `check_dataset` hook raises it); plan adds the JSON path."""
-
-    def __init__(self, keyword: str, expected: str) -> None:
-        self.keyword = keyword      # e.g. "camera", "tabular[1]"
-        self.expected = expected    # "expected ..., found ...", as ConfigError words it
-        super().__init__(f"{keyword}: {expected}")
 
 
 @dataclass(frozen=True)
@@ -341,7 +332,7 @@ def _parse_node(check: _Checker, value: Json, where: str) -> str | None:
 def _check_keywords(check: _Checker, model: str, where: str, step_kwargs: Mapping[str, Json],
                     groups_raw: list[Json]) -> None:
     """Every model keyword must be a parameter of the model's constructor, of the type and in the range its
-    annotation declares (rnb.pipeline.keywords), and every required one given.
+    annotation declares (rnb.pipeline.keyword_check), and every required one given.
 
     A misspelt or ill-typed keyword would otherwise pass validation and fail in every runner at start-up.
     """

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rnb.core.episode_request import READ_RETRIES, READ_TIMEOUT_S, EpisodeRequest
 from rnb.core.records import Json
 from rnb.pipeline.config import ConfigError, PipelineConfig, describe
 
@@ -42,25 +43,6 @@ _KEYS: dict[SourceKind, tuple[str, ...]] = {
     "dataset": ("dataset", "order", "seed", "episodes", "lookahead", "generate_if_missing", *_READS),
     "videos": ("videos", "order", "seed", "episodes", "lookahead", *_READS)}
 MAX_RETRIES = 10  # backoff doubles each time: 10 retries already wait 0.2 x 1023 s between them
-# The episodes library's own defaults (Storage), what a source that sets neither gets.
-READ_TIMEOUT_S = 30.0
-READ_RETRIES = 3
-
-
-@dataclass(frozen=True, repr=False)
-class EpisodeRequest:
-    """A request payload: which episode of which dataset, and the episodes that come next."""
-
-    kind: SourceKind
-    root: str                     # dataset root, or the video glob
-    episode: int
-    upcoming: tuple[int, ...] = ()
-    timeout_s: float = READ_TIMEOUT_S   # the source's read limits: how long one attempt may take,
-    retries: int = READ_RETRIES         # and how often a read is tried again
-
-    def __repr__(self) -> str:
-        # The payload column of timings.parquet: short, and enough to find the episode again.
-        return f"{self.root}#{self.episode}"
 
 
 @dataclass(frozen=True)
