@@ -23,8 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "rnb.launch": {"rnb.engines", "rnb.engines.local", "rnb.cli"},
     "rnb.console": set(),
     "rnb.flags": set(),
-    "rnb.load": {"rnb.flags", "rnb.load_inputs"},
-    "rnb.load_inputs": set(),
+    "rnb.load": {"rnb.flags"},
     "rnb.make_dataset": {"rnb.console", "episodes"},
     "models": {"rnb.core", "episodes"},     # a model imports the model contract and the episodes library only
     "selector": {"rnb.core"},
