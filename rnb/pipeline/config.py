@@ -22,10 +22,11 @@ from typing import NoReturn
 from rnb.core.model import Keywords
 from rnb.core.model import merges_segments as model_merges_segments
 from rnb.core.records import Json, JsonObject
-from rnb.load import LOAD_KEYS, MAX_SEMAPHORE_VALUE
+from rnb.load import LOAD_KEYS
 from rnb.pipeline.dotted import load_object
 from rnb.pipeline.keyword_check import Misfit, declared_keywords, misfit
 from rnb.pipeline.original import translate
+from rnb.pipeline.run_keys import RUN_KEYS
 
 
 class ConfigError(ValueError):
@@ -90,19 +91,6 @@ MAX_INTEGER_DIGITS = 19
 # A queue group's "node": a label value such as "loaders" (or "key=value" for any label key), in the
 # characters Ray allows in label keys and values.
 _NODE_LABEL = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._/-]*=)?[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
-# run key -> (integers only?, minimum, maximum); benchmark.py checks the CLI values against it too
-# and holds their defaults.  The load modes' keys are rnb.load.LOAD_KEYS, each checked by its own range.
-RUN_KEYS: dict[str, tuple[bool, int, int | None]] = {
-    "videos": (True, 1, None),
-    "batch_size": (True, 1, None),
-    "queue_size": (True, 1, MAX_SEMAPHORE_VALUE),
-    "warmup": (True, 0, None),
-    "seed": (True, 0, None),
-    "stall_s": (False, 0, None),          # 0: no stall watch
-    "max_duration_s": (False, 0, None),   # 0: no maximum
-}
-# run keys that name one of a few choices -> the choices, the first being the default
-RUN_CHOICES: dict[str, tuple[str, ...]] = {"engine": ("local", "ray")}
 
 
 def load_config(path: str | None) -> PipelineConfig:
@@ -219,25 +207,13 @@ def did_you_mean(key: str, known: Sequence[str]) -> str:
 
 def _parse_run(check: _Checker, value: Json) -> JsonObject:
     run = check.as_object(value, "run")
-    for key, item in run.items():
-        if key in RUN_CHOICES:
-            if item not in RUN_CHOICES[key]:
-                choices = " or ".join(f'"{choice}"' for choice in RUN_CHOICES[key])
-                check.fail(f"run.{key}", f"expected {choices}, found {describe(item)}")
-            continue
-        if key in LOAD_KEYS:
-            if not LOAD_KEYS[key].accepts(item):
-                check.fail(f"run.{key}", f"expected {LOAD_KEYS[key].expected}, found {describe(item)}")
-            continue
-        if key not in RUN_KEYS:
-            names = [*LOAD_KEYS, *RUN_KEYS, *RUN_CHOICES]
-            check.fail(f"run.{key}", f"expected one of the run keys ({', '.join(names)}), found an unknown key"
-                                     f"{did_you_mean(key, names)}")
-        integral, minimum, maximum = RUN_KEYS[key]
-        if integral:
-            check.as_integer(item, f"run.{key}", minimum, maximum)
-        else:
-            check.as_number(item, f"run.{key}", minimum)
+    keys = {**LOAD_KEYS, **RUN_KEYS}
+    for name, item in run.items():
+        if name not in keys:
+            check.fail(f"run.{name}", f"expected one of the run keys ({', '.join(keys)}), found an unknown key"
+                                      f"{did_you_mean(name, list(keys))}")
+        if not keys[name].accepts(item):
+            check.fail(f"run.{name}", f"expected {keys[name].expected}, found {describe(item)}")
     return dict(run)
 
 
