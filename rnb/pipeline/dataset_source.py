@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from rnb.core.episode_request import READ_RETRIES, READ_TIMEOUT_S, EpisodeRequest
 from rnb.core.records import Json
-from rnb.pipeline.config import ConfigError, PipelineConfig, describe
+from rnb.pipeline.config_records import ConfigError, PipelineConfig, describe
 
 if TYPE_CHECKING:
     from episodes import EpisodeDataset, SourceKind

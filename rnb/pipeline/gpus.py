@@ -30,7 +30,7 @@ from types import TracebackType
 import psutil
 
 from rnb.core.records import GpuRecord
-from rnb.pipeline.config import ConfigError, PipelineConfig
+from rnb.pipeline.config_records import ConfigError, PipelineConfig
 
 DEFAULT_MAX_MEMORY_FRACTION = 0.05
 # CUDA's numbering of GPUs that is NVML's: set for the main process, every child and every Ray actor and task.
