@@ -48,7 +48,8 @@ from episodes.tools.streaming import (
     remote_decoder_track,
     windows_track,
 )
-from models.episode import EpisodeLoader, cache_dir
+from models.episode import EpisodeLoader
+from models.episode_reader import cache_dir
 from rnb.core.episode_request import EpisodeRequest
 from rnb.core.timecard import TimeCard
 

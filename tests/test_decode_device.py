@@ -17,7 +17,8 @@ from torchcodec.decoders import CpuFallbackStatus
 
 from episodes import DecodeBackend, EpisodeByteCache, FetchedFrames, FrameRead, decode_backend
 from episodes.synthetic import make_dataset
-from models.episode import DecodeWatch, EpisodeDecoder, EpisodeFetcher, EpisodeLoader, NvdecUnavailable
+from models.episode import EpisodeDecoder, EpisodeFetcher, EpisodeLoader
+from models.episode_decode import DecodeWatch, NvdecUnavailable
 from models.r2p1d import R2P1DSingleStep
 from rnb.core.episode_request import EpisodeRequest
 from rnb.core.timecard import TimeCard

@@ -21,7 +21,9 @@ from episodes._storage import RangeAnswer, Storage
 from episodes.synthetic import make_dataset
 from episodes.testing.faults import serve_with_faults
 from episodes.tools.verify import FullFileReference
-from models.episode import EpisodeLoader, cache_dir, clips_of, sample_clip_frames
+from models.episode import EpisodeLoader
+from models.episode_decode import clips_of
+from models.episode_reader import cache_dir, sample_clip_frames
 from rnb.core.episode_request import EpisodeRequest
 from rnb.core.timecard import TimeCard
 

@@ -25,7 +25,9 @@ from models import shipped
 from models.aggregator import Aggregator
 from models.batcher import Batcher
 from models.clips import ClipCount
-from models.episode import EpisodeDecoder, EpisodeFetcher, EpisodeLoader, sample_clip_frames, to_clips
+from models.episode import EpisodeDecoder, EpisodeFetcher, EpisodeLoader
+from models.episode_decode import to_clips
+from models.episode_reader import sample_clip_frames
 from models.r2p1d import R2P1DRunner, input_rows, stage_shape, warm_up_rows
 from rnb.core.episode_request import EpisodeRequest
 from rnb.core.timecard import TimeCard
