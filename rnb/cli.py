@@ -48,7 +48,7 @@ from rnb.pipeline.gpus import (
     visible_gpu_count,
 )
 from rnb.pipeline.plan import Placement, check_against_dataset, check_slot_memory, limit_replicas, plan_runners
-from rnb.pipeline.run_keys import RUN_DEFAULTS, RUN_KEYS, flag_help
+from rnb.pipeline.run_keys import RUN_DEFAULTS, RUN_KEYS
 from rnb.pipeline.sources import check_source
 
 # The load keys that choose a mode: one of them on the command line replaces the config's load mode.
@@ -67,9 +67,10 @@ def benchmark_parser() -> flags.CommandParser:
                              "which config/default.json links to)")
     # The keys a config's "run" object may also set: each flag's range, spellings and help declared once
     # (rnb.load's keys, rnb.pipeline.run_keys).
+    defaults = {**LOAD_DEFAULTS, **RUN_DEFAULTS}
     for key in (*LOAD_KEYS.values(), *RUN_KEYS.values()):
         parser.add_argument(*key.spellings, dest=key.name, metavar=key.metavar, type=key.parse,
-                            help=flag_help(key, RUN_DEFAULTS))
+                            help=key.flag_help(defaults[key.name]))
     parser.add_argument(*flags.QUIET, action="store_true",
                         help="no live progress on stderr (default: a bar on a terminal, else a progress: line every 5 s)")
     parser.add_argument("--check", action="store_true", help="verify imports, environment and config, then exit")

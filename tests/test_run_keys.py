@@ -39,6 +39,11 @@ def test_each_flag_s_help_names_the_default_the_job_gets() -> None:
     assert helps["max_duration_s"] == ("end the job after S seconds of measured time, keeping what it measured "
                                        "(default 0: no maximum)")
     assert helps["engine"] == "local: processes on this host; ray: actors on a Ray cluster (default: the config's, else local)"
+    # The load keys name theirs the same way, from LoadSettings.
+    assert (helps["mean_interval_ms"], helps["fps"]) == ("Poisson mean inter-arrival in ms; 0 = bulk (default 3)",
+                                                         "frames per second of each stream (default 30)")
+    assert helps["client"].endswith("(default rnb)") and helps["min_duration_ms"].endswith(
+        "(default 10000, LoadGen's min_duration_ms)")
 
 
 def test_with_nothing_given_the_job_gets_the_declared_defaults() -> None:

@@ -26,7 +26,7 @@ class RunKey:
     name: str
     spellings: tuple[str, ...]
     metavar: str
-    help: str
+    help: str                           # names the key's default, where it says it, as {default} (flag_help)
     integral: bool = False
     minimum: float = 0
     maximum: float | None = None        # the value may reach it (an integer for an integer key)
@@ -60,6 +60,10 @@ class RunKey:
             return False
         return (math.isfinite(value) and value >= self.minimum and not (self.above and value == self.minimum)
                 and (self.maximum is None or value <= self.maximum))
+
+    def flag_help(self, default: Setting) -> str:
+        """The help of this key's flag: the key's default filled in where the text names it."""
+        return self.help.format(default=default)
 
     def parse(self, text: str) -> Setting:
         """The argparse type of this key's flag: its value, or ArgumentTypeError in the project's words."""

@@ -12,7 +12,8 @@ from rnb.load.keys import MAX_SEMAPHORE_VALUE, RunKey
 from rnb.load.mode import Arrival, CurvePoint, LoadMode, logged_number
 from rnb.load.settings import LoadSettings
 
-MEAN_INTERVAL = RunKey("mean_interval_ms", flags.MEAN_INTERVAL, "MS", "Poisson mean inter-arrival in ms; 0 = bulk (default 3)",
+MEAN_INTERVAL = RunKey("mean_interval_ms", flags.MEAN_INTERVAL, "MS",
+                       "Poisson mean inter-arrival in ms; 0 = bulk (default {default:g})",
                        maximum=MAX_WAIT_S * 1000)
 CONCURRENCY = RunKey("concurrency", ("--concurrency",), "N",
                      "closed loop: keep N requests in flight, -mi is then ignored (default: off, open loop)",

@@ -43,7 +43,7 @@ SCENARIO = RunKey("scenario", ("--scenario",), "NAME",
                   "lockstep) (default: none, RnB's own verdict)", choices=tuple(SCENARIOS))
 SAMPLES_PER_QUERY = RunKey("samples_per_query", ("--samples-per-query",), "N",
                            "multi-stream: requests in each query, issued together, the next query once all of them "
-                           "finished (default 8, LoadGen's)", integral=True, minimum=1, maximum=MAX_SEMAPHORE_VALUE,
+                           "finished (default {default}, LoadGen's)", integral=True, minimum=1, maximum=MAX_SEMAPHORE_VALUE,
                            needs="scenario")
 TARGET_LATENCY = RunKey("target_latency_ms", ("--target-latency-ms",), "MS",
                         "server: the bound on the scenario's p99 latency (default 100, LoadGen's "
@@ -51,9 +51,9 @@ TARGET_LATENCY = RunKey("target_latency_ms", ("--target-latency-ms",), "MS",
                         "sizes its schedule (defaults 1 and 8, LoadGen's)", minimum=0, above=True,
                         maximum=MAX_WAIT_S * 1000, needs="scenario")
 MIN_DURATION = RunKey("min_duration_ms", ("--min-duration-ms",), "MS",   # at most a day: LoadGen issues until it passes
-                      "a scenario's minimum duration (default 10000, LoadGen's min_duration_ms)",
+                      "a scenario's minimum duration (default {default:g}, LoadGen's min_duration_ms)",
                       maximum=MAX_WAIT_S * 1000, needs="scenario")
 CLIENT = RunKey("client", ("--client",), "NAME", "who issues the scenario's requests: rnb (this harness's client) or "
-                "loadgen (MLPerf LoadGen itself, pip install '.[loadgen]') (default rnb)", choices=("rnb", "loadgen"),
+                "loadgen (MLPerf LoadGen itself, pip install '.[loadgen]') (default {default})", choices=("rnb", "loadgen"),
                 needs="scenario")
 SCENARIO_KEYS = (SCENARIO, SAMPLES_PER_QUERY, TARGET_LATENCY, MIN_DURATION, CLIENT)

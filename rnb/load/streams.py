@@ -13,19 +13,19 @@ from rnb.load.settings import LoadSettings
 STREAMS = RunKey("streams", ("--streams",), "N", "camera streams: N periodic sources of one request each per "
                  f"frame period, at most {MAX_STREAMS} (default: off)", integral=True, minimum=1, maximum=MAX_STREAMS)
 # A frame period of at most a day, written as the frame rate of a day's period rounded up to 3 digits.
-FPS = RunKey("fps", ("--fps",), "F", "frames per second of each stream (default 30)", minimum=float(f"{1 / MAX_WAIT_S:.3g}"),
-             needs="streams")
+FPS = RunKey("fps", ("--fps",), "F", "frames per second of each stream (default {default:g})",
+             minimum=float(f"{1 / MAX_WAIT_S:.3g}"), needs="streams")
 STREAM_PHASE = RunKey("stream_phase", ("--stream-phase",), "PHASE",
                       "when in the frame period each stream issues: spread (stream s at s/(N F)), aligned (all at "
-                      "once) or random (default spread)", choices=("spread", "aligned", "random"), needs="streams")
+                      "once) or random (default {default})", choices=("spread", "aligned", "random"), needs="streams")
 JITTER = RunKey("jitter_ms", ("--jitter-ms",), "MS", "each frame issued up to MS ms after its time, "
-                "uniformly at random; below the frame period (default 0)", needs="streams")
+                "uniformly at random; below the frame period (default {default:g})", needs="streams")
 DEADLINE = RunKey("deadline_ms", ("--deadline-ms",), "MS", "a frame finishing later than MS ms "
                   "after its time is late (default: the frame period, 1000/F)", minimum=0, above=True,
                   maximum=MAX_WAIT_S * 1000, needs="streams")
 STREAM_POLICY = RunKey("stream_policy", ("--stream-policy",), "POLICY",
                        "queue: every frame is processed; drop: a newer frame replaces the one a stream has waiting "
-                       "(default queue)", choices=("queue", "drop"), needs="streams")
+                       "(default {default})", choices=("queue", "drop"), needs="streams")
 
 
 class Streams(LoadMode):

@@ -4,7 +4,7 @@ A key's RunKey holds its range (the config's check and the flag's type both
 read it), its flag's spellings, metavar and help; JobSettings holds its
 default, and is the record of those settings that the job's RunArgs
 (rnb.engines.job) extends.  A help text names its default as `{default}`,
-filled in from JobSettings, so the two cannot disagree.
+filled in from JobSettings (RunKey.flag_help), so the two cannot disagree.
 """
 from __future__ import annotations
 
@@ -36,23 +36,18 @@ _KEYS = (
            integral=True, minimum=1),
     RunKey("queue_size", flags.QUEUE_SIZE, "N", "capacity of every queue (default {default})", integral=True,
            minimum=1, maximum=MAX_SEMAPHORE_VALUE),
-    RunKey("warmup", ("--warmup",), "N", "first N items excluded from latency statistics (default {default})",
+    RunKey("warmup", flags.WARMUP, "N", "first N items excluded from latency statistics (default {default})",
            integral=True),
-    RunKey("seed", ("--seed",), "N", "seed of the Poisson arrivals and of a random episode order (default {default})",
+    RunKey("seed", flags.SEED, "N", "seed of the Poisson arrivals and of a random episode order (default {default})",
            integral=True),
-    RunKey("stall_s", ("--stall-s",), "S", "end the job as stalled when items wait and none has left any step for S "
+    RunKey("stall_s", flags.STALL, "S", "end the job as stalled when items wait and none has left any step for S "
            "seconds (default {default:g}; 0 never)"),
-    RunKey("max_duration_s", ("--max-duration",), "S", "end the job after S seconds of measured time, keeping what "
+    RunKey("max_duration_s", flags.MAX_DURATION, "S", "end the job after S seconds of measured time, keeping what "
            "it measured (default {default:g}: no maximum)"),
-    RunKey("engine", ("--engine",), "ENGINE", "local: processes on this host; ray: actors on a Ray cluster (default: "
+    RunKey("engine", flags.ENGINE, "ENGINE", "local: processes on this host; ray: actors on a Ray cluster (default: "
            "the config's, else {default})", choices=("local", "ray")),
 )
 # Every run key besides the load keys once, in JobSettings' order: flags, run keys and RunArgs fields.
 RUN_KEYS: dict[str, RunKey] = {field.name: {key.name: key for key in _KEYS}[field.name]
                                for field in dataclasses.fields(JobSettings)}
 RUN_DEFAULTS: dict[str, Setting] = dataclasses.asdict(JobSettings())
-
-
-def flag_help(key: RunKey, defaults: dict[str, Setting]) -> str:
-    """A key's help as its flag shows it: its default filled in where the text names it."""
-    return key.help.format(default=defaults.get(key.name))
