@@ -523,7 +523,7 @@ def installed_row(work: Path) -> FaultRow:
 
 
 def ensure_dataset(work: Path) -> Path:
-    from episodes.testing.synthetic import SyntheticSpec, make_dataset
+    from episodes.synthetic import SyntheticSpec, make_dataset
 
     root = work / "dataset"
     if not root.exists():

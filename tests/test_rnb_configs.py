@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from episodes.testing.synthetic import SyntheticSpec, encode_video
+from episodes.synthetic import SyntheticSpec, encode_video
 from models.clips import ClipCount
 from rnb import cli
 from rnb.pipeline.config import ConfigError, load_config, parse_config

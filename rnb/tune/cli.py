@@ -39,7 +39,7 @@ from rnb.analysis.jobs import JobLogError, ValidityRules
 from rnb.analysis.sweep import RunOutcome, SweepError, run_benchmark
 from rnb.analysis.sweep_cli import add_job_rules
 from rnb.console import terminal_logging
-from rnb.engines.registry import DEFAULT_ENGINE, ENGINES, EngineUnavailable
+from rnb.engines.registry import DEFAULT_ENGINE, ENGINES, EngineUnavailable, engines_help
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.gpus import GpuRequestError, validate_gpus
 from rnb.tune.estimate import DEFAULT_ITEMS, EstimateError, Estimator
@@ -95,7 +95,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="auto: exhaustive up to 256 candidates, else quick; optuna: TPE over the same space "
                              "(default auto)")
     parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
-                        help="the harness engine every job runs on (default local)")
+                        help=f"the engine every job runs on: {engines_help()} (default {DEFAULT_ENGINE})")
     parser.add_argument("--out", required=True, type=Path, help="directory of profiles, jobs and the report (required)")
     parser.add_argument(*flags.BATCH, "--batch", dest="batch", type=flags.integers(1), metavar="LIST",
                         help="batch sizes of every Batcher whose config gives no list (default: the config's value, "
