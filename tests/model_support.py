@@ -6,9 +6,9 @@ import torch
 from episodes import SourceKind
 from models.episode import EpisodeLoader
 from models.r2p1d import R2P1DRunner
+from rnb.core.episode_request import EpisodeRequest
 from rnb.core.timecard import TimeCard
 from rnb.pipeline.config import load_config
-from rnb.pipeline.dataset_source import EpisodeRequest
 
 CPU = torch.device("cpu")
 
