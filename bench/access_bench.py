@@ -36,9 +36,9 @@ import torch
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
 from bench.episode_bench import SPEED_GOAL, decode_rows, frame_size, grainy_dataset, remote_rows
 from episodes import LeRobotDataset, open_dataset
+from episodes.synthetic import SyntheticSpec
 from episodes.testing.network import SLOW_WAN, WAN, NetworkProfile
 from episodes.testing.server import serve_directory
-from episodes.testing.synthetic import SyntheticSpec
 from episodes.tools.spans import episode_bytes
 from episodes.tools.streaming import (
     StreamingOptions,
@@ -48,9 +48,10 @@ from episodes.tools.streaming import (
     remote_decoder_track,
     windows_track,
 )
-from models.episode import EpisodeLoader, cache_dir
+from models.episode import EpisodeLoader
+from models.episode_reader import cache_dir
+from rnb.core.episode_request import EpisodeRequest
 from rnb.core.timecard import TimeCard
-from rnb.pipeline.dataset_source import EpisodeRequest
 
 GOP30 = SyntheticSpec(codec="h264", gop=30, bframes=2, episodes=64, cameras=1, episodes_per_file=16,
                       min_length=220, max_length=300, width=128, height=128, seed=13)

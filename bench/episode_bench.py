@@ -33,8 +33,8 @@ from torchcodec.decoders import VideoDecoder
 
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair
 from episodes import EpisodeByteCache, FrameRequest, LeRobotDataset, open_dataset, open_decoder
+from episodes.synthetic import SyntheticSpec, camera_keys, draw_frames, encode_video, make_dataset
 from episodes.testing.server import NginxServer
-from episodes.testing.synthetic import SyntheticSpec, camera_keys, draw_frames, encode_video, make_dataset
 from episodes.tools.spans import episode_bytes
 from episodes.tools.verify import FullFileReference
 

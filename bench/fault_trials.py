@@ -104,7 +104,7 @@ def table(rows: list[FaultRow], header: bool = True) -> str:
 
 
 def ensure_dataset(work: Path) -> Path:
-    from episodes.testing.synthetic import SyntheticSpec, make_dataset
+    from episodes.synthetic import SyntheticSpec, make_dataset
 
     root = work / "dataset"
     if not root.exists():

@@ -44,7 +44,8 @@ from episodes.testing.network import WAN
 from episodes.testing.server import serve_directory
 from episodes.tools.streaming import TrackResult, windows_track
 from episodes.tools.verify import FullFileReference
-from models.episode import ClipPlan, EpisodeReader, decode_clips
+from models.episode_decode import decode_clips
+from models.episode_reader import ClipPlan, EpisodeReader
 from rnb.core.timecard import TimeCard
 
 CLIPS, CLIP_LENGTH, SIZE = 10, 8, 112  # P10d: the R(2+1)D loader's defaults

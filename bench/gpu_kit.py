@@ -90,7 +90,7 @@ class Datasets:
 
 
 def make_synthetic(kind: str, root: str) -> str:
-    from episodes.testing.synthetic import SyntheticSpec, make_dataset
+    from episodes.synthetic import SyntheticSpec, make_dataset
 
     return str(make_dataset(Path(root) / kind, SyntheticSpec(**SYNTHETIC[kind])))
 

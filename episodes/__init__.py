@@ -64,11 +64,12 @@ episode and camera where known. The package logs through `logging` under
 (`python -m episodes verify|bench`) shows those records on stderr.
 
 The modules with a leading underscore are the implementation and private;
-the names below are the API. Two subpackages sit beside it and are never
-imported by it: `episodes.tools` (what `python -m episodes` runs: the
-full-file check and LeRobot's streaming benchmark tracks) and
-`episodes.testing` (dataset generator, nginx and faulty HTTP servers, a slow
-network link, for tests and benchmarks).
+the names below are the API. `episodes.synthetic` writes synthetic
+datasets (every frame showing its index), imported by name since it needs
+an encoder. Two subpackages sit beside the library and are never imported
+by it: `episodes.tools` (what `python -m episodes` runs: the full-file check
+and LeRobot's streaming benchmark tracks) and `episodes.testing` (nginx and
+faulty HTTP servers, a slow network link, for tests and benchmarks).
 """
 from episodes._cache import DEFAULT_COALESCE_GAP, EpisodeByteCache
 from episodes._dataset import EpisodeRecord, LeRobotDataset, VideoSegment, open_dataset

@@ -1,6 +1,6 @@
 """The LeRobot v3.0 layout, named once: where the files lie and what the episodes table holds.
 
-The reader (episodes._dataset) and the generator (episodes.testing.synthetic) both
+The reader (episodes._dataset) and the generator (episodes.synthetic) both
 use these names, so a dataset we write is by construction one we can read.
 Templates are LeRobot's defaults; a dataset's own `data_path` and
 `video_path` in info.json take precedence when reading.

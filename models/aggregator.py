@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from rnb.core.keywords import Count
 from rnb.core.model import Cards, NonTensors, Shapes, StepOutput, Tensors
+from rnb.core.model_keywords import Count
 from rnb.core.timecard import SegmentKey, TimeCard
 
 

@@ -17,8 +17,8 @@ import torch
 from annotated_types import Ge
 
 from models.clips import NumClips, clip_shape
-from rnb.core.keywords import Count
 from rnb.core.model import NOTHING_YET, Cards, NonTensors, Shapes, StepOutput, Tensors
+from rnb.core.model_keywords import Count
 from rnb.core.timecard import TimeCard, one_card
 
 

@@ -12,7 +12,7 @@ from typing import TypeAlias
 
 import numpy as np
 
-from rnb.core.keywords import Count
+from rnb.core.model_keywords import Count
 
 # `num_clips` as a config gives it: a count, or {"choices": [...], "weights": [...]} (ClipCount.parse checks it).
 NumClips: TypeAlias = Count | Mapping[str, Sequence[float]]

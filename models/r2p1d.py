@@ -29,9 +29,9 @@ from torchvision.models.video import r2plus1d_18
 
 from models.clips import ClipCount, NumClips, clip_shape
 from models.episode import EpisodeLoader
-from rnb.core.keywords import Count, Natural
+from rnb.core.episode_request import EpisodeRequest
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
-from rnb.pipeline.dataset_source import EpisodeRequest
+from rnb.core.model_keywords import Count, Natural
 
 NUM_STAGES = 5
 DEFAULT_CLIPS = 10  # clips per item a network assumes when neither its input nor its keywords say

@@ -19,8 +19,8 @@ from annotated_types import Ge
 from torch import nn
 
 from rnb.core.device import DeviceMark
-from rnb.core.keywords import TEST_HOOK, Count, Natural
 from rnb.core.model import Cards, NonTensors, StepOutput, Tensors
+from rnb.core.model_keywords import TEST_HOOK, Count, Natural
 from rnb.core.timecard import SegmentKey, TimeCard, as_cards, one_card
 
 Ms = Annotated[float, Ge(0)]

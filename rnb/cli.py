@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +29,15 @@ from rnb.analysis.summary import job_summary, judged
 from rnb.console import terminal_logging
 from rnb.core import joblog
 from rnb.engines.drivers import EngineJob, driver_of
-from rnb.engines.job import DEFAULT_STALL_S, JobResult, RunArgs, request_queue_note
+from rnb.engines.job import JobResult, RunArgs, request_queue_note
 from rnb.engines.loadgen import loadgen_refusal
-from rnb.engines.registry import DEFAULT_ENGINE, ENGINES, EngineUnavailable, engine_named, engines_help
+from rnb.engines.registry import ENGINES, EngineUnavailable, engine_named
 from rnb.engines.sampler import DEFAULT_INTERVAL_MS
 from rnb.engines.stopping import STOPS
 from rnb.load import DEFAULTS as LOAD_DEFAULTS
 from rnb.load import EXCLUSIVE, LOAD_KEYS, SCENARIO_KEYS, LoadSettings, mode_of, with_scenario
 from rnb.load import refusal as load_refusal
-from rnb.pipeline.config import RUN_KEYS, ConfigError, PipelineConfig, load_config
+from rnb.pipeline.config import ConfigError, PipelineConfig, load_config
 from rnb.pipeline.dataset_source import with_dataset
 from rnb.pipeline.gpus import (
     DEVICE_ORDER,
@@ -47,31 +47,12 @@ from rnb.pipeline.gpus import (
     validate_gpus,
 )
 from rnb.pipeline.plan import check_against_dataset, check_slot_memory, limit_replicas, plan_runners
+from rnb.pipeline.run_keys import RUN_DEFAULTS, RUN_KEYS
 from rnb.pipeline.sources import check_source
-
-# What applies when neither the command line nor the config's "run" object sets a value; the load modes'
-# keys have theirs in rnb.load.
-DEFAULTS: dict[str, Any] = {"videos": 2000, "batch_size": 1, "queue_size": 50000, "warmup": 10, "seed": 0,
-                            "stall_s": DEFAULT_STALL_S, "max_duration_s": 0.0}
-
 
 # The load keys that choose a mode: one of them on the command line replaces the config's load mode.
 MODE_CHOOSERS: tuple[str, ...] = (*EXCLUSIVE, "mean_interval_ms", "scenario")
 SCENARIO_SETTINGS = {key.name for key in SCENARIO_KEYS} - {"scenario"}
-
-# The flags that a config's "run" object may also set, each checked against its range in RUN_KEYS (the load
-# modes' flags are rnb.load.LOAD_KEYS).
-RUN_FLAGS: dict[str, tuple[str, ...]] = {
-    "videos": flags.VIDEOS, "batch_size": flags.BATCH, "queue_size": flags.QUEUE_SIZE, "warmup": ("--warmup",),
-    "seed": ("--seed",), "stall_s": ("--stall-s",), "max_duration_s": ("--max-duration",),
-    **{name: key.spellings for name, key in LOAD_KEYS.items()}}
-
-
-def run_value(key: str) -> Callable[[str], float]:
-    """The argparse type of a run key's flag: its RUN_KEYS range, refused as the config would be."""
-    integral, minimum, maximum = RUN_KEYS[key]
-    return flags.integer(minimum, maximum) if integral else flags.number(minimum)
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return benchmark_parser().parse_args(argv)
@@ -83,23 +64,17 @@ def benchmark_parser() -> flags.CommandParser:
     parser.add_argument(*flags.CONFIG, dest="config_file_path",
                         help="pipeline config JSON (default: the embedded default config, rnb/pipeline/default.json, "
                              "which config/default.json links to)")
-    for key in LOAD_KEYS.values():
-        parser.add_argument(*key.spellings, dest=key.name, metavar=key.metavar, type=key.parse, help=key.help)
-    parser.add_argument(*flags.VIDEOS, dest="videos", metavar="N", type=run_value("videos"),
-                        help="number of requests to finish (default 2000)")
-    parser.add_argument(*flags.BATCH, dest="batch_size", metavar="N", type=run_value("batch_size"),
-                        help="batch of the batching steps whose config sets none (default 1)")
-    parser.add_argument(*flags.QUEUE_SIZE, dest="queue_size", metavar="N", type=run_value("queue_size"),
-                        help="capacity of every queue (default 50000)")
+    # The keys a config's "run" object may also set: each flag's range, spellings and help declared once
+    # (rnb.load's keys, rnb.pipeline.run_keys).
+    defaults = {**LOAD_DEFAULTS, **RUN_DEFAULTS}
+    for key in (*LOAD_KEYS.values(), *RUN_KEYS.values()):
+        parser.add_argument(*key.spellings, dest=key.name, metavar=key.metavar, type=key.parse,
+                            help=key.flag_help(defaults[key.name]))
     parser.add_argument(*flags.QUIET, action="store_true",
                         help="no live progress on stderr (default: a bar on a terminal, else a progress: line every 5 s)")
     parser.add_argument("--check", action="store_true", help="verify imports, environment and config, then exit")
     parser.add_argument("--cpu", action="store_true", help="run every runner on the CPU whatever the config's gpus say")
-    parser.add_argument("--warmup", type=run_value("warmup"), metavar="N",
-                        help="first N items excluded from latency statistics (default 10)")
     parser.add_argument("--log-dir", dest="log_dir", default="logs", help="where job logs go (default logs/)")
-    parser.add_argument("--seed", type=run_value("seed"), metavar="N",
-                        help="seed of the Poisson arrivals and of a random episode order (default 0)")
     parser.add_argument("--sample-interval-ms", dest="sample_interval_ms", type=flags.number(0, above=True),
                         default=DEFAULT_INTERVAL_MS, metavar="MS",
                         help="how often CPU, memory and GPU use are sampled into samples.parquet "
@@ -111,31 +86,24 @@ def benchmark_parser() -> flags.CommandParser:
     parser.add_argument("--max-replicas", dest="max_replicas", type=flags.integer(1), metavar="N",
                         help="at most N runners per queue group (the first N of its gpus), to try a many-GPU config "
                              "(default: all)")
-    parser.add_argument("--engine", choices=ENGINES,
-                        help=f"{engines_help()} (default: the config's, else {DEFAULT_ENGINE})")
     parser.add_argument("--ray-address", dest="ray_address",
                         help="the Ray cluster to run on (default: RAY_ADDRESS if set, else a Ray started for the job)")
-    parser.add_argument("--stall-s", dest="stall_s", type=run_value("stall_s"), metavar="S",
-                        help="end the job as stalled when items wait and none has left any step for S seconds "
-                             f"(default {DEFAULT_STALL_S:g}; 0 never)")
-    parser.add_argument("--max-duration", dest="max_duration_s", type=run_value("max_duration_s"), metavar="S",
-                        help="end the job after S seconds of measured time, keeping what it measured (default 0: no maximum)")
     return parser
 
 
 def resolve_args(ns: argparse.Namespace, config: PipelineConfig) -> RunArgs:
     """Command line over config "run" over DEFAULTS (parse_args checked each flag's range); a bad mix raises ConfigError."""
-    values = _combined(ns, config, DEFAULTS)
+    values = _combined(ns, config, RUN_DEFAULTS)
     load = _checked_load(ns, config, values["videos"])
     if load.scenario is not None and ns.warmup is None and "warmup" not in config.run:
         values["warmup"] = 0   # LoadGen counts every query of a scenario's run
     _check_warmup(ns, config, values["warmup"], values["videos"])
-    engine = ns.engine or str(config.run.get("engine", DEFAULT_ENGINE))  # _parse_run checked it is an engine's name
+    engine = values["engine"]   # the run key's check named a registered engine
     if load.client == "loadgen":
         _check_loadgen(ns, config, engine, values["max_duration_s"])
     if ns.ray_address is not None and not engine_named(engine).takes_address:
         raise ConfigError(flags.WHERE, "--ray-address", _address_refusal(engine))
-    return RunArgs(**values, load=load, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms, engine=engine,
+    return RunArgs(**values, load=load, cpu=ns.cpu, log_dir=ns.log_dir, sample_interval_ms=ns.sample_interval_ms,
                    ray_address=ns.ray_address, quiet=ns.quiet)
 
 
@@ -184,7 +152,7 @@ def _standing_run_load(ns: argparse.Namespace, config: PipelineConfig) -> dict[s
     return {key: value for key, value in run.items() if key in kept}
 
 
-def _combined(ns: argparse.Namespace, config: PipelineConfig, defaults: dict[str, Any]) -> dict[str, Any]:
+def _combined(ns: argparse.Namespace, config: PipelineConfig, defaults: Mapping[str, object]) -> dict[str, Any]:
     return {key: getattr(ns, key) if getattr(ns, key) is not None else config.run.get(key, default)
             for key, default in defaults.items()}
 

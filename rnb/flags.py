@@ -23,14 +23,16 @@ VIDEOS = ("-v", "--videos")
 BATCH = ("-b", "--batch_size", "--batch-size")
 QUEUE_SIZE = ("-qs", "--queue_size", "--queue-size")
 QUIET = ("-q", "--quiet")
+# The run keys' flags without a short form (their ranges and help: rnb.pipeline.run_keys).
+WARMUP, SEED, STALL, MAX_DURATION, ENGINE = ("--warmup",), ("--seed",), ("--stall-s",), ("--max-duration",), ("--engine",)
 WHERE = "command line"   # where a flag's error is, as a config error names its file
 # Every spelling benchmark.py takes besides its load modes' (rnb.load), so that sweep.py, which passes the flags
 # it does not know on to benchmark.py, can refuse one that neither knows; tests/test_sweep.py holds the two
 # commands to each other.
 BENCHMARK: tuple[str, ...] = (
-    *CONFIG, *VIDEOS, *BATCH, *QUEUE_SIZE, *QUIET, "--check", "--cpu", "--warmup", "--log-dir", "--seed",
-    "--sample-interval-ms", "--dataset", "--allow-busy-gpus", "--max-replicas", "--engine", "--ray-address",
-    "--stall-s", "--max-duration", "-h", "--help")
+    *CONFIG, *VIDEOS, *BATCH, *QUEUE_SIZE, *QUIET, *WARMUP, *SEED, *STALL, *MAX_DURATION, *ENGINE, "--check", "--cpu",
+    "--log-dir", "--sample-interval-ms", "--dataset", "--allow-busy-gpus", "--max-replicas", "--ray-address", "-h",
+    "--help")
 
 
 def flag_name(spellings: tuple[str, ...]) -> str:

@@ -7,7 +7,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from episodes.testing.synthetic import CODECS, SyntheticSpec, make_dataset
+from episodes.synthetic import CODECS, SyntheticSpec, make_dataset
 from rnb.console import terminal_logging
 
 

@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from episodes.synthetic import make_dataset
 from episodes.testing.server import nginx_binary
-from episodes.testing.synthetic import make_dataset
 from rnb.engines.ray.cluster import use_loopback_if_local
 from rnb.pipeline.gpus import child_environment
 from tests.tune_support import find_browser

@@ -12,7 +12,7 @@ from bench import access_bench, floor_bench
 from bench.common import Effort
 from bench.floor_bench import InMemoryFloor
 from episodes import EpisodeByteCache, FrameRequest, open_dataset
-from episodes.testing.synthetic import make_dataset
+from episodes.synthetic import make_dataset
 from episodes.tools.streaming import random_targets, windows_track
 from rnb.core.timecard import TimeCard
 

@@ -19,8 +19,8 @@ from bench.episode_bench import (
     sidecar_rows,
 )
 from episodes import EpisodeByteCache, FrameRequest, open_dataset
+from episodes.synthetic import SyntheticSpec, make_dataset
 from episodes.testing.server import serve_directory
-from episodes.testing.synthetic import SyntheticSpec, make_dataset
 
 TINY = SyntheticSpec(codec="h264", gop=6, bframes=2, episodes=14, cameras=1, episodes_per_file=14,
                      min_length=9, max_length=12, width=64, height=64, seed=5)

@@ -12,7 +12,7 @@ import torch
 
 from episodes import EpisodeByteCache, Fetch, FrameRequest, decode_mini_mp4, open_dataset, open_video_files
 from episodes._sidecar import sidecar_path
-from episodes.testing.synthetic import SyntheticSpec, make_dataset
+from episodes.synthetic import SyntheticSpec, make_dataset
 from episodes.tools.verify import FullFileReference
 from tests.test_make_dataset import read_indices
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from episodes import EpisodeByteCache, FrameRequest, open_dataset
-from episodes.testing.synthetic import make_dataset
-from models.episode import decode_clips, sample_clip_frames, to_clips
+from episodes.synthetic import make_dataset
+from models.episode_decode import decode_clips, to_clips
+from models.episode_reader import sample_clip_frames
 from rnb.core.timecard import TimeCard
 
 Decoded = tuple[torch.Tensor, np.ndarray]

@@ -78,7 +78,7 @@ CASES: dict[str, tuple[str, str]] = {
     "run_interval_infinite": ("value 1e999", "expected a finite JSON number, found one beyond the range of a double"),
     "run_videos_5000_digits": ("value 999999999999... (5000 digits)",
                                "expected an integer of at most 19 digits, found a longer one"),
-    "run_engine_unknown": ("run.engine", 'expected "local" or "ray", found the string "dask"'),
+    "run_engine_unknown": ("run.engine", 'expected one of "local", "ray", found the string "dask"'),
     "run_interval_negative": ("run.mean_interval_ms", "expected a number from 0 to 8.64e+07, found -1"),
     "run_not_object": ("run", "expected an object, found the list [40]"),
     "run_queue_size_null": ("run.queue_size", "expected an integer from 1 to 2147483647, found null"),

@@ -8,7 +8,8 @@ import pytest
 
 from rnb import cli
 from rnb.pipeline.config import load_config
-from tests.test_models import tiny_dataset
+from tests.model_support import whole_model_predictions
+from tests.test_models import episode_range_bytes, tiny_dataset
 
 TUNING = Path("config/tune-example.json")   # lists of choices: rnb-tune's input, refused by benchmark.py
 CONFIGS = sorted(path for path in Path("config").glob("*.json") if path != TUNING)
@@ -64,20 +65,25 @@ def test_a_tuning_config_given_to_the_benchmark_says_that_its_lists_are_for_rnb_
 def test_every_config_runs_on_the_cpu_with_the_target_count(path, dataset, tmp_path, job_log):
     # rnb batches by -b: 10 items in batches of 3 end with a partial batch that only an idle flush hands over
     videos, batch = (10, 3) if path.name == "r2p1d-rnb.json" else (4, 1)
-    code = cli.main(["-c", shrunk(path, tmp_path), "--cpu", "-v", str(videos), "-b", str(batch), "-mi", "0",
-                           "--dataset", dataset, "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
+    config = shrunk(path, tmp_path)
+    code = cli.main(["-c", config, "--cpu", "-v", str(videos), "-b", str(batch), "-mi", "0",
+                     "--dataset", dataset, "--log-dir", str(tmp_path / "logs"), "--warmup", "0"])
     log = job_log(tmp_path / "logs")
     meta, rows = log.meta, log.rows
     assert code == 0, meta["error"]
     assert meta["termination_reason"] == "target reached" and [row["item_id"] for row in rows] == list(range(videos))
+    held = set()   # (loader group, replica, episode): what a step-0 replica's byte cache holds
     for row in rows:
         assert row["payload"].startswith(dataset + "#") and row["episode"] == int(row["payload"].rsplit("#", 1)[1])
-        # An item whose episode a replica already holds fetches nothing and reuses those bytes instead.
-        assert row["bytes_fetched"] + row["bytes_reused"] > 0 and min(row["bytes_fetched"], row["bytes_reused"]) >= 0
+        # The first item of an episode on a replica fetches the episode's byte range (its own fetch or a prefetch it
+        # is the first to use); every later one there fetches nothing and reuses those bytes.
+        size, key = episode_range_bytes(dataset, row["episode"]), (row["group0"], row["instance0"], row["episode"])
+        assert (row["bytes_fetched"], row["bytes_reused"]) == ((0, size) if key in held else (size, 0)), row
+        held.add(key)
         waited = row["fetch_start"] if row["fetch_start"] is not None else row["prefetch_wait_start"]  # fetched ahead
         assert row["frames_decoded"] > 0 and waited <= row["decode_finish"]
     if "segment" in path.name:
-        assert all(0 <= row["prediction"] < 400 for row in rows)
+        assert [row["prediction"] for row in rows] == whole_model_predictions(config, "dataset", dataset, rows)
     if "rnb" in path.name:
         assert {row["num_clips"] for row in rows} == {1, 6}
     assert any(note.startswith("R2P1DRunner stages 1-5: random weights") for note in meta["notes"])

@@ -13,8 +13,8 @@ import pytest
 from episodes._dataset import EpisodeRecord, VideoSegment, open_dataset
 from episodes._errors import DatasetFormatError, FetchError
 from episodes._tabular import column_array
+from episodes.synthetic import SyntheticSpec
 from episodes.testing.server import serve_directory
-from episodes.testing.synthetic import SyntheticSpec
 
 SPEC = SyntheticSpec(episodes=7, cameras=2, episodes_per_file=3, files_per_chunk=2, min_length=10,
                      max_length=40, width=64, height=64, gop=8, bframes=2, row_group_size=16, seed=3)

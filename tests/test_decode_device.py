@@ -16,12 +16,13 @@ import torch
 from torchcodec.decoders import CpuFallbackStatus
 
 from episodes import DecodeBackend, EpisodeByteCache, FetchedFrames, FrameRead, decode_backend
-from episodes.testing.synthetic import make_dataset
-from models.episode import DecodeWatch, EpisodeDecoder, EpisodeFetcher, EpisodeLoader, NvdecUnavailable
+from episodes.synthetic import make_dataset
+from models.episode import EpisodeDecoder, EpisodeFetcher, EpisodeLoader
+from models.episode_decode import DecodeWatch, NvdecUnavailable
 from models.r2p1d import R2P1DSingleStep
+from rnb.core.episode_request import EpisodeRequest
 from rnb.core.timecard import TimeCard
 from rnb.pipeline.config import parse_config
-from rnb.pipeline.dataset_source import EpisodeRequest
 from rnb.pipeline.plan import plan_runners, warmup_request
 
 CUDA = torch.device("cuda:0")  # named, never used: the fakes decode on the CPU

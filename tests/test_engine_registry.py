@@ -40,13 +40,13 @@ def test_a_config_names_a_registered_engine_and_no_other(standin, tmp_path):
     assert load_config(str(_config_on("standin", tmp_path))).run["engine"] == "standin"
     with pytest.raises(ConfigError) as refused:
         load_config(str(_config_on("elsewhere", tmp_path)))
-    assert refused.value.expected == 'expected "local" or "ray" or "standin", found the string "elsewhere"'
+    assert refused.value.expected == 'expected one of "local", "ray", "standin", found the string "elsewhere"'
 
 
 def test_the_command_line_and_the_launcher_read_the_entry(standin):
     assert cli.parse_args(["--engine", "standin"]).engine == "standin"
     shown = " ".join(cli.benchmark_parser().format_help().split())
-    assert "standin: the tests' stand-in, over the local engine's processes" in shown
+    assert "--engine ENGINE the engine that runs the job, one of local, ray, standin" in shown
     assert launch.starts_local_children(["--engine", "standin"])
     assert not launch.starts_local_children(["--engine", "standin", "--engine=ray"])   # the last one wins
     assert registry.spans_hosts("ray") and not registry.spans_hosts("standin")

@@ -8,8 +8,8 @@ import pytest
 
 from episodes import EpisodeByteCache, FetchError, FrameRequest, LeRobotDataset, Mp4FormatError, open_dataset
 from episodes._storage import Storage
+from episodes.synthetic import SyntheticSpec
 from episodes.testing.server import serve_directory
-from episodes.testing.synthetic import SyntheticSpec
 from tests.test_make_dataset import read_indices
 
 SPEC = SyntheticSpec(codec="h264", gop=6, bframes=2, episodes=4, cameras=1, episodes_per_file=2,

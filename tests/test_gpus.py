@@ -12,11 +12,10 @@ from rnb.core.records import GpuRecord, MainGpuMemory
 from rnb.engines.job import JobBook
 from rnb.engines.local.driver import with_main_memory, with_release
 from rnb.pipeline.config import ConfigError, PipelineConfig, parse_config
+from rnb.pipeline.gpu_family import ANCESTOR_CONTEXTS_ENV, Family
 from rnb.pipeline.gpus import (
-    ANCESTOR_CONTEXTS_ENV,
     DeviceMemory,
     DeviceState,
-    Family,
     GpuMismatchError,
     GpuRequestError,
     Nvml,
@@ -339,14 +338,14 @@ def test_the_family_is_this_process_its_ancestors_and_what_they_declared() -> No
 
 
 def test_a_job_started_from_a_process_holding_a_context_sees_it_declared(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("rnb.pipeline.gpus.contexts_here", lambda: ["GPU-000-uuid"])
+    monkeypatch.setattr("rnb.pipeline.gpu_family.contexts_here", lambda: ["GPU-000-uuid"])
     env = child_environment({ANCESTOR_CONTEXTS_ENV: "GPU-111-uuid"})
     assert env == {ANCESTOR_CONTEXTS_ENV: "GPU-111-uuid,GPU-000-uuid", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert child_environment({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
 
 
 def test_a_busy_check_in_another_namespace_refuses_only_strangers(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("rnb.pipeline.gpus.contexts_here", lambda: ["GPU-111-uuid"])  # this process holds one
+    monkeypatch.setattr("rnb.pipeline.gpu_family.contexts_here", lambda: ["GPU-111-uuid"])  # this process holds one
     fake.devices[1] = _device(1, pids=(987654,))  # NVML lists it under its host pid
     assert [gpu.compute_pids for gpu in validate_gpus(_config([[1]]), cpu_only=False)] == [()]
     fake.devices[1] = _device(1, pids=(987654, 987655))

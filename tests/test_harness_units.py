@@ -437,7 +437,7 @@ def test_command_line_overrides_config_run_which_overrides_defaults():
     (["--concurrency", "0"], "command line: --concurrency: expected an integer from 1 to 2147483647, found 0"),
     (["-v", "ten"], "command line: -v/--videos: expected an integer >= 1, found 'ten'"),
     (["-b"], "command line: -b/--batch_size: expected a value, found none"),
-    (["--engine", "spark"], "command line: --engine: expected one of 'local', 'ray', found 'spark'"),
+    (["--engine", "spark"], "command line: --engine: expected one of \"local\", \"ray\", found 'spark'"),
     (["--vidoes", "3"], "command line: --vidoes: expected a flag of benchmark.py, found an unknown one (did you mean --videos?)"),
 ])
 def test_bad_argument_values_exit_2_with_one_sentence(argv, message, capsys, tmp_path):

@@ -13,8 +13,8 @@ import models.batcher
 import models.episode
 import models.r2p1d
 import models.toy
-from rnb.core.keywords import TEST_HOOK, Count
-from rnb.pipeline.keywords import Misfit, declared_keywords, misfit
+from rnb.core.model_keywords import TEST_HOOK, Count
+from rnb.pipeline.keyword_check import Misfit, declared_keywords, misfit
 
 
 @pytest.mark.parametrize("value, hint, found", [

@@ -18,12 +18,14 @@ from episodes import EpisodeByteCache, FetchedFrames, FetchError, FrameRequest, 
 from episodes._budget import ByteBudget
 from episodes._ready_parts import ReadyParts
 from episodes._storage import RangeAnswer, Storage
+from episodes.synthetic import make_dataset
 from episodes.testing.faults import serve_with_faults
-from episodes.testing.synthetic import make_dataset
 from episodes.tools.verify import FullFileReference
-from models.episode import EpisodeLoader, cache_dir, clips_of, sample_clip_frames
+from models.episode import EpisodeLoader
+from models.episode_decode import clips_of
+from models.episode_reader import cache_dir, sample_clip_frames
+from rnb.core.episode_request import EpisodeRequest
 from rnb.core.timecard import TimeCard
-from rnb.pipeline.dataset_source import EpisodeRequest
 
 CPU = torch.device("cpu")
 ORDER = [4, 1, 5, 0, 3, 2, 4, 1]   # items 0..7: episode of each (episode 4 and 1 twice)

@@ -15,7 +15,7 @@ from torchcodec.decoders import VideoDecoder
 
 from episodes._dataset import open_dataset
 from episodes._mp4.boxes import top_level_boxes
-from episodes.testing.synthetic import BITS, SyntheticSpec, make_dataset
+from episodes.synthetic import BITS, SyntheticSpec, make_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(episodes=5, cameras=2, episodes_per_file=2, min_length=8, max_length=20, width=64, height=64, seed=1)

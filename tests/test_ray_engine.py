@@ -323,10 +323,8 @@ def test_a_final_step_that_hangs_after_k_items_on_ray_stalls_and_leaves_exactly_
     assert [row["item_id"] for row in log.rows] == list(range(k)) and meta["counted_items"] == k
     assert (meta["termination_reason"], meta["failed_process"]) == ("stalled", "step1-g0-r0")
     assert re.match(rf"step 1 replica 0 \(pid \d+, on 127\.0\.0\.1, cpu\) has held item {k} for [\d.]+ s with no item "
-                    r"finished since(, and its process has not computed (for [34]\.\d s|since the job started)|, inside one "
-                    r"call for [34]\.\d s, over 5 times the slowest its step completed \(0\.\d\d s\) \(a step only this slow "
-                    r"needs a larger --stall-s\)); the Python stacks of every process "
-                    rf"are in {re.escape(str(log.dir))}/stacks/ "
+                    r"finished since, and its process has not computed since the job started; the Python stacks of every "
+                    rf"process are in {re.escape(str(log.dir))}/stacks/ "
                     r"\(step1-g0-r0\.txt is its own\)$", meta["error"]), meta["error"]
     assert "in hang" in (log.dir / "stacks" / "step1-g0-r0.txt").read_text()
     assert f"benchmark.py: {meta['error']}" in err and "Traceback" not in err

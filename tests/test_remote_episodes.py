@@ -8,8 +8,8 @@ import torch
 
 from episodes import EpisodeByteCache, FrameRequest, open_dataset, open_video_files
 from episodes.__main__ import main
+from episodes.synthetic import SyntheticSpec, make_dataset
 from episodes.testing.server import serve_directory
-from episodes.testing.synthetic import SyntheticSpec, make_dataset
 
 SPEC = SyntheticSpec(codec="h264", gop=6, bframes=2, episodes=5, cameras=2, episodes_per_file=3,
                      min_length=8, max_length=16, width=64, height=64, seed=4)

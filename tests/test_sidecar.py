@@ -12,8 +12,8 @@ from episodes import EpisodeByteCache, Fetch, FrameRequest, LeRobotDataset, Stor
 from episodes._indexes import FileClaim, StaleIndex
 from episodes._sidecar import SIDECAR_NAME, IndexSidecar, sidecar_path
 from episodes._storage import FileInfo
+from episodes.synthetic import SyntheticSpec, make_dataset
 from episodes.testing.server import serve_directory
-from episodes.testing.synthetic import SyntheticSpec, make_dataset
 from tests.test_make_dataset import read_indices
 
 SPEC = SyntheticSpec(codec="h264", gop=6, bframes=2, episodes=4, cameras=1, episodes_per_file=2,

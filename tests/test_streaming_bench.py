@@ -9,8 +9,8 @@ import pytest
 from episodes import open_dataset
 from episodes.__main__ import main
 from episodes._sidecar import sidecar_path
+from episodes.synthetic import SyntheticSpec, make_dataset
 from episodes.testing.server import serve_directory
-from episodes.testing.synthetic import SyntheticSpec, make_dataset
 from episodes.tools.streaming import TRACKS, StreamingOptions, random_targets, run_tracks
 
 SPEC = SyntheticSpec(episodes=8, cameras=2, episodes_per_file=4, min_length=30, max_length=60, width=64, height=64,

@@ -17,7 +17,7 @@ from episodes._layout import ROW_INDEX
 from episodes._sidecar import local_cache_path
 from episodes._source import guess_kind
 from episodes._tabular import USAGE_DIR
-from episodes.testing.synthetic import SyntheticSpec
+from episodes.synthetic import SyntheticSpec
 
 SPEC = SyntheticSpec(episodes=6, cameras=1, episodes_per_file=3, min_length=10, max_length=40, width=32,
                      height=32, gop=8, row_group_size=16, seed=5)

@@ -16,7 +16,7 @@ from rnb import cli
 from rnb.analysis.job_dirs import read_job
 from rnb.analysis.jobs import ValidityRules, summarize_job
 from rnb.load import LoadSettings, mode_of
-from rnb.load_inputs import Span, parse_schedule, read_trace
+from rnb.load.inputs import Span, parse_schedule, read_trace
 
 
 def due(settings: LoadSettings, count: int, seed: int = 0) -> list[float]:

@@ -18,8 +18,8 @@ import pytest
 
 from episodes import DatasetFormatError, EpisodeByteCache, FetchError, FrameRequest, Mp4FormatError, open_dataset
 from episodes._sidecar import sidecar_path
+from episodes.synthetic import SyntheticSpec
 from episodes.testing.faults import serve_with_faults
-from episodes.testing.synthetic import SyntheticSpec
 from rnb import cli
 from tests.test_make_dataset import read_indices
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from episodes.__main__ import main
-from episodes.testing.synthetic import SyntheticSpec
+from episodes.synthetic import SyntheticSpec
 
 SPEC = SyntheticSpec(codec="hevc", gop=8, bframes=3, episodes=4, cameras=2, episodes_per_file=2,
                      min_length=8, max_length=16, width=64, height=64, seed=2)

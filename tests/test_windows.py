@@ -12,8 +12,8 @@ from episodes._mp4.span import episode_span
 from episodes._mp4.windows import frame_windows
 from episodes._mp4.writer import build_mini_mp4, gather_samples
 from episodes._storage import coalesce_ranges
+from episodes.synthetic import SyntheticSpec, make_dataset
 from episodes.testing.server import serve_directory
-from episodes.testing.synthetic import SyntheticSpec, make_dataset
 from episodes.tools.verify import FullFileReference
 from tests.mp4_fixtures import ALL_KINDS, FPS, FRAMES, clip_dir, make_mp4, read_index
 from tests.test_decode import _full

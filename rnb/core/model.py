@@ -115,7 +115,7 @@ class DeclaresDtypes(Protocol):
 
 @runtime_checkable
 class ChecksDataset(Protocol):
-    """A model class that vets its keywords against the dataset it will read (raising KeywordError)."""
+    """A model class that vets its keywords against the dataset it will read (raising rnb.core.model_keywords.KeywordError)."""
 
     @staticmethod
     def check_dataset(dataset: Any, **keywords: Any) -> None: ...

@@ -30,31 +30,24 @@ from rnb.engines.stopping import STOPS
 from rnb.engines.streams import streams_record, write_per_stream
 from rnb.load import MAX_SEMAPHORE_VALUE, OFFERED_FILE, LoadSettings, mode_of
 from rnb.pipeline.config import PipelineConfig
+from rnb.pipeline.run_keys import JobSettings
 
 log = logging.getLogger(__name__)
 
 EXIT_CODES = {Termination.TARGET_REACHED: 0, Termination.MAX_DURATION: 0, Termination.INTERRUPTED: 130,
               Termination.TERMINATED: 143}
-DEFAULT_STALL_S = 60.0
 
 
 @dataclass(frozen=True)
-class RunArgs:
-    """The job's settings after command line, config "run" object and defaults are combined."""
+class RunArgs(JobSettings):
+    """The job's settings after command line, config "run" object and defaults are combined: the run keys'
+    (JobSettings, declared with their flags in rnb.pipeline.run_keys), the load's, and the command's own."""
 
-    videos: int
-    batch_size: int
-    queue_size: int
-    warmup: int
-    seed: int
-    cpu: bool
-    log_dir: str
+    cpu: bool = False
+    log_dir: str = "logs"
     load: LoadSettings = LoadSettings()   # how requests arrive (rnb.load)
     sample_interval_ms: float = DEFAULT_INTERVAL_MS
-    engine: str = "local"             # "local" (spawned processes) or "ray" (rnb.engines.ray)
     ray_address: str | None = None    # --ray-address as given
-    stall_s: float = DEFAULT_STALL_S   # --stall-s: no item leaving any step this long ends the job; 0: never
-    max_duration_s: float = 0.0        # --max-duration: measured seconds after which the job ends; 0: no bound
     quiet: bool = False                # -q: no live progress on stderr (rnb.engines.live)
     request_queue_size: int = field(init=False)  # -qs, or in bulk mode at least -v (see __post_init__)
 

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rnb.core.episode_request import READ_RETRIES, READ_TIMEOUT_S, EpisodeRequest
 from rnb.core.records import Json
-from rnb.pipeline.config import ConfigError, PipelineConfig, describe
+from rnb.pipeline.config_records import ConfigError, PipelineConfig, describe
 
 if TYPE_CHECKING:
     from episodes import EpisodeDataset, SourceKind
@@ -42,25 +43,6 @@ _KEYS: dict[SourceKind, tuple[str, ...]] = {
     "dataset": ("dataset", "order", "seed", "episodes", "lookahead", "generate_if_missing", *_READS),
     "videos": ("videos", "order", "seed", "episodes", "lookahead", *_READS)}
 MAX_RETRIES = 10  # backoff doubles each time: 10 retries already wait 0.2 x 1023 s between them
-# The episodes library's own defaults (Storage), what a source that sets neither gets.
-READ_TIMEOUT_S = 30.0
-READ_RETRIES = 3
-
-
-@dataclass(frozen=True, repr=False)
-class EpisodeRequest:
-    """A request payload: which episode of which dataset, and the episodes that come next."""
-
-    kind: SourceKind
-    root: str                     # dataset root, or the video glob
-    episode: int
-    upcoming: tuple[int, ...] = ()
-    timeout_s: float = READ_TIMEOUT_S   # the source's read limits: how long one attempt may take,
-    retries: int = READ_RETRIES         # and how often a read is tried again
-
-    def __repr__(self) -> str:
-        # The payload column of timings.parquet: short, and enough to find the episode again.
-        return f"{self.root}#{self.episode}"
 
 
 @dataclass(frozen=True)
@@ -169,7 +151,7 @@ def check_source(source: Mapping[str, Json], config_path: str, may_write: bool =
         if not may_write:
             log.info("dataset %s is missing: a run (without --check) generates it there", options.root)
             return None
-        from episodes.testing.synthetic import make_dataset
+        from episodes.synthetic import make_dataset
 
         log.info("dataset %s is missing: generating the synthetic dataset there "
                  "(scripts/make_dataset.py with default options)", options.root)

@@ -1,42 +1,38 @@
 """GPU validation: map the config's logical GPU indices to physical GPUs and check them.
 
 Done in the main process before anything is spawned, through NVML rather than
-CUDA, so that the main process never creates a CUDA context and a config that
-asks for a missing or busy GPU costs one sentence and exit code 2.
-
-Busy means used by a stranger.  The processes NVML lists on a GPU may
-include the checking process itself and those that started it (a bench or
-pytest that already ran CUDA work, then starts a job): they are the job's
-own (`Family`).  Inside a container with its own pid namespace NVML reports
-host pids, which match nothing here; then the family's CUDA contexts are
-counted instead: this process's own, and those its ancestors declared in
-the environment they started it with (`child_environment`).
+CUDA (rnb.pipeline.nvml), so that the main process never creates a CUDA
+context and a config that asks for a missing or busy GPU costs one sentence
+and exit code 2.  Busy means used by a stranger: a process not of the job's
+own family (rnb.pipeline.gpu_family).
 
 CUDA and NVML must number GPUs alike, or the GPU checked free is not the
 GPU a runner uses: CUDA_DEVICE_ORDER=PCI_BUS_ID makes CUDA's order NVML's,
 and `check_cuda_numbering` (the main process) and `check_device_uuid` (each
 runner) compare torch's UUID of each logical GPU with NVML's.
+
+The engines, benches and tests take the GPU names of all three modules from
+here.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
-from types import TracebackType
-
-import psutil
 
 from rnb.core.records import GpuRecord
-from rnb.pipeline.config import ConfigError, PipelineConfig
+from rnb.pipeline.config_records import ConfigError, PipelineConfig
+from rnb.pipeline.gpu_family import DEVICE_ORDER, Family, child_environment
+from rnb.pipeline.nvml import DeviceState, GpuUtilisation, Nvml, nvml_uuid
+
+__all__ = ["DEFAULT_MAX_MEMORY_FRACTION", "DEVICE_ORDER", "DeviceMemory", "DeviceState", "GpuMismatchError",
+           "GpuRequestError", "GpuUtilisation", "Nvml", "apply_cpu_override", "busy_notes", "check_assigned_gpu",
+           "check_cuda_numbering", "check_device_uuid", "child_environment", "device_memory_record", "mismatch",
+           "nvml_uuid", "validate_gpus", "visible_gpu_count"]
 
 DEFAULT_MAX_MEMORY_FRACTION = 0.05
-# CUDA's numbering of GPUs that is NVML's: set for the main process, every child and every Ray actor and task.
-DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-# GPU UUIDs (NVML's form), one per CUDA context that the processes which started this one hold, comma-separated.
-ANCESTOR_CONTEXTS_ENV = "RNB_ANCESTOR_GPU_CONTEXTS"
 
 
 class GpuRequestError(ConfigError):
@@ -45,177 +41,6 @@ class GpuRequestError(ConfigError):
 
 class GpuMismatchError(RuntimeError):
     """A runner's CUDA device is not the GPU the job checked (CUDA and NVML number GPUs differently)."""
-
-
-@dataclass(frozen=True)
-class DeviceState:
-    """What NVML reports about one physical GPU, as far as the check needs it."""
-
-    name: str
-    uuid: str
-    memory_total_bytes: int
-    memory_used_bytes: int
-    compute_pids: tuple[int, ...] | None  # None where NVML could not list them (process_query_error says why)
-    process_query_error: str = ""
-
-
-@dataclass(frozen=True)
-class GpuUtilisation:
-    """One NVML sample of a GPU while a job runs."""
-
-    gpu_percent: int                # time a kernel ran over NVML's last sample period
-    memory_used_bytes: int
-    decoder_percent: int            # NVDEC busy over its sample period
-    power_watts: float | None = None   # the board's power draw; None where NVML does not report it
-
-
-def nvml_uuid(uuid: str) -> str:
-    """A GPU UUID in NVML's form, "GPU-..." (torch's lacks the prefix)."""
-    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-
-
-def contexts_here() -> list[str]:
-    """The GPUs (NVML UUIDs) on which this process holds a CUDA context: none unless torch has initialised CUDA.
-
-    Asking creates no context: torch's primary-context query reads the driver's state of each device.
-    """
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return []
-    return [nvml_uuid(str(torch.cuda.get_device_properties(index).uuid)) for index in range(torch.cuda.device_count())
-            if torch._C._cuda_hasPrimaryContext(index)]
-
-
-def _declared(environ: Mapping[str, str]) -> list[str]:
-    return [uuid for uuid in environ.get(ANCESTOR_CONTEXTS_ENV, "").split(",") if uuid]
-
-
-def child_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for a job this process starts as a subprocess (a bench, a test, a tool).
-
-    GPUs are numbered as NVML numbers them, and this process's CUDA contexts
-    (with those its own ancestors declared) are declared as the job's own, so
-    that the job's busy check does not take them for a stranger's where NVML
-    reports pids of another namespace.
-    """
-    env = dict(os.environ if base is None else base)
-    for key, value in DEVICE_ORDER.items():
-        env.setdefault(key, value)
-    held = [*_declared(env), *contexts_here()]
-    if held:
-        env[ANCESTOR_CONTEXTS_ENV] = ",".join(held)
-    return env
-
-
-@dataclass(frozen=True)
-class Strangers:
-    """The compute processes on one GPU that are not the job's own."""
-
-    count: int
-    pids: tuple[int, ...]  # the strangers' own where NVML shares this pid namespace; else every pid it listed as unknown
-    unseen: int            # the job's own contexts that NVML listed under pids of another namespace (0: pids compared)
-
-    def __bool__(self) -> bool:
-        return self.count > 0
-
-    def describe(self) -> str:
-        pids = ", ".join(str(pid) for pid in self.pids)
-        if not self.unseen:
-            return f"compute processes on it (pids {pids})"
-        return (f"{self.count} compute process(es) on it besides this job's own {self.unseen} (NVML reports pids of "
-                f"another pid namespace: {pids})")
-
-
-@dataclass(frozen=True)
-class Family:
-    """The processes whose CUDA contexts count as the job's own: this one, those that started it, what they declared."""
-
-    pids: frozenset[int]
-    contexts: Mapping[str, int]  # NVML UUID -> CUDA contexts the family holds on that GPU (as far as it knows)
-
-    @staticmethod
-    def here(environ: Mapping[str, str] | None = None, held: Callable[[], list[str]] | None = None) -> Family:
-        pids = {os.getpid()}
-        try:
-            pids.update(parent.pid for parent in psutil.Process().parents())
-        except psutil.Error:  # a parent gone meanwhile: the ones found still count
-            pass
-        counts: dict[str, int] = {}
-        for uuid in [*_declared(os.environ if environ is None else environ), *(held or contexts_here)()]:
-            counts[uuid] = counts.get(uuid, 0) + 1
-        return Family(frozenset(pids), counts)
-
-    def strangers(self, uuid: str, listed: tuple[int, ...]) -> Strangers:
-        """Who else computes on the GPU `uuid`, given the pids NVML lists on it.
-
-        A listed pid of the family is its own.  Contexts the family holds but
-        NVML did not list under a family pid were listed under pids of another
-        namespace: that many of the unknown pids are the family's too.
-        """
-        unknown = tuple(pid for pid in listed if pid not in self.pids)
-        unseen = max(0, self.contexts.get(uuid, 0) - (len(listed) - len(unknown)))
-        return Strangers(max(0, len(unknown) - unseen), unknown, unseen)
-
-
-class Nvml:
-    """The handful of NVML calls the check makes, as one seam that tests replace.
-
-    py3nvml is imported on entry only, so CPU-only runs never load the library.
-    """
-
-    def __enter__(self) -> Nvml:
-        from py3nvml import py3nvml
-
-        self._nv = py3nvml
-        py3nvml.nvmlInit()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self._nv.nvmlShutdown()
-
-    def device_count(self) -> int:
-        return int(self._nv.nvmlDeviceGetCount())
-
-    def device(self, physical_index: int) -> DeviceState:
-        nv = self._nv
-        handle = nv.nvmlDeviceGetHandleByIndex(physical_index)
-        memory = nv.nvmlDeviceGetMemoryInfo(handle)
-        try:
-            pids: tuple[int, ...] | None = tuple(int(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(handle))
-            error = ""
-        except Exception as exc:  # e.g. NVML_ERROR_NOT_SUPPORTED under a sandboxed runtime: unknown, not fatal
-            pids, error = None, f"{type(exc).__name__}: {exc}"
-        return DeviceState(
-            name=str(nv.nvmlDeviceGetName(handle)),
-            uuid=str(nv.nvmlDeviceGetUUID(handle)),
-            memory_total_bytes=int(memory.total),
-            memory_used_bytes=int(memory.used),
-            compute_pids=pids,
-            process_query_error=error,
-        )
-
-    def process_memory(self, uuid: str) -> dict[int, int]:
-        """Device memory each compute process holds on the GPU whose NVML UUID ends with `uuid`, by pid."""
-        nv = self._nv
-        for index in range(self.device_count()):
-            handle = nv.nvmlDeviceGetHandleByIndex(index)
-            if str(nv.nvmlDeviceGetUUID(handle)).endswith(uuid):
-                return {int(p.pid): int(p.usedGpuMemory) for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)
-                        if p.usedGpuMemory is not None}
-        return {}
-
-    def utilisation(self, physical_index: int) -> GpuUtilisation:
-        nv = self._nv
-        handle = nv.nvmlDeviceGetHandleByIndex(physical_index)
-        rates = nv.nvmlDeviceGetUtilizationRates(handle)
-        decoder, _period_us = nv.nvmlDeviceGetDecoderUtilization(handle)
-        try:
-            power: float | None = int(nv.nvmlDeviceGetPowerUsage(handle)) / 1000.0   # NVML gives milliwatts
-        except Exception:  # NVML_ERROR_NOT_SUPPORTED on boards without a power sensor (and MIG slices)
-            power = None
-        return GpuUtilisation(int(rates.gpu), int(nv.nvmlDeviceGetMemoryInfo(handle).used), int(decoder), power)
 
 
 def validate_gpus(

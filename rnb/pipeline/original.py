@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from rnb.core.records import Json, JsonObject
+from rnb.pipeline.config_records import describe
 
 RNB_CLIPS: JsonObject = {"choices": [1, 15], "weights": [10, 1]}
 RNB_GEOMETRY: Mapping[str, Json] = {"num_clips": RNB_CLIPS, "clip_length": 8, "size": 112}
@@ -131,8 +132,6 @@ def _clip_keywords(step: JsonObject, where: str, fail: Fail) -> None:
 
 def _check_aggregate(step: JsonObject, k: int, pipeline: list[Json], fail: Fail) -> None:
     """RnB's aggregator waited for `aggregate` segments; here it merges the segments each item was split into."""
-    from rnb.pipeline.config import describe  # config imports this module
-
     aggregate = step.pop("aggregate", 1)
     # segments stay apart from the step that splits an item until a step merges them
     segments = next((s["num_segments"] for s in reversed(pipeline[:k])

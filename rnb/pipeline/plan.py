@@ -15,10 +15,12 @@ from typing import Any, TypeGuard
 
 import torch
 
+from rnb.core.episode_request import EpisodeRequest
 from rnb.core.model import ChecksDataset, DeclaresDtypes, Keywords, Shapes, StepModelClass, input_side, output_side
+from rnb.core.model_keywords import KeywordError
 from rnb.core.records import Json, json_at
-from rnb.pipeline.config import ConfigError, KeywordError, PipelineConfig, QueueGroup
-from rnb.pipeline.dataset_source import KINDS, EpisodeRequest, parse_options
+from rnb.pipeline.config_records import ConfigError, PipelineConfig, QueueGroup
+from rnb.pipeline.dataset_source import KINDS, parse_options
 from rnb.pipeline.dotted import load_object
 
 

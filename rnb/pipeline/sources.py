@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping
 
 from rnb.core.records import Json
-from rnb.pipeline.config import ConfigError
+from rnb.pipeline.config_records import ConfigError
 from rnb.pipeline.dotted import load_object
 
 # first key of config.source -> dotted path of `factory(source, config_path) -> Iterable`

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import rnb.flags as flags
 from rnb.analysis.rnb_sweep import add_job_rules
-from rnb.engines.registry import DEFAULT_ENGINE, ENGINES
+from rnb.engines.registry import DEFAULT_ENGINE, ENGINES, engines_help
 from rnb.tune.sim_records import DEFAULT_ITEMS
 from rnb.tune.streams import DEFAULT_BOUND
 
@@ -57,7 +57,7 @@ def add_search_flags(parser: flags.CommandParser) -> None:
                         help="auto: exhaustive up to 256 candidates, else quick; optuna: TPE over the same space "
                              "(default auto)")
     parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
-                        help="the harness engine every job runs on (default local)")
+                        help=f"the engine every job runs on: {engines_help()} (default {DEFAULT_ENGINE})")
     parser.add_argument("--out", required=True, type=Path, help="directory of profiles, jobs and the report (required)")
     parser.add_argument(*flags.BATCH, "--batch", dest="batch", type=flags.integers(1), metavar="LIST",
                         help="batch sizes of every Batcher whose config gives no list (default: the config's value, "

@@ -4,7 +4,7 @@ A value that does not fit its keyword would otherwise pass validation and
 fail later, far from its cause: `"batch": "4"` in output_shape() as a shape
 of ('44', ...), `"classes": "ten"` in every runner as torch's TypeError.
 Here it is one sentence naming the keyword's JSON path and what its
-annotation takes (rnb.core.keywords says how a model writes one).
+annotation takes (rnb.core.model_keywords says how a model writes one).
 
 The checker is small and our own rather than pydantic's: a config is JSON,
 so it needs no coercion (a `"4"` for an int is a mistake to report, which
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import annotated_types
 
-from rnb.core.keywords import Unlisted
+from rnb.core.model_keywords import Unlisted
 from rnb.core.records import Json
 
 

@@ -1,4 +1,8 @@
-"""Synthetic LeRobot v3.0 datasets for tests and benchmarks.
+"""Synthetic LeRobot v3.0 datasets: RnB's default dataset, and the data of tests and benchmarks.
+
+A public module of the library (not of its test kit), since a pipeline
+writes its missing default dataset with it in production
+(rnb.pipeline.dataset_source, scripts/make_dataset.py).
 
 The layout mimics a long robot recording: each MP4 holds several episodes
 encoded in one go, so GOPs cross episode boundaries, and the episode
