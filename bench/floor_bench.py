@@ -144,28 +144,33 @@ def windows_floor_rows(root: Path, workdir: Path, effort: Effort) -> list[Row]:
         row = measure_pair("P3rd", f"s for random frames: frame windows over HTTP ({WAN}) / decoding them from memory "
                            "(the floor), GOP 30", Goal("<=", 1.1), ("windows", "s", windows),
                            ("in memory", "s", in_memory), effort.pick(P3RD_QUICK_REPS, effort.reps), warmup=0)
+    assert row.b is not None  # measure_pair always measures both sides
+    return [dataclasses.replace(row, note=_windows_note(count, len(targets), seen, cpu, row.b.median))]
+
+
+def _windows_note(count: int, episodes: int, seen: list[TrackResult], cpu: dict[str, list[float]],
+                  floor_median_s: float) -> str:
+    """P3rd's note: where the windows' time goes, and the link's own bound for their bytes against the floor."""
     decode_s = float(np.median([r.stage_ms["decode"] * r.jobs / 1000 for r in seen]))
     wall_s = float(np.median([r.index_s + r.wall_s for r in seen]))
     index_s = float(np.median([r.index_s for r in seen]))
-    assert row.b is not None  # measure_pair always measures both sides
     # The link's own floor for those bytes: one round trip, then the bytes at its rate. Overlapped, the reader still
     # waits a round trip for its first bytes before decoding (the sidecar's check rides on their answers).
     rtt_s = WAN.rtt_ms / 1000
     link_s = rtt_s + seen[-1].bytes_fetched / WAN.bytes_per_s
     reader_s, helpers_s, floor_s = (float(np.median(cpu[name])) for name in ("reader", "helpers", "floor"))
-    note = (f"{count} random frames over {len(targets)} episodes; windows at a {P3RD_GAP_KB} KiB gap (a request's "
+    return (f"{count} random frames over {episodes} episodes; windows at a {P3RD_GAP_KB} KiB gap (a request's "
             f"cost on this link), {seen[-1].ranges_after} range requests, {seen[-1].bytes_fetched / 1e6:.3g} MB, "
             f"indexes from the sidecar; the floor: one decoder per source file in memory, one thread; frames checked "
             f"identical. Windows spends {decode_s:.2f} of its {wall_s:.2f} s decoding (summed over threads, each request "
             f"as soon as its ranges are in, the decoders' opening included), {index_s:.3f} s loading the sidecar's "
             f"indexes (checked by the first range answers), the rest planning, waiting and cutting mini-MP4s. The "
             f"link alone needs {link_s:.2f} s for those bytes: fetching then decoding is bound to "
-            f"{(link_s + row.b.median) / row.b.median:.2f}x the floor, "
-            f"overlapping them to {(rtt_s + max(link_s - rtt_s, row.b.median)) / row.b.median:.2f}x (the first bytes' "
+            f"{(link_s + floor_median_s) / floor_median_s:.2f}x the floor, "
+            f"overlapping them to {(rtt_s + max(link_s - rtt_s, floor_median_s)) / floor_median_s:.2f}x (the first bytes' "
             f"round trip before decoding). CPU (medians): the reader's thread {reader_s:.3f} s against the floor's "
             f"{floor_s:.3f} s, the fetch threads and the HTTP client {helpers_s:.3f} s more (cutting mini-MP4s, "
             "opening a decoder per request), which needs the second core")
-    return [dataclasses.replace(row, note=note)]
 
 
 # ---- P10d: the R(2+1)D loader / the same clips decoded from memory ---------------------------------

@@ -73,7 +73,8 @@ from typing import Any
 
 from bench import gpu_bundle, gpu_rehearsal
 from bench.bounded import Deadline
-from bench.gpu_checks import CHECKS, Check, Datasets, Plan, Step, check_gpu_tests, check_p8, one_line
+from bench.gpu_kit import Check, Datasets, Plan, Step, one_line
+from bench.gpu_suite import CHECKS, check_gpu_tests, check_p8
 
 WHEEL_DIR = Path(".whl")
 BUNDLED = "RNB_GPU_BUNDLE"  # set in the process that runs with the unpacked bundle

@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.bounded import Deadline, finish, first_line, isolated, start
-from bench.gpu_checks import ISOLATED_S, Check, Datasets, Plan, Step, check_seam, run_pytest, verdict
+from bench.gpu_device_checks import check_seam
+from bench.gpu_kit import ISOLATED_S, Check, Datasets, Plan, Step, verdict
+from bench.gpu_suite import run_pytest
 
 if TYPE_CHECKING:  # both import torch, which the rehearsal's own processes do without
     from rnb.core.device import DeviceMark

@@ -1,5 +1,5 @@
-"""Harness benchmarks: P1s/P1h/P1c (what the process model costs), P5 (shared slots vs queues), P6/P6c (loader scaling),
-P9/P9n/P9h (the same on the Ray engine, on one node and across two).
+"""Harness benchmarks: P1s/P1h/P1c, what the process model costs; P5 (bench/ipc_bench.py), P6
+(bench/scaling_bench.py) and P9 (bench/ray_bench.py) build on what is here.
 
 Each compares the harness with what a user would write instead, on the same
 work, so the ratio says what RnB's machinery costs or buys.  Harness runs go
@@ -13,7 +13,6 @@ in one too (`loop_throughput`).
 from __future__ import annotations
 
 import json
-import queue
 import statistics
 import sys
 import tempfile
@@ -30,15 +29,14 @@ import torch.multiprocessing as mp
 
 from bench.bounded import NO_DEADLINE, Deadline, finish, isolated, start
 from bench.common import Effort, Goal, Row, Side, compare, measure_pair, paired
+from bench.ipc_bench import Peer
 from rnb.core.timecard import TimeCard
-from rnb.engines.buffers import LocalBuffers
-from rnb.engines.local.plumbing import SharedSlot
 from rnb.pipeline.dotted import load_object
 from rnb.pipeline.gpus import child_environment
 
 REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO / "data" / "synthetic"
-HANDOFF_TIMEOUT_S = 60.0  # no single 18 MB hand-off takes anywhere near this; past it the peer is gone
+
 JOB_S = 900.0  # the most one whole harness job may take (P1h: and so the gap between two commands to its producer)
 LOOP_S = 600.0  # the most one loop on a GPU may take
 
@@ -262,7 +260,7 @@ def hop_costs(job_dir: Path, windows: int, hops: int) -> list[tuple[float, float
             for begin, end, count, cpu in zip(edges, edges[1:], counts, spent)]
 
 
-def message_costs(peer: _Peer, count: int) -> tuple[float, float]:
+def message_costs(peer: Peer, count: int) -> tuple[float, float]:
     """(wall, CPU) microseconds per bare message: `count` messages from the peer's process to this one."""
     child = psutil.Process(peer.process.pid)
     before = sum(child.cpu_times()[:2]) + time.process_time()
@@ -282,7 +280,7 @@ def p1_harness_per_hop(effort: Effort) -> list[Row]:
     config = chain_pipeline((("bench.harness_bench.Idle", {}),) * CHAIN_STEPS, -1)
     ctx = mp.get_context("spawn")
     inbox = ctx.Queue()
-    peer = _Peer(ctx, _message_producer, lambda item: item, inbox, inbox)
+    peer = Peer(ctx, _message_producer, lambda item: item, inbox, inbox)
     harness: list[tuple[float, float]] = []  # (wall, CPU) us per repetition
     bare: list[tuple[float, float]] = []
     try:
@@ -326,296 +324,3 @@ def p1_contention(effort: Effort) -> list[Row]:
                          f"SyntheticFrames {FRAMES_KW} -> TinyConvNet, both on CPU; the network step has "
                          f"threads {torch.get_num_threads()}, as many as the loop; on a machine with fewer cores "
                          "than busy threads this measures CPU contention between the steps, not the harness")]
-
-
-# ---------------------------------------------------------------- P9 the Ray engine
-
-def on_ray(config: dict[str, Any]) -> dict[str, Any]:
-    """The same config on the Ray engine: a one-node Ray on this machine that each job starts and stops."""
-    return {**config, "run": {**config.get("run", {}), "engine": "ray"}}
-
-
-def on_two_nodes(config: dict[str, Any]) -> dict[str, Any]:
-    """The same config on a simulated Ray cluster the job starts (rnb.engines.ray.cluster): step 0's runners on
-    a node labelled loaders, every later step's on one labelled nets, the client on the head node."""
-    pipeline = [{**step, "queue_groups": [{**group, "node": "loaders" if k == 0 else "nets"}
-                                          for group in step["queue_groups"]]}
-                for k, step in enumerate(config["pipeline"])]
-    return on_ray({**config, "pipeline": pipeline})
-
-
-def p9_ray_sleeping_steps(effort: Effort) -> list[Row]:
-    """P9: P1s's pipeline of sleeping steps on the Ray engine, against the slowest step alone; P9n across two nodes."""
-    step = ("bench.harness_bench.Idle", {"sleep_ms": SLEEP_MS})
-    config, items = chain_pipeline((step,) * CHAIN_STEPS, -1), effort.pick(500, 600)
-    what = f"{CHAIN_STEPS}-step pipeline of {SLEEP_MS:g} ms waits on the Ray engine"
-    runners = f"{CHAIN_STEPS} CPU runner actors, each sleeping {SLEEP_MS:g} ms per item"
-    loop = ("loop", lambda n: loop_throughput((step,), "cpu", n))
-    return [harness_pair(effort, "P9", f"{what}: bulk / the slowest step alone in a loop", Goal(">=", 0.95),
-                         ("ray", on_ray(config)), loop, items,
-                         f"{runners} on a one-node Ray the job starts; the loop runs one such step in this process; "
-                         "the local engine's figure is P1s"),
-            harness_pair(effort, "P9n", f"{what} across two simulated nodes: bulk / the slowest step alone in a loop",
-                         None, ("ray, 2 nodes", on_two_nodes(config)), loop, items,
-                         f"{runners}, step 0 on a node labelled loaders and steps 1-{CHAIN_STEPS - 1} on one labelled "
-                         "nets, of a simulated cluster the job starts on this machine (a head node for the driver, "
-                         "the client and the JobControl, one node per label): the client's and step 0's hand-offs "
-                         "cross nodes, through each node's own object store")]
-
-
-def p9_ray_per_hop(effort: Effort) -> list[Row]:
-    """P9h: harness cost per item per hop on the Ray engine, next to the local engine's on the same pipeline."""
-    items = effort.pick(1000, 2000)
-    config = chain_pipeline((("bench.harness_bench.Idle", {}),) * CHAIN_STEPS, -1)
-    with tempfile.TemporaryDirectory(prefix="rnb-P9h-") as tmp:
-        def hops(engine_config: dict[str, Any], windows: int) -> list[float]:
-            return [per_hop_us(rate, CHAIN_STEPS) for rate in run_harness(engine_config, items, Path(tmp), windows)]
-        if effort.quick:
-            ray_us, local_us = hops(on_ray(config), effort.reps), hops(config, effort.reps)
-        else:
-            ray_us, local_us = (list(side) for side in paired(lambda: hops(on_ray(config), 1)[0],
-                                                              lambda: hops(config, 1)[0], effort.reps, warmup=0))
-    a, b = Side.of("ray", "us/item/hop", ray_us), Side.of("local", "us/item/hop", local_us)
-    ratios = [x / y for x, y in zip(a.values, b.values)]
-    return [Row("P9h", f"us of harness per item per hop on the Ray engine, {CHAIN_STEPS} no-op steps (bulk); "
-                       "the figure is in us, not a ratio", None, a, b, a.median, min(a.values), max(a.values),
-                len(a.values),
-                note=f"{items} items per job through {CHAIN_STEPS} CPU runners of bench.harness_bench.Idle; on Ray "
-                     "an actor call (and its reply once taken) per hand-off, carrying every item that waited for it "
-                     "while the consumer was backlogged; a slot and a queue message on the local engine (B); per hop "
-                     f"Ray costs {statistics.median(ratios):.1f}x the local engine (median of the paired ratios; "
-                     "goal <= 5x); "
-                     + ("--quick: windows of one job, not interleaved" if effort.quick else "jobs interleaved"))]
-
-
-# ---------------------------------------------------------------- P5 IPC
-
-HANDOFF_SHAPE = (8, 3, 16, 112, 112)  # a loader's output of 8 clips of 16 frames at 112x112: 18.4 MiB of float32
-HANDOFF_MIB = torch.Size(HANDOFF_SHAPE).numel() * 4 / 2**20
-
-
-DEPTH = 2  # hand-offs in flight: two slots, or a queue bounded at two
-
-
-class _Outputs:
-    """The producer's per-item outputs, stamped with the item number so the consumer can check it.
-
-    fresh=False cycles through a few preallocated tensors, so only the
-    hand-off is timed (DEPTH bounds how far the producer runs ahead, so a
-    tensor is never restamped while a queue's feeder thread still pickles
-    it).  fresh=True makes a new tensor per item, as a model returning a new
-    output does; torch's queue needs that, since it shares a tensor's memory
-    rather than copying it, and a reused tensor would be overwritten under
-    the consumer.
-    """
-
-    def __init__(self, fresh: bool) -> None:
-        self.fresh = fresh
-        self.pool = [torch.rand(HANDOFF_SHAPE) for _ in range(1 if fresh else DEPTH + 2)]
-
-    def get(self, item: int) -> torch.Tensor:
-        output = self.pool[0].clone() if self.fresh else self.pool[item % len(self.pool)]
-        output.view(-1)[0] = item
-        return output
-
-
-def _slot_producer(slots: tuple[SharedSlot, ...], signals: Any, fresh: bool, commands: Any) -> None:
-    """Child: per command, hand `count` outputs over through the slots, as a runner does."""
-    outputs = _Outputs(fresh)
-    while (count := commands.get(timeout=HANDOFF_TIMEOUT_S)) is not None:
-        for item in range(count):
-            index = item % len(slots)
-            if not slots[index].free.wait(HANDOFF_TIMEOUT_S):
-                raise TimeoutError(f"P5 slot producer: slot {index} was not released within {HANDOFF_TIMEOUT_S:g} s")
-            slots[index].free.clear()
-            slots[index].write((outputs.get(item),), "P5 slot producer")
-            signals.put(index)
-
-
-def _queue_producer(out: Any, as_numpy: bool, fresh: bool, commands: Any) -> None:
-    """Child: per command, put `count` outputs on a queue (as numpy arrays, or as torch tensors)."""
-    outputs = _Outputs(fresh)
-    while (count := commands.get(timeout=HANDOFF_TIMEOUT_S)) is not None:
-        for item in range(count):
-            output = outputs.get(item)
-            out.put(output.numpy() if as_numpy else output, timeout=HANDOFF_TIMEOUT_S)
-
-
-class _Peer:
-    """A producer process and the consumer side of its hand-off, living across all repetitions."""
-
-    def __init__(self, ctx: Any, target: Callable[..., None], receive: Callable[[Any], int],
-                 inbox: Any, *args: Any) -> None:
-        self.commands = ctx.Queue()
-        self.inbox = inbox
-        self.receive = receive
-        self.process = ctx.Process(target=target, args=(*args, self.commands), daemon=True)
-        self.process.start()
-
-    def throughput(self, count: int) -> float:
-        """items/s of `count` hand-offs, each checked to be the item expected (`receive` gives its number)."""
-        started = time.perf_counter()
-        self.commands.put(count)
-        for item in range(count):
-            try:
-                message = self.inbox.get(timeout=HANDOFF_TIMEOUT_S)
-            except queue.Empty:
-                raise RuntimeError(f"P5: the producer (exit code {self.process.exitcode}) sent nothing "
-                                   f"for {HANDOFF_TIMEOUT_S:g} s") from None
-            stamp = self.receive(message)
-            if stamp != item:
-                raise RuntimeError(f"P5: expected item {item} from the producer, received item {stamp}")
-        return count / (time.perf_counter() - started)
-
-    def close(self) -> None:
-        self.commands.put(None)
-        self.process.join(10)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-
-
-def _slot_peer(ctx: Any, fresh: bool) -> _Peer:
-    slots = tuple(SharedSlot.allocate(ctx, (HANDOFF_SHAPE,), torch.device("cpu")) for _ in range(DEPTH))
-    signals = ctx.Queue()
-    buffers = LocalBuffers(torch.device("cpu"))  # what a runner does: one reused buffer, no allocation per item
-
-    def receive(index: int) -> int:
-        (data,) = slots[index].read(torch.device("cpu"), buffers)
-        slots[index].free.set()
-        return int(data.view(-1)[0])
-    return _Peer(ctx, _slot_producer, receive, signals, slots, signals, fresh)
-
-
-def _queue_peer(ctx: Any, as_numpy: bool, fresh: bool) -> _Peer:
-    inbox = ctx.Queue(DEPTH)
-    def receive(output: Any) -> int:
-        return int((torch.from_numpy(output) if as_numpy else output).view(-1)[0])
-    return _Peer(ctx, _queue_producer, receive, inbox, inbox, as_numpy, fresh)
-
-
-def p5_ipc(effort: Effort) -> list[Row]:
-    count = effort.pick(10, 40)
-    ctx = mp.get_context("spawn")
-    peers = {"slot": _slot_peer(ctx, False), "numpy": _queue_peer(ctx, True, False),
-             "fresh slot": _slot_peer(ctx, True), "torch": _queue_peer(ctx, False, True)}
-
-    def side(label: str, peer: str) -> tuple[str, str, Callable[[], float]]:
-        return label, "items/s", lambda: peers[peer].throughput(count)
-    try:
-        return [
-            measure_pair("P5", f"{HANDOFF_MIB:.1f} MiB float tensor between two processes: "
-                         "shared slot / pickled through a multiprocessing queue", Goal(">=", 5),
-                         side("slot", "slot"), side("pickle", "numpy"), effort.reps,
-                         note=f"{count} items per rep, {DEPTH} in flight; queue side: multiprocessing.Queue of "
-                              "tensor.numpy() (pickled bytes through a pipe)"),
-            measure_pair("P5t", "same with a new output tensor per item: shared slot / torch.multiprocessing queue",
-                         Goal(">=", 1), side("slot", "fresh slot"), side("torch queue", "torch"), effort.reps,
-                         note="torch's queue copies each new tensor into new shared memory and passes a file "
-                              "descriptor (no byte pickling); both sides pay the new tensor; our goal: slots no slower"),
-        ]
-    finally:
-        for peer in peers.values():
-            peer.close()
-
-
-# ---------------------------------------------------------------- P6 loader scaling
-
-class Discard:
-    """A final step that does nothing, so a pipeline's throughput is that of its step 0."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    @staticmethod
-    def output_shape(**kwargs: Any) -> None:
-        return None
-
-    def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> tuple:
-        return (), non_tensors, time_card
-
-
-# P6: each replica's first items cost it more CPU than the rest (allocator arenas, caches, torch's first calls: 25 to 40
-# items/CPU-s in a job's first windows, 45 to 55 later, at load 2 to 5), so a replica's first WARM_ITEMS are left out;
-# the harness samples the loaders' CPU every SAMPLE_MS, so that a window's edges fall within a few ms of CPU.
-WARM_ITEMS = 40
-SAMPLE_MS = 10
-
-
-def scaling_pipeline(replicas: int) -> dict[str, Any]:
-    """The episode loader on `replicas` CPU runners, then a final step that only counts.
-
-    The loader keeps nothing (a byte budget of 1) and fetches nothing ahead:
-    every item reads its episode and opens its decoder, so an item costs the
-    same whichever replica reads it and however many items that replica has
-    read. With the cache kept, two replicas fill two caches: over the 24
-    episodes here a replica's hits grow with the items it has read, and two
-    replicas read half as many each.
-    """
-    return {
-        "source": {"dataset": str(DATASET), "order": "random", "seed": 0},
-        "pipeline": [
-            {"model": "models.episode.EpisodeLoader", "num_shared_tensors": 4, "byte_budget": 1, "prefetch": 0,
-             "queue_groups": [{"gpus": [-1] * replicas, "out_queues": [0]}]},
-            {"model": "bench.harness_bench.Discard", "queue_groups": [{"gpus": [-1], "in_queue": 0}]},
-        ],
-    }
-
-
-def loader_windows(job_dir: Path, windows: int, skip: int = 0) -> list[tuple[float, float]]:
-    """(items/s, cores the step-0 runners got) in each of `windows` slices of a job's timed window.
-
-    The cores are the loaders' CPU seconds in the slice (window_cpu_s, summed
-    over the replicas) over its wall seconds. The slices start once the
-    first `skip` items have finished.
-    """
-    meta = json.loads((job_dir / "meta.json").read_text(encoding="utf-8"))
-    finishes = finish_times(job_dir, meta["num_steps"])
-    edges, counts = window_edges(finishes[skip - 1] if skip else meta["start_time"], finishes[skip:], windows)
-    loaders = {p["name"] for p in meta["processes"] if p["role"] == "runner" and p["step"] == 0}
-    spent = window_cpu_s(job_dir, edges, loaders)
-    if min(spent) <= 0:
-        raise RuntimeError(f"{job_dir}: no CPU time sampled for the loaders ({', '.join(sorted(loaders))}) "
-                           f"in window {spent.index(min(spent)) + 1} of {windows}")
-    return [(count / (end - begin), cpu / (end - begin))
-            for begin, end, count, cpu in zip(edges, edges[1:], counts, spent)]
-
-
-def p6_scaling(effort: Effort) -> list[Row]:
-    """2 loader replicas / 1, and the same per core the loaders got (P6c), which is what bounds P6 here.
-
-    On two cores shared with the main process, the client and the final
-    step, two replicas cannot get two cores; the cores they did get (against
-    one replica's) are P6's bound, measured in the same windows. Each
-    repetition is a job of either side, the sides alternating (AB, BA, ...),
-    timed over its items after each replica's first WARM_ITEMS: a loader's
-    CPU per item moves with what else the machine runs, so the sides are
-    measured close together in time and each over the same stretch of its
-    replicas' lives.
-    """
-    measured = effort.pick(60, 120)
-    two: list[tuple[float, float]] = []
-    one: list[tuple[float, float]] = []
-    with tempfile.TemporaryDirectory(prefix="rnb-P6-") as tmp:
-        def side(replicas: int, into: list[tuple[float, float]]) -> Callable[[], float]:
-            def measure() -> float:
-                job_dir = run_job(scaling_pipeline(replicas), replicas * WARM_ITEMS + measured, Path(tmp),
-                                  extra=("--sample-interval-ms", str(SAMPLE_MS)))
-                into.extend(loader_windows(job_dir, 1, skip=replicas * WARM_ITEMS))
-                return into[-1][0]
-            return measure
-
-        paired(side(2, two), side(1, one), effort.reps, warmup=0)
-    cores_two, cores_one = statistics.median(c for _, c in two), statistics.median(c for _, c in one)
-    note = (f"EpisodeLoader over {DATASET.relative_to(REPO)}, nothing kept or fetched ahead, final step discards; "
-            f"{effort.reps} jobs per side, alternating, each timed over {measured} items after each replica's first "
-            f"{WARM_ITEMS}, CPU sampled every {SAMPLE_MS} ms. Bound: the loaders got {cores_two:.2f} cores with 2 "
-            f"replicas and {cores_one:.2f} with 1 (medians), {cores_two / cores_one:.2f}x")
-    return [
-        compare("P6", "2 CPU loader replicas / 1 replica (2-core machine)", Goal(">=", 1.8),
-                Side.of("2 replicas", "items/s", [r for r, _ in two]), Side.of("1 replica", "items/s", [r for r, _ in one]),
-                note),
-        compare("P6c", "P6 against its bound: items per loader CPU-second, 2 replicas / 1", Goal(">=", 0.95),
-                Side.of("2 replicas", "items/CPU-s", [r / c for r, c in two]),
-                Side.of("1 replica", "items/CPU-s", [r / c for r, c in one])),
-    ]

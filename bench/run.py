@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
 import signal
 import sys
 import tempfile
@@ -89,14 +90,15 @@ def p8_gpu(effort: Effort, space: Workspace) -> list[Row]:
     if not torch.cuda.is_available():
         return [Row("P8", "R(2+1)D pipeline on one GPU / the same network in one loop", Goal(">=", 0.95),
                     note="skipped: no CUDA device here; bench/gpu_check.py runs it on a lent GPU machine")]
-    from bench.gpu_checks import gpu_rows
+    from bench.gpu_suite import gpu_rows
     return gpu_rows(effort)
 
 
-def _harness(name: str) -> Callable[[Effort, Workspace], list[Row]]:
+def _rows(module: str, name: str) -> Callable[[Effort, Workspace], list[Row]]:
+    """A row function of bench/<module>.py, imported when its rows run."""
     def run(effort: Effort, space: Workspace) -> list[Row]:
-        from bench import harness_bench
-        return getattr(harness_bench, name)(effort)
+        rows: Callable[[Effort], list[Row]] = getattr(importlib.import_module(f"bench.{module}"), name)
+        return rows(effort)
     return run
 
 
@@ -104,13 +106,6 @@ def _access(name: str) -> Callable[[Effort, Workspace], list[Row]]:
     def run(effort: Effort, space: Workspace) -> list[Row]:
         from bench.access_bench import access_rows
         return access_rows(name, effort, DATA_CACHE, space.dir, lambda: space.dataset)
-    return run
-
-
-def _tune(name: str) -> Callable[[Effort, Workspace], list[Row]]:
-    def run(effort: Effort, space: Workspace) -> list[Row]:
-        from bench import tune_bench
-        return getattr(tune_bench, name)(effort)
     return run
 
 
@@ -165,10 +160,10 @@ def l3_verdicts(effort: Effort, space: Workspace) -> list[Row]:
 
 
 BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
-    "P1s": _harness("p1_sleeping_steps"),
-    "P1s8": _harness("p1_deep_sleeping_steps"),
-    "P1h": _harness("p1_harness_per_hop"),
-    "P1c": _harness("p1_contention"),
+    "P1s": _rows("harness_bench", "p1_sleeping_steps"),
+    "P1s8": _rows("harness_bench", "p1_deep_sleeping_steps"),
+    "P1h": _rows("harness_bench", "p1_harness_per_hop"),
+    "P1c": _rows("harness_bench", "p1_contention"),
     "P2": p2_bytes,
     "P2r": _access("P2r"),
     "P3": p3_remote,
@@ -180,8 +175,8 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P3m": _overlap("P3m"),
     "P4": p4_decode,
     "P4r": _access("P4r"),
-    "P5": _harness("p5_ipc"),
-    "P6": _harness("p6_scaling"),
+    "P5": _rows("ipc_bench", "p5_ipc"),
+    "P6": _rows("scaling_bench", "p6_scaling"),
     "P7": p7_sidecar,
     "P8": p8_gpu,
     "P10": _access("P10"),
@@ -191,14 +186,14 @@ BENCHMARKS: dict[str, Callable[[Effort, Workspace], list[Row]]] = {
     "P11": _access("P11"),
     "P12": p12_child_start,
     "P12j": p12j_job_start,
-    "P9": _harness("p9_ray_sleeping_steps"),
-    "P9h": _harness("p9_ray_per_hop"),
-    "T1": _tune("t1"),
-    "T2": _tune("t2"),
-    "T3": _tune("t3"),
-    "T3c": _tune("t3c"),
-    "T4": _tune("t4"),
-    "T1s": _tune("t1s"),
+    "P9": _rows("ray_bench", "p9_ray_sleeping_steps"),
+    "P9h": _rows("ray_bench", "p9_ray_per_hop"),
+    "T1": _rows("tune_bench", "t1"),
+    "T2": _rows("tune_bench", "t2"),
+    "T3": _rows("estimator_bench", "t3"),
+    "T3c": _rows("estimator_bench", "t3c"),
+    "T4": _rows("tune_ray_bench", "t4"),
+    "T1s": _rows("tune_bench", "t1s"),
     "S1": _streams("s1"),
     "S2": _streams("s2"),
     "L1": l1_loadgen_client,

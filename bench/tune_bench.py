@@ -1,6 +1,7 @@
 """Tuner benchmarks: T1 (does rnb-tune find the best?), T2 (how much cheaper than measuring the grid?),
 T3 (how far off are the estimator's predictions?), T4 (T1 on the Ray engine) and T4e (the estimator's error
 for the candidate the tuner chose there), T1s (T1 on steps that sleep) and T3c (T3 on steps that compute).
+T3 and T3c are bench/estimator_bench.py's, T4 and T4e bench/tune_ray_bench.py's.
 
 T1, T2 and T3c run on config/tune-cpu-example.json (steps that compute on
 the CPU), T1s, T3 and T4 on config/tune-example.json (steps that sleep),
@@ -18,33 +19,30 @@ told from the noise.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from bench.common import Effort, Goal, Row, Side
-from rnb.analysis.jobs import JobRow, ValidityRules, read_job, summarize_job
 from rnb.analysis.sweep import RunOutcome, run_benchmark
-from rnb.engines.ray.cluster import shared_simulated_cluster
-from rnb.load import logged_seed, logged_settings
-from rnb.tune.estimate import Arrivals, Estimator
+from rnb.tune.estimate import Estimator
 from rnb.tune.hosts import hosts_of
-from rnb.tune.profile import SAMPLE_INTERVAL_MS, Bench, ProfileCache, plan_profiles, profile_all
+from rnb.tune.profile import SAMPLE_INTERVAL_MS, Bench
+from rnb.tune.profile_cache import ProfileCache, profile_all
+from rnb.tune.profile_plan import plan_profiles
 from rnb.tune.report import BEST, CANDIDATES
-from rnb.tune.space import Budget, Candidate, TuneSpace, read_space
+from rnb.tune.space import Budget, Candidate, TuneSpace
+from rnb.tune.tuning_config import read_space
 from rnb.tune.verify import HIGH, LOW, VerifySettings, verify
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,13 +56,9 @@ BOUND_MS = 100.0
 # steeply, near what the cores can carry (3 | b8 | 1 | 1: 118 ms at 197 req/s, 306 ms at 245).
 RAY_BOUND_MS = 200.0
 PERCENTILE = 99.0
-T3_CONFIGS = 8
+
 TUNE_REPS = 3            # tuner runs and grid measurements per side of T1 and T1s
-# T3c's configs of the CPU example: replica counts from 1 to more than this machine's 2 cores.
-T3C_REPLICAS: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (1, 2), (3, 1), (2, 2), (4, 2))
-# The Ray variant of the example: loaders on nodes labelled loaders, the rest on nets (a simulated
-# two-node cluster on this machine).
-RAY_NODES = ("loaders", "nets", "nets", "nets")
+
 T1_GOAL = 0.95          # T1's and T1s's goal: the tuner's verified best / the grid's
 T4_GOAL = 0.90          # T4's: the same on Ray
 T4_QUICK_WITHIN = 0.25   # T4 --quick measures the points predicted within 25% of the best (T3: errors of 2-5%)
@@ -187,7 +181,7 @@ def profiled(config: Path, engine: str, quick: bool) -> tuple[TuneSpace, Estimat
 
 
 @functools.cache
-def _tuner(engine: str, search: str, quick: bool, config: Path, rep: int) -> TuneRun:
+def tuned_run(engine: str, search: str, quick: bool, config: Path, rep: int) -> TuneRun:
     """One rnb-tune run (repetition `rep`, from scratch: its own profiles), shared by the rows that read it."""
     work = Path(tempfile.mkdtemp(prefix=f"rnb-tune-{engine}-{search}-{rep}-"))
     return run_tuner(config, work / "tune", engine, search, Effort.of(quick))
@@ -250,9 +244,9 @@ def ratio_row(id: str, what: str, goal: Goal | None, tuned: list[float], grid_be
                ratio, min(tuned) / max(grid_bests), max(tuned) / min(grid_bests), len(tuned), note=note)
 
 
-def _t1_row(id: str, engine: str, effort: Effort, config: Path, what: str, goal: Goal | None,
+def t1_row(id: str, engine: str, effort: Effort, config: Path, what: str, goal: Goal | None,
             within: float | None = None, reps: int = TUNE_REPS) -> Row:
-    tuned = [_tuner(engine, "auto", effort.quick, config, rep) for rep in range(reps)]
+    tuned = [tuned_run(engine, "auto", effort.quick, config, rep) for rep in range(reps)]
     verified = frozenset(key for run in tuned for key in finalist_keys(run)) if within is not None else frozenset()
     grids = [_grid(engine, effort.quick, config, within, rep, verified) for rep in range(reps)]
     space = grids[0][2]
@@ -290,19 +284,19 @@ def _chosen(run: TuneRun) -> str:
 
 
 def t1(effort: Effort) -> list[Row]:
-    return [_t1_row("T1", "local", effort, CPU_EXAMPLE, f"rnb-tune's verified best under p99 < {BOUND_MS:g} ms / the "
+    return [t1_row("T1", "local", effort, CPU_EXAMPLE, f"rnb-tune's verified best under p99 < {BOUND_MS:g} ms / the "
                     f"best of the measured grid ({SLOTS} CPU slots, config/tune-cpu-example.json: steps that compute "
                     "on the CPU)", Goal(">=", T1_GOAL))]
 
 
 def t1s(effort: Effort) -> list[Row]:
-    return [_t1_row("T1s", "local", effort, EXAMPLE, f"T1 on steps that sleep ({SLOTS} CPU slots, "
+    return [t1_row("T1s", "local", effort, EXAMPLE, f"T1 on steps that sleep ({SLOTS} CPU slots, "
                     "config/tune-example.json)", Goal(">=", T1_GOAL))]
 
 
 def t2(effort: Effort, config: Path = CPU_EXAMPLE) -> list[Row]:
     """The quick tuner's wall time against the whole grid's, the grid T1 measures first (its repetition 0)."""
-    quick_run = _tuner("local", "quick", effort.quick, config, 0)
+    quick_run = tuned_run("local", "quick", effort.quick, config, 0)
     grid_seconds, rates, _ = _grid("local", effort.quick, config, None, 0, frozenset())
     what = ("wall time of rnb-tune --search quick (profiling included) / of measuring the whole grid "
             f"({config.relative_to(REPO)})")
@@ -314,168 +308,3 @@ def t2(effort: Effort, config: Path = CPU_EXAMPLE) -> list[Row]:
                 Side("grid", "s", grid_seconds), quick_run.seconds / grid_seconds, reps=1,
                 note=f"one run each; the grid is {len(rates)} points; the quick tuner found "
                      f"{_chosen(quick_run)} req/s")]
-
-
-def t3(effort: Effort, config: Path = EXAMPLE) -> list[Row]:
-    """Predicted against measured on the sleeping example: configs spread over its grid."""
-    space, _ = profiled(config, "local", effort.quick)
-    grid = list(space.grid())
-    picked = [grid[round(i * (len(grid) - 1) / (T3_CONFIGS - 1))] for i in range(T3_CONFIGS)]
-    return estimator_rows(("T3", "T3p"), config, picked, effort)
-
-
-def t3c(effort: Effort) -> list[Row]:
-    """Predicted against measured on the CPU example: replica counts from 1 to more than the cores."""
-    space, _ = profiled(CPU_EXAMPLE, "local", effort.quick)
-    picked = [space.candidate({(0, 0): loaders, (1, 0): networks}, {}) for loaders, networks in T3C_REPLICAS]
-    return estimator_rows(("T3c", "T3cp"), CPU_EXAMPLE, picked, effort)
-
-
-def estimator_rows(ids: tuple[str, str], config: Path, picked: list[Candidate], effort: Effort) -> list[Row]:
-    """Predicted against measured, per config: bulk throughput, and the p99 at 70% of the measured bulk rate."""
-    space, estimator = profiled(config, "local", effort.quick)
-    work = Path(tempfile.mkdtemp(prefix=f"rnb-{ids[0]}-"))
-    throughput_errors, latency_errors, details = [], [], []
-    rules = ValidityRules()
-    with open(work / "t3.log", "a", encoding="utf-8") as output:
-        for index, candidate in enumerate(picked):
-            path = work / f"config-{index}.json"
-            path.write_text(json.dumps(space.document_for(candidate)))
-            videos = 600 if effort.quick else 1500
-            bulk = run_benchmark(str(path), 0.0, work / "logs", ["-v", str(videos), "--warmup", "0"], output=output)
-            measured = _number(summarize_job(read_job(bulk.job_dir), rules), "measured_throughput_items_per_s")
-            # predicted as the job ran: as many items, none left out as warm-up
-            predicted = estimator.at(candidate, Arrivals("bulk"), videos, warmup=0)
-            throughput_errors.append(abs(predicted.throughput_items_per_s - measured) / measured)
-            rate = 0.7 * measured
-            count = max(500, math.ceil(rate * 3))
-            poisson = run_benchmark(str(path), 1000.0 / rate, work / "logs", ["-v", str(count), "--warmup", "20"],
-                                    output=output)
-            measured_job = read_job(poisson.job_dir)
-            measured_p99 = _number(summarize_job(measured_job, rules), "e2e_p99_ms")
-            predicted_p99 = estimator.at(candidate, job_arrivals(measured_job.meta.args, count), count,
-                                         warmup=20).latency_ms[99.0]
-            latency_errors.append(abs(predicted_p99 - measured_p99) / measured_p99)
-            details.append(f"{space.short_label(candidate)}: {predicted.throughput_items_per_s:.0f} vs {measured:.0f} "
-                           f"items/s, p99 {predicted_p99:.0f} vs {measured_p99:.0f} ms")
-    note = "; ".join(details)
-    name = config.relative_to(REPO) if config.is_relative_to(REPO) else config
-    return [
-        Row(ids[0], f"estimator error: median over {len(picked)} configs of {name} of |predicted - measured| / "
-                    "measured bulk throughput", Goal("<=", 0.10),
-            Side.of("error", "fraction", throughput_errors), None, statistics.median(throughput_errors),
-            min(throughput_errors), max(throughput_errors), len(throughput_errors), note=f"predicted vs measured: {note}"),
-        Row(ids[1], "estimator error of the p99 latency at 70% of the measured bulk rate (median over the same configs)",
-            Goal("<=", 0.25), Side.of("error", "fraction", latency_errors), None, statistics.median(latency_errors),
-            min(latency_errors), max(latency_errors), len(latency_errors)),
-    ]
-
-
-def job_arrivals(args: Mapping[str, object], items: int) -> Arrivals:
-    """The arrivals a logged job's client offered (its load and seed, from meta.json's `args`).
-
-    The p99 of the few hundred items of a row's Poisson job depends on its
-    draw of arrivals as much as on the model: over ten draws of the
-    estimator's own, one config's predicted p99 ranged from 33 to 62 ms
-    (docs/tuner.md, Phase 2).  Offering the job's own draw
-    leaves the model's error.
-    """
-    return Arrivals.of_load(logged_settings(args), logged_seed(args), items)
-
-
-def _number(row: JobRow, column: str) -> float:
-    """A number of a jobs-table row; a job that measured none has no error to report."""
-    value = row.get(column)
-    if not isinstance(value, (int, float)):
-        raise RuntimeError(f"{row.get('job_dir')}: the job measured no {column}")
-    return float(value)
-
-
-def ray_example(work: Path, config: Path = EXAMPLE) -> Path:
-    """The example with each step's group on a node label: on Ray without an address, a simulated cluster."""
-    document = json.loads(config.read_text())
-    for step, node in zip(document["pipeline"], RAY_NODES):
-        for group in step["queue_groups"]:
-            group["node"] = node
-    path = work / "tune-example-ray.json"
-    path.write_text(json.dumps(document, indent=1))
-    return path
-
-
-def t4(effort: Effort, config: Path = EXAMPLE) -> list[Row]:
-    """T1 on Ray, and how far the tuner's prediction of the candidate it chose was from what it then measured.
-
-    Every job of the row, the tuner's and the grid's, runs on one simulated
-    cluster started for the row, as on a real cluster: a job that starts its
-    own spends some 10 s on it (a third of a verification job here), and
-    its first seconds beside a Ray still starting its processes.
-    """
-    work = Path(tempfile.mkdtemp(prefix="rnb-T4-"))
-    ray_config = ray_example(work, config)
-    with ray_address_of_every_job(sorted(set(RAY_NODES))):
-        ratio = _t1_row("T4", "ray", effort, ray_config,
-                        f"T1 on the Ray engine under p99 < {RAY_BOUND_MS:g} ms (a simulated two-node cluster: "
-                        "loaders / the rest)", Goal(">=", T4_GOAL), T4_QUICK_WITHIN if effort.quick else None, reps=1)
-        ratio = dataclasses.replace(ratio, note=ratio.note + "; every job on one simulated cluster started for the row")
-    return [ratio, chosen_error_row("T4e", _tuner("ray", "auto", effort.quick, ray_config, 0))]
-
-
-@contextlib.contextmanager
-def ray_address_of_every_job(labels: list[str]) -> Iterator[str]:
-    """A simulated cluster with these node labels, as RAY_ADDRESS (which rnb-tune, benchmark.py and this process's
-    hosts_of follow) until the block ends."""
-    before = os.environ.get("RAY_ADDRESS")
-    with shared_simulated_cluster(labels) as address:
-        os.environ["RAY_ADDRESS"] = address
-        try:
-            yield address
-        finally:
-            if before is None:
-                os.environ.pop("RAY_ADDRESS", None)
-            else:
-                os.environ["RAY_ADDRESS"] = before
-
-
-@dataclass(frozen=True)
-class ChosenPeak:
-    """The tuner's winner as its candidates table holds it: the peak rate predicted, and the one verified."""
-
-    label: str
-    predicted_per_s: float | None      # None: no rate tried met the bound in the simulation
-    verified_per_s: float
-    failed_above_per_s: float | None    # the lowest rate tried above the verified one (it broke the bound)
-
-
-def chosen_peak(run: TuneRun) -> ChosenPeak | None:
-    """The winner's row of a tuner run's candidates table (the finalist whose config is best.json's); None
-    where the run chose nothing."""
-    best = run.out / BEST
-    if not best.is_file():
-        return None
-    pipeline = json.loads(best.read_text())["pipeline"]
-    for row in pq.read_table(run.out / CANDIDATES).to_pylist():
-        if row.get("verified") and json.loads(Path(row["config_path"]).read_text())["pipeline"] == pipeline:
-            verified = float(row["measured_peak_rate_per_s"])
-            above = [t["rate_per_s"] for t in json.loads(row["verify_trials"]) if t["rate_per_s"] > verified]
-            return ChosenPeak(row["short_label"], row["predicted_peak_rate_per_s"], verified, min(above, default=None))
-    return None
-
-
-def chosen_error_row(id: str, run: TuneRun) -> Row:
-    """|predicted - verified| / verified peak rate under the bound, of the candidate the tuner chose."""
-    what = (f"estimator error for the candidate the tuner chose on Ray: |predicted - verified| / verified peak rate "
-            f"under p99 < {RAY_BOUND_MS:g} ms")
-    chosen = chosen_peak(run)
-    if chosen is None:
-        return Row(id, what, Goal("<=", 0.15), note=f"the tuner chose nothing (exit {run.returncode}), so no error")
-    if chosen.predicted_per_s is None:
-        return Row(id, what, Goal("<=", 0.15), note=(
-            f"{chosen.label}: verified at {chosen.verified_per_s:.4g} req/s, predicted to meet the bound at no rate"))
-    error = abs(chosen.predicted_per_s - chosen.verified_per_s) / chosen.verified_per_s
-    resolution = ("" if chosen.failed_above_per_s is None else
-                  f"; the verification's resolution: the bound broke at {chosen.failed_above_per_s:.4g} req/s, "
-                  f"{chosen.failed_above_per_s / chosen.verified_per_s - 1:.0%} above")
-    return Row(id, what, Goal("<=", 0.15), Side("predicted", "req/s", chosen.predicted_per_s),
-               Side("verified", "req/s", chosen.verified_per_s), error, error, error, 1,
-               note=f"{chosen.label}: predicted {chosen.predicted_per_s:.4g}, verified {chosen.verified_per_s:.4g} "
-                    f"req/s{resolution}")

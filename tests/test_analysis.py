@@ -16,15 +16,9 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from rnb.analysis.jobs import (
-    PERCENTILES,
-    JobLogError,
-    ValidityRules,
-    load_jobs,
-    read_job,
-    stat_column,
-    summarize_job,
-)
+from rnb.analysis.job_columns import PERCENTILES, stat_column
+from rnb.analysis.job_dirs import read_job
+from rnb.analysis.jobs import JobLogError, ValidityRules, load_jobs, summarize_job
 from rnb.analysis.plots import jobs_figure
 from rnb.analysis.summary import job_summary
 from rnb.core.joblog import SPOOL_DIR

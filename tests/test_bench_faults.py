@@ -14,7 +14,8 @@ import pytest
 from bench import ring_stress
 from bench.fault_inputs import check_config, hand_made, mutants
 from bench.fault_jobs import JobRun
-from bench.faults import Ending, FaultRow, Verdict, hung_at, judge_stall, table
+from bench.fault_stalls import Ending, Verdict, hung_at, judge_stall
+from bench.fault_trials import FaultRow, table
 from bench.ring_stress import GET_OVERRUN_BOUND_S, StressResult
 from bench.ring_stress import table as ring_table
 from rnb import cli

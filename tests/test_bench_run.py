@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from bench.common import Effort, Goal, Row, table_text
-from bench.harness_bench import Idle, chain_pipeline, hop_costs, loader_windows, per_hop_us, window_rates
+from bench.harness_bench import Idle, chain_pipeline, hop_costs, per_hop_us, window_rates
 from bench.run import BENCHMARKS, run_benchmarks
+from bench.scaling_bench import loader_windows
 
 ENTRY_KEYS = {"id", "what", "ratio", "goal", "met", "min", "max", "reps", "a", "b", "note"}
 

@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from rnb import cli
-from rnb.analysis import sweep_cli
+from rnb.analysis import rnb_sweep
 from rnb.tune import cli as tune_cli
 
 COMMANDS: dict[str, Callable[[Sequence[str]], object]] = {
-    "benchmark.py": cli.main, "sweep.py": sweep_cli.main, "rnb-tune": tune_cli.main}
+    "benchmark.py": cli.main, "sweep.py": rnb_sweep.main, "rnb-tune": tune_cli.main}
 
 
 def said(main: Callable[[Sequence[str]], object], argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -27,7 +27,7 @@ def said(main: Callable[[Sequence[str]], object], argv: list[str], capsys: pytes
 @pytest.mark.parametrize("spelling", ["-c", "--config", "--config_file_path", "--config-file-path"])
 def test_every_command_takes_the_config_by_each_spelling(spelling: str) -> None:
     assert cli.parse_args([spelling, "x.json"]).config_file_path == "x.json"
-    args, extra = sweep_cli.parse_args([spelling, "x.json", "-mi", "1,2"])
+    args, extra = rnb_sweep.parse_args([spelling, "x.json", "-mi", "1,2"])
     assert (args.config_file_path, args.mi, extra) == ("x.json", [1.0, 2.0], [])
     tune_args = tune_cli.parse_args([spelling, "x.json", "--cpu-slots", "1", "--latency-bound-ms", "5", "--out", "o"])
     assert tune_args.config == "x.json"
@@ -40,14 +40,14 @@ def test_the_long_names_of_rnb_flags_have_their_dashed_twins() -> None:
     assert vars(underscored) == vars(dashed) == vars(short)
     assert (short.mean_interval_ms, short.videos, short.batch_size, short.queue_size) == (2.0, 7, 3, 9)
     for spelling in ("-mi", "--mean_interval_ms", "--mean-interval-ms", "--mi"):
-        assert sweep_cli.parse_args(["-c", "x.json", spelling, "0,5"])[0].mi == [0.0, 5.0]
+        assert rnb_sweep.parse_args(["-c", "x.json", spelling, "0,5"])[0].mi == [0.0, 5.0]
     for spelling in ("-b", "--batch_size", "--batch-size", "--batch"):
         assert tune_cli.parse_args(["-c", "x", "--cpu-slots", "1", "--latency-bound-ms", "5", "--out", "o",
                                     spelling, "2,4"]).batch == [2, 4]
 
 
 def test_sweep_passes_the_flags_it_does_not_know_on_to_each_run() -> None:
-    args, extra = sweep_cli.parse_args(["-c", "x.json", "-mi", "1", "-b", "4", "-qs", "100", "--warmup", "0", "-v", "50"])
+    args, extra = rnb_sweep.parse_args(["-c", "x.json", "-mi", "1", "-b", "4", "-qs", "100", "--warmup", "0", "-v", "50"])
     assert extra == ["-v", "50", "-b", "4", "-qs", "100", "--warmup", "0"]
 
 
@@ -100,6 +100,6 @@ def test_every_help_says_the_default_of_each_flag_that_takes_a_value(name: str, 
 
 
 def test_sweep_help_says_that_unknown_flags_go_on_to_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
-    _, out, _ = said(sweep_cli.main, ["--help"], capsys)
+    _, out, _ = said(rnb_sweep.main, ["--help"], capsys)
     assert "Flags that sweep.py does not know (-b, -qs, --warmup, --cpu, --engine, ... : benchmark.py --help) go on " \
            "to every benchmark.py run." in " ".join(out.split())

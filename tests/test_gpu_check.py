@@ -16,11 +16,13 @@ import psutil
 import pytest
 import torch
 
-from bench import gpu_check, gpu_checks
+from bench import gpu_check, gpu_kit
 from bench.bounded import Deadline, finish, isolated, start
 from bench.common import Goal, Row, Side
-from bench.gpu_checks import Check, GpuWatch, contexts_seen, pipeline, rows_check, run_job, run_pytest, verdict
+from bench.gpu_job_checks import contexts_seen
+from bench.gpu_kit import Check, GpuWatch, pipeline, run_job, verdict
 from bench.gpu_rehearsal import StandInNvml
+from bench.gpu_suite import rows_check, run_pytest
 from rnb.pipeline.gpus import DeviceState
 
 
@@ -55,7 +57,7 @@ class _NvmlListingTwoContextsUnderOnePid(StandInNvml):
 
 def test_a_job_runs_in_a_process_of_its_own_and_names_its_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr("rnb.pipeline.gpus.Nvml", _NvmlListingTwoContextsUnderOnePid)  # for the watcher, here only
-    job = run_job(pipeline([("models.toy.SyntheticFrames", gpu_checks.TOY, -1), ("models.toy.TinyConvNet", {}, -1)]),
+    job = run_job(pipeline([("models.toy.SyntheticFrames", gpu_kit.TOY, -1), ("models.toy.TinyConvNet", {}, -1)]),
                   6, tmp_path, Deadline.after(240), watch_gpu=True)
     assert job.code == 0 and len(job.rows) == 6 and job.job_dir is not None and job.pid != os.getpid()
     assert set(job.pids()) == {"main", "client", "step0-g0-r0", "step1-g0-r0"}
@@ -67,7 +69,7 @@ def test_a_job_runs_in_a_process_of_its_own_and_names_its_processes(tmp_path: Pa
 
 
 def test_contexts_are_unknown_where_nvml_cannot_list_them():
-    job = gpu_checks.Job(0, 1, "", {}, [], None, GpuWatch(error="RuntimeError: Not Supported"))
+    job = gpu_kit.Job(0, 1, "", {}, [], None, GpuWatch(error="RuntimeError: Not Supported"))
     assert contexts_seen(job, {"main"}) == (None, "unknown: NVML could not list the compute processes "
                                                   "(RuntimeError: Not Supported)")
 

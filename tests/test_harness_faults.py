@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rnb import cli
-from rnb.analysis import analyze_cli
+from rnb.analysis import rnb_analyze
 from tests.shared_jobs import bulk_toy_job
 
 # A hang guard only: stopping itself is measured against the moment the job ended.
@@ -50,7 +50,7 @@ def test_a_failing_child_ends_the_job_with_exit_1_and_says_who_and_why(tmp_path,
     terminal = capsys.readouterr()
     assert f"benchmark.py: process {failed} failed: {error}\n" in terminal.err
     assert (terminal.out + terminal.err).count(error) == 1
-    assert analyze_cli.main([str(tmp_path / "logs")]) == 0
+    assert rnb_analyze.main([str(tmp_path / "logs")]) == 0
     assert "".join(capsys.readouterr()).count(error) == 1
     assert returned - meta["end_time"] < STOP_BOUND_S
     statuses = {p["name"]: (p["status"], p["error"]) for p in meta["processes"]}

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 
 from rnb.analysis.figures import figure, stage_figure
 from rnb.analysis.html import page
-from rnb.tune.report import Point, pareto_figure
+from rnb.tune.pareto import Point, pareto_figure
 from tests.test_trace import handmade, run_analyze  # noqa: F401  (the fixture is used by name)
 from tests.tune_support import render
 

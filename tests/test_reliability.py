@@ -23,7 +23,7 @@ import pytest
 from bench.fault_jobs import MARK, JobRun, children, fork_server_of, isolation_works, marked, run_job, waiting_for_fork_server
 from bench.fault_starts import INSTANTS, TURNS, strike_at
 from bench.faults import start_up_config
-from rnb.analysis import analyze_cli
+from rnb.analysis import rnb_analyze
 
 REPO = Path(__file__).resolve().parents[1]
 SLOW_IMPORTS = Path(__file__).resolve().parent / "slow_imports"
@@ -141,7 +141,7 @@ def test_children_of_a_killed_main_exit_at_once_even_while_importing(tmp_path, c
     assert marked(mark) == [] and time.time() - killed < IMPORT_DELAY_S / 2
     # The killed job's directory holds no meta.json: analysis lists it as incomplete and goes on.
     (job_dir,) = (tmp_path / "logs").iterdir()
-    assert analyze_cli.main([str(tmp_path / "logs")]) == 0
+    assert rnb_analyze.main([str(tmp_path / "logs")]) == 0
     assert capsys.readouterr().out.startswith(f"{job_dir.name}: INCOMPLETE: no meta.json")
 
 
@@ -174,7 +174,7 @@ def test_a_log_directory_that_fills_up_ends_the_job_with_exit_1_and_one_sentence
         (meta_path,) = kept.glob("*/meta.json")
         meta = json.loads(meta_path.read_text())
         assert meta["termination_reason"] == "log write failed" and {p["status"] for p in meta["processes"]} <= {"ok", "killed"}
-        assert analyze_cli.main([str(kept)]) == 0
+        assert rnb_analyze.main([str(kept)]) == 0
         report = capsys.readouterr().out
         job_dir = meta_path.parent
         # How much of the tmpfs the spool had taken when it failed decides whether timings.parquet still fitted at

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from rnb import cli
-from rnb.analysis.analyze_cli import main as analyze_main
 from rnb.analysis.jobs import load_jobs
 from rnb.analysis.loadgen_log import SUMMARY_FILE, read_detail
 from rnb.analysis.loadgen_rules import loadgen_percentile
+from rnb.analysis.rnb_analyze import main as analyze_main
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_MS = 2.0

@@ -26,7 +26,7 @@ import pytest
 
 from models.toy import SleepingDevice
 from rnb import cli
-from rnb.analysis import analyze_cli
+from rnb.analysis import rnb_analyze
 from rnb.core.progress import ClientCells, ClientWait, Progress, ProgressSnapshot, empty_cells, empty_client_cells
 from rnb.core.records import ProcessRecord
 from rnb.engines.job import JobBook
@@ -110,7 +110,7 @@ def test_a_stall_names_the_middle_step_and_keeps_every_process_stacks(tmp_path, 
     assert 'bench/fault_models.py", line' in own and "in hang" in own and "in handle" in own
     assert records["step1-g0-r0"]["status"] == "killed"  # the stalled one; the others left on their own
     assert {records[name]["status"] for name in ("client", "step0-g0-r0", "step2-g0-r0")} == {"ok"}
-    assert analyze_cli.main([str(tmp_path / "logs")]) == 0
+    assert rnb_analyze.main([str(tmp_path / "logs")]) == 0
     report = capfd.readouterr().out
     assert " stalled " in report.splitlines()[2] and meta["error"] in report
     assert f"Python stacks of step1-g0-r0: {log.dir / 'stacks' / 'step1-g0-r0.txt'}, beside those of " in report
@@ -221,7 +221,7 @@ def test_max_duration_ends_a_run_at_its_measured_seconds_keeping_all_it_measured
     assert len(log.rows) == meta["finished_items"] == meta["counted_items"] > 0
     assert [row["item_id"] for row in log.rows] == list(range(len(log.rows)))
     capsys.readouterr()
-    assert analyze_cli.main([str(tmp_path / "logs"), "--min-items", "1", "--min-duration", "1"]) == 0
+    assert rnb_analyze.main([str(tmp_path / "logs"), "--min-items", "1", "--min-duration", "1"]) == 0
     assert " max duration  VALID " in capsys.readouterr().out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rnb.analysis import sweep_cli
+from rnb.analysis import rnb_sweep
 from rnb.analysis.bound import JobBound
 from rnb.analysis.stream_search import StreamSearch, StreamTrial, bound_sentence, search_streams
 
@@ -144,5 +144,5 @@ def test_sweep_exits_1_when_a_host_stall_fails_even_one_stream_in_the_majority_o
 ])
 def test_the_stream_search_refuses_bad_flags_in_one_sentence(argv: list[str], sentence: str, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
-        sweep_cli.main(["--config", "config/streams-example.json", *argv])
+        rnb_sweep.main(["--config", "config/streams-example.json", *argv])
     assert (exited.value.code, capsys.readouterr()) == (2, ("", f"command line: {sentence}\n"))

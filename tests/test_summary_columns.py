@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import read_job
+from rnb.analysis.job_dirs import read_job
 from rnb.analysis.summary import summary_text, utilisation_text
 from rnb.analysis.utilisation import utilisation_columns
 from rnb.core.stages import END_TO_END, PARTS, part_key, part_latencies

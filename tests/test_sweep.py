@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rnb.analysis import sweep_cli
-from rnb.analysis.jobs import ValidityRules, load_jobs, stat_column
+from rnb.analysis import rnb_sweep
+from rnb.analysis.job_columns import stat_column
+from rnb.analysis.jobs import ValidityRules, load_jobs
 from rnb.analysis.sweep import RunOutcome, Trial, bisect_rate, format_interval, measure_trial, run_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
@@ -159,7 +160,7 @@ def test_the_search_gives_up_on_a_rate_that_stays_invalid(tmp_path: Path) -> Non
 ])
 def test_sweep_refuses_bad_loads_in_one_sentence(argv: list[str], sentence: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
-        sweep_cli.main(["--config", "config/toy.json", *argv])
+        rnb_sweep.main(["--config", "config/toy.json", *argv])
     assert (exited.value.code, capsys.readouterr()) == (2, ("", f"command line: {sentence}\n"))
 
 
@@ -169,8 +170,8 @@ def test_sweep_passes_on_exactly_the_flags_benchmark_py_takes() -> None:
     from rnb import cli
 
     taken = {spelling for action in cli.benchmark_parser()._actions for spelling in action.option_strings}
-    assert taken == sweep_cli.BENCHMARK_FLAGS
-    args, extra = sweep_cli.parse_args(["-c", "config/toy.json", "-mi", "1", "--seed", "-1", "--cpu", "--warmup=3"])
+    assert taken == rnb_sweep.BENCHMARK_FLAGS
+    args, extra = rnb_sweep.parse_args(["-c", "config/toy.json", "-mi", "1", "--seed", "-1", "--cpu", "--warmup=3"])
     assert extra == ["--seed", "-1", "--cpu", "--warmup=3"]
 
 

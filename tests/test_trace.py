@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rnb.analysis.jobs import read_job
+from rnb.analysis.job_dirs import read_job
 from rnb.analysis.routing import replicas
 from tests.shared_jobs import BULK_TOY_VIDEOS, bulk_toy_job
 

@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rnb import cli
-from rnb.analysis.jobs import ValidityRules, read_job, summarize_job
+from rnb.analysis.job_dirs import read_job
+from rnb.analysis.jobs import ValidityRules, summarize_job
 from rnb.load import LoadSettings, mode_of
 from rnb.load.inputs import Span, parse_schedule, read_trace
 

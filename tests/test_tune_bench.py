@@ -11,16 +11,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bench import tune_bench
+from bench import estimator_bench, tune_bench, tune_ray_bench
 from bench.common import Effort, Goal
 from bench.run import BENCHMARKS
 from bench.tune_bench import CPU_EXAMPLE, EXAMPLE, TuneRun, grid_of, measure_grid, near_best_peak, ratio_row
 from rnb.analysis.sweep import Trial, bisect_rate
 from rnb.load import LoadSettings, mode_of
-from rnb.tune.estimate import Arrivals, Estimator
+from rnb.tune.estimate import Estimator
 from rnb.tune.hosts import hosts_of
 from rnb.tune.profile import Bench
 from rnb.tune.report import BEST, CANDIDATES
+from rnb.tune.sim_records import Arrivals
 from rnb.tune.space import Candidate, TuneSpace
 from rnb.tune.verify import HIGH, LOW, Verified
 from tests.tune_support import hand_profiles
@@ -36,7 +37,7 @@ def _grid_of_two(space: TuneSpace) -> dict[Candidate, float]:
 def test_t2_counts_nothing_when_the_quick_tuner_found_and_verified_nothing(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, returncode: int, rate: float) -> None:
     space = tune_bench.example_space(EXAMPLE)
-    monkeypatch.setattr(tune_bench, "_tuner", lambda *args: TuneRun(128.0, rate, tmp_path, returncode))
+    monkeypatch.setattr(tune_bench, "tuned_run", lambda *args: TuneRun(128.0, rate, tmp_path, returncode))
     monkeypatch.setattr(tune_bench, "_grid", lambda *args: (2328.0, _grid_of_two(space), space))
     row, = tune_bench.t2(Effort.of(True))
     assert row.ratio is None and row.met is None
@@ -48,7 +49,7 @@ def test_t2_counts_a_quick_tuner_that_found_a_configuration(monkeypatch: pytest.
     space = tune_bench.example_space(EXAMPLE)
     (tmp_path / "best.json").write_text(json.dumps({"pipeline": [{"queue_groups": [{"gpus": [-1] * 4}]},
                                                                  {"queue_groups": [{"gpus": [-1]}]}]}))
-    monkeypatch.setattr(tune_bench, "_tuner", lambda *args: TuneRun(232.8, 374.0, tmp_path, 0))
+    monkeypatch.setattr(tune_bench, "tuned_run", lambda *args: TuneRun(232.8, 374.0, tmp_path, 0))
     monkeypatch.setattr(tune_bench, "_grid", lambda *args: (2328.0, _grid_of_two(space), space))
     row, = tune_bench.t2(Effort.of(True))
     assert row.ratio == pytest.approx(0.1) and row.met
@@ -127,7 +128,7 @@ def test_t1_and_t2_measure_the_cpu_example_and_t2_takes_t1_s_first_grid_measurem
         grids.append(args)
         return 600.0, {space.minimal({}): 180.0}, space
 
-    monkeypatch.setattr(tune_bench, "_tuner", lambda *args: TuneRun(150.0, 175.0, tmp_path, 0))
+    monkeypatch.setattr(tune_bench, "tuned_run", lambda *args: TuneRun(150.0, 175.0, tmp_path, 0))
     monkeypatch.setattr(tune_bench, "_grid", grid)
     (tmp_path / "best.json").write_text(json.dumps({"pipeline": [{"queue_groups": [{"gpus": [-1] * 2}]},
                                                                  {"queue_groups": [{"gpus": [-1]}]}]}))
@@ -163,7 +164,7 @@ def test_t4e_is_the_error_of_the_prediction_of_the_finalist_the_tuner_chose(tmp_
     # The tuner chose 3 (predicted 120, verified 100, the bound broke at 107); 4, the other finalist, is not it.
     run = _tuner_out(tmp_path, [("4", [-1] * 4, 150.0, 101.0, [90.0, 101.0, 140.0]),
                                 ("3", [-1] * 3, 120.0, 100.0, [72.0, 100.0, 107.0, 120.0])], best=[-1] * 3)
-    row = tune_bench.chosen_error_row("T4e", run)
+    row = tune_ray_bench.chosen_error_row("T4e", run)
     assert row.ratio == pytest.approx(0.2) and row.met is False and row.goal == Goal("<=", 0.15)
     assert row.a is not None and row.a.median == 120.0 and row.b is not None and row.b.median == 100.0
     assert row.note == ("3: predicted 120, verified 100 req/s; the verification's resolution: the bound broke at "
@@ -173,11 +174,11 @@ def test_t4e_is_the_error_of_the_prediction_of_the_finalist_the_tuner_chose(tmp_
 def test_t4e_has_no_figure_when_the_tuner_chose_nothing_or_predicted_no_rate(tmp_path: Path) -> None:
     (tmp_path / "none").mkdir()
     nothing = _tuner_out(tmp_path / "none", [("3", [-1] * 3, 120.0, 100.0, [100.0])], best=None)
-    row = tune_bench.chosen_error_row("T4e", nothing)
+    row = tune_ray_bench.chosen_error_row("T4e", nothing)
     assert row.ratio is None and row.note == "the tuner chose nothing (exit 1), so no error"
     (tmp_path / "unpredicted").mkdir()
     unpredicted = _tuner_out(tmp_path / "unpredicted", [("3", [-1] * 3, None, 100.0, [100.0])], best=[-1] * 3)
-    row = tune_bench.chosen_error_row("T4e", unpredicted)
+    row = tune_ray_bench.chosen_error_row("T4e", unpredicted)
     assert row.ratio is None and row.note == "3: verified at 100 req/s, predicted to meet the bound at no rate"
 
 
@@ -200,9 +201,9 @@ def test_t3_predicts_a_poisson_job_s_p99_with_the_arrivals_its_client_drew() -> 
     args = {"videos": 300, "mean_interval_ms": 8.0, "seed": 5, "warmup": 20, "queue_size": 50000, "engine": "local"}
     load = LoadSettings(mean_interval_ms=8.0)
     client = tuple(arrival.due_s for arrival in itertools.islice(mode_of(load).arrivals(load, 5), 300))
-    assert tune_bench.job_arrivals(args, 300) == Arrivals("trace", times=client)
-    assert tune_bench.job_arrivals({**args, "seed": 6}, 300).times != client
-    assert tune_bench.job_arrivals({"videos": 600, "mean_interval_ms": 0.0, "seed": 0}, 600) == Arrivals("bulk")
+    assert estimator_bench.job_arrivals(args, 300) == Arrivals("trace", times=client)
+    assert estimator_bench.job_arrivals({**args, "seed": 6}, 300).times != client
+    assert estimator_bench.job_arrivals({"videos": 600, "mean_interval_ms": 0.0, "seed": 0}, 600) == Arrivals("bulk")
 
 
 def test_near_best_peak_keeps_the_points_predicted_within_the_fraction_and_skips_those_whose_capacity_cannot(
@@ -231,8 +232,8 @@ def test_near_best_peak_keeps_the_points_predicted_within_the_fraction_and_skips
 def test_t4_s_jobs_share_one_simulated_cluster_of_its_labels_on_this_host_whose_address_they_get_only_inside(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    space = tune_bench.example_space(tune_bench.ray_example(tmp_path))
-    with tune_bench.ray_address_of_every_job(["loaders", "nets"]) as address:
+    space = tune_bench.example_space(tune_ray_bench.ray_example(tmp_path))
+    with tune_ray_bench.ray_address_of_every_job(["loaders", "nets"]) as address:
         assert os.environ["RAY_ADDRESS"] == address and address.startswith("127.0.0.1:")
         pools = hosts_of(space.config, "ray", None, 2.0)   # asks the running cluster, as rnb-tune does
     assert "RAY_ADDRESS" not in os.environ

@@ -24,10 +24,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rnb.analysis.jobs import ValidityRules, read_job, summarize_job
+from rnb.analysis.job_dirs import read_job
+from rnb.analysis.jobs import ValidityRules, summarize_job
 from rnb.pipeline.config import parse_config
 from rnb.tune.cli import main
-from rnb.tune.estimate import Simulation
+from rnb.tune.simulation import Simulation
 from tests.tune_support import REPO, example_document, render, replay, write_example
 
 TUNE = REPO / "scripts" / "tune.py"

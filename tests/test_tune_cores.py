@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from rnb.tune.cores import HostCores, host_cores, quota_cores, shares
-from rnb.tune.estimate import Arrivals, Background, Service, SimGroup, SimPipeline, simulate
+from rnb.tune.sim_records import Arrivals, Background, Service, SimGroup, SimPipeline
+from rnb.tune.simulation import simulate
 
 
 def cpu_chain(*steps: tuple[float, float, int], cores: float, background: Background | None = None,

@@ -24,12 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from rnb.analysis.jobs import ValidityRules, read_job, summarize_job
+from rnb.analysis.job_dirs import read_job
+from rnb.analysis.jobs import ValidityRules, summarize_job
 from rnb.analysis.sweep import run_benchmark
 from rnb.tune.cores import with_others
-from rnb.tune.estimate import Arrivals, Estimator
-from rnb.tune.profile import Bench, Profile, ProfileCache, ProfileKey, plan_profiles
-from rnb.tune.space import Budget, read_space
+from rnb.tune.estimate import Estimator
+from rnb.tune.profile import Bench, Profile, ProfileKey
+from rnb.tune.profile_cache import ProfileCache
+from rnb.tune.profile_plan import plan_profiles
+from rnb.tune.sim_records import Arrivals
+from rnb.tune.space import Budget
+from rnb.tune.tuning_config import read_space
 from tests.tune_support import REPO
 
 CPU_EXAMPLE = REPO / "config" / "tune-cpu-example.json"

@@ -16,10 +16,12 @@ import pytest
 from rnb.analysis.sweep import Trial
 from rnb.tune.cores import HostCores
 from rnb.tune.estimate import Estimator
-from rnb.tune.profile import Bench, CpuUse, Profile, ProfileKey, plan_profiles
+from rnb.tune.profile import Bench, CpuUse, Profile, ProfileKey
+from rnb.tune.profile_plan import plan_profiles
 from rnb.tune.report import bounding_sentence, resolution_note, winner_of
 from rnb.tune.search import Goal, Memory, Search
-from rnb.tune.space import Budget, TuneSpace, read_space
+from rnb.tune.space import Budget, TuneSpace
+from rnb.tune.tuning_config import read_space
 from rnb.tune.verify import Verified
 from tests.tune_support import REPO
 

@@ -8,8 +8,11 @@ import random
 import numpy as np
 import pytest
 
+from rnb.core.termination import POLL_S
 from rnb.load import LoadSettings
-from rnb.tune.estimate import POLL_S, Arrivals, Background, Service, SimGroup, SimPipeline, Simulation, peak_rate, simulate
+from rnb.tune.estimate import peak_rate
+from rnb.tune.sim_records import Arrivals, Background, Service, SimGroup, SimPipeline
+from rnb.tune.simulation import Simulation, simulate
 
 
 def chain(*services: Service, replicas: tuple[int, ...] = (), slots: int = 10, batch_at: dict[int, int] | None = None,

@@ -16,10 +16,14 @@ import pytest
 
 from rnb.engines.ray.cluster import NodeInfo, simulated_node_cpus
 from rnb.tune.cores import HostCores
-from rnb.tune.estimate import Arrivals, Background, Estimator, SimPipeline, simulate
+from rnb.tune.estimate import Estimator
 from rnb.tune.hosts import HostPools, cluster_pools, hosts_of, simulated_pools
-from rnb.tune.profile import Bench, CpuUse, Profile, ProfileKey, plan_profiles
-from rnb.tune.space import Budget, TuneSpace, read_space
+from rnb.tune.profile import Bench, CpuUse, Profile, ProfileKey
+from rnb.tune.profile_plan import plan_profiles
+from rnb.tune.sim_records import Arrivals, Background, SimPipeline
+from rnb.tune.simulation import simulate
+from rnb.tune.space import Budget, TuneSpace
+from rnb.tune.tuning_config import read_space
 from tests.test_tune_cores import cpu_chain
 from tests.tune_support import REPO
 

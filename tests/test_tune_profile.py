@@ -12,18 +12,9 @@ from rnb.core.stages import StepEvents
 from rnb.engines.ray.cluster import DAEMON_SAMPLES
 from rnb.engines.sampler import SCHEMA
 from rnb.tune.cores import HostCores
-from rnb.tune.profile import (
-    Call,
-    CpuUse,
-    Form,
-    Profile,
-    ProfileCache,
-    ProfileKey,
-    cpu_spent,
-    daemons_per_hop_s,
-    occupancy,
-    sink_hop_s,
-)
+from rnb.tune.profile import CpuUse, Form, Profile, ProfileKey
+from rnb.tune.profile_cache import ProfileCache
+from rnb.tune.profile_read import Call, cpu_spent, daemons_per_hop_s, occupancy, sink_hop_s
 
 
 def call(arrived: float, taken: float, started: float, finished: float, handed_over: float, slot_wait: float = 0.0,

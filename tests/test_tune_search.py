@@ -20,9 +20,11 @@ import pytest
 
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.tune.estimate import Estimator
-from rnb.tune.profile import Bench, Form, Profile, ProfileKey, forms_of, plan_profiles
+from rnb.tune.profile import Bench, Form, Profile, ProfileKey
+from rnb.tune.profile_plan import forms_of, plan_profiles
 from rnb.tune.search import Goal, Memory, Search, memory_problem
-from rnb.tune.space import Budget, TuneRequestError, TuneSpace, read_space
+from rnb.tune.space import Budget, TuneRequestError, TuneSpace
+from rnb.tune.tuning_config import read_space
 from tests.tune_support import EXAMPLE, example_document, hand_profiles
 
 BENCH = Bench("cpu", "local", host="test-host")

@@ -22,8 +22,9 @@ from rnb.tune.cli import main
 from rnb.tune.estimate import Estimator
 from rnb.tune.profile import Bench
 from rnb.tune.search import Goal, Memory, Search
-from rnb.tune.space import Budget, read_space
+from rnb.tune.space import Budget
 from rnb.tune.streams import StreamGoal, predicted_streams, simulated_missed_fraction, stream_finalists
+from rnb.tune.tuning_config import read_space
 from tests.tune_support import REPO, find_browser, hand_profiles, render
 
 EXAMPLE = REPO / "config" / "streams-example.json"

@@ -11,7 +11,8 @@ import pytest
 from rnb.analysis.jobs import ValidityRules
 from rnb.analysis.sweep import RunOutcome, Trial
 from rnb.tune import verify as verify_module
-from rnb.tune.space import Budget, read_space
+from rnb.tune.space import Budget
+from rnb.tune.tuning_config import read_space
 from rnb.tune.verify import VerifySettings, decided, median_job, verify
 from tests.tune_support import EXAMPLE, example_document
 

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rnb import cli
-from rnb.analysis.jobs import load_jobs, read_job
+from rnb.analysis.job_dirs import read_job
+from rnb.analysis.jobs import load_jobs
 from rnb.analysis.plots import stage_colours
 from rnb.analysis.report import format_utilisation, load_curves
 from rnb.analysis.utilisation import busiest_step, busy_fractions, union_seconds

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rnb.analysis.jobs import Job
-from rnb.tune.estimate import Arrivals, Service, SimGroup, SimPipeline
-from rnb.tune.profile import Bench, Profile, ProfileKey, calls_of, occupancy, plan_profiles
+from rnb.analysis.job_dirs import Job
+from rnb.tune.profile import Bench, Profile, ProfileKey
+from rnb.tune.profile_plan import plan_profiles
+from rnb.tune.profile_read import calls_of, occupancy
+from rnb.tune.sim_records import Arrivals, Service, SimGroup, SimPipeline
 from rnb.tune.space import TuneSpace
 
 REPO = Path(__file__).resolve().parents[1]

@@ -125,14 +125,7 @@ def _parse_trak(buf: bytes, trak: Box, movie_timescale: int, name: str) -> Mp4In
 
     duration = st.parse_stts(_payload(buf, require_child(buf, stbl, "stts", name)), name)
     count = len(duration)
-    if "stsz" in boxes:
-        size = st.parse_stsz(_payload(buf, boxes["stsz"]), name)
-    elif "stz2" in boxes:
-        size = st.parse_stz2(_payload(buf, boxes["stz2"]), name)
-    else:
-        raise Mp4FormatError(f"{name}: video track has neither 'stsz' nor 'stz2' box")
-    if len(size) != count:
-        raise Mp4FormatError(f"{name}: video track lists {len(size)} sample sizes but {count} sample durations")
+    size = _sample_sizes(buf, boxes, count, name)
 
     chunk_box = boxes.get("stco") or boxes.get("co64")
     if chunk_box is None:
@@ -165,6 +158,19 @@ def _parse_trak(buf: bytes, trak: Box, movie_timescale: int, name: str) -> Mp4In
         offset=offset,
         is_sync=is_sync,
     )
+
+
+def _sample_sizes(buf: bytes, boxes: dict[str, Box], count: int, name: str) -> np.ndarray:
+    """Each sample's size, from whichever of 'stsz' and 'stz2' the track has: one per sample duration."""
+    if "stsz" in boxes:
+        size = st.parse_stsz(_payload(buf, boxes["stsz"]), name)
+    elif "stz2" in boxes:
+        size = st.parse_stz2(_payload(buf, boxes["stz2"]), name)
+    else:
+        raise Mp4FormatError(f"{name}: video track has neither 'stsz' nor 'stz2' box")
+    if len(size) != count:
+        raise Mp4FormatError(f"{name}: video track lists {len(size)} sample sizes but {count} sample durations")
+    return size
 
 
 def _sample_entry(buf: bytes, stsd: Box, name: str) -> tuple[str, int, int]:

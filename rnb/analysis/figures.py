@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from rnb.analysis.jobs import stat_column
+from rnb.analysis.job_columns import stat_column
 from rnb.analysis.report import MAX_LINEAR_SPREAD, TableRow
 from rnb.analysis.series import JobSeries
 from rnb.core.stages import PARTS, part_key

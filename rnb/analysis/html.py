@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rnb.analysis.figures import latency_figure, missed_figure, processes_figure, rates_figure, stage_figure
-from rnb.analysis.jobs import ValidityRules, load_jobs, stat_column
+from rnb.analysis.job_columns import stat_column
+from rnb.analysis.jobs import ValidityRules, load_jobs
 from rnb.analysis.loads import SPAN_HEADER, load_words, span_rows
 from rnb.analysis.report import (
     STAGE_HEADER,

@@ -19,7 +19,7 @@ from rnb.core.stages import ENQUEUE, StepEvents
 from rnb.load import Span, logged_settings, mode_of, parse_schedule
 
 if TYPE_CHECKING:  # jobs.py builds its table with this module
-    from rnb.analysis.jobs import Job
+    from rnb.analysis.job_dirs import Job
 
 
 def load_words(row: Mapping[str, Any]) -> str:

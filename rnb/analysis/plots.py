@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from rnb.analysis.jobs import stat_column
+from rnb.analysis.job_columns import stat_column
 from rnb.analysis.report import MAX_LINEAR_SPREAD, Colour, LoadPoint, TableRow, load_curves
 from rnb.analysis.series import JobSeries
 from rnb.analysis.streams import per_stream_missed

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, TypeAlias
 import pyarrow as pa
 
 from rnb.analysis.bound import STARVED, JobBound
-from rnb.analysis.jobs import STAT_NAMES, bound_column, stat_column
+from rnb.analysis.job_columns import STAT_NAMES, bound_column, stat_column
 from rnb.analysis.loads import load_words, spans_sentence
 from rnb.analysis.streams import format_streams
 from rnb.core.records import Json

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rnb.core.records import Json, json_at
 
 if TYPE_CHECKING:  # jobs.py builds its table from modules that use this one
-    from rnb.analysis.jobs import Job
+    from rnb.analysis.job_dirs import Job
 
 UNKNOWN = "replica not logged"
 

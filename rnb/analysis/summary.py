@@ -17,19 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rnb.analysis.jobs import (
-    Job,
-    MeasuredWindow,
-    ValidityRules,
-    latency_stats,
-    load_columns,
-    measured_rows,
-    measured_window,
-    read_job,
-    stat_column,
-    step_models,
-    window_seconds,
-)
+from rnb.analysis.job_columns import latency_stats, load_columns, stat_column, step_models
+from rnb.analysis.job_dirs import Job, read_job
+from rnb.analysis.jobs import MeasuredWindow, ValidityRules, measured_rows, measured_window, window_seconds
 from rnb.analysis.loadgen_log import loadgen_log_columns
 from rnb.analysis.report import format_utilisation, verdict_lines
 from rnb.analysis.streams import format_streams, stream_columns

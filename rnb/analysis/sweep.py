@@ -17,15 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from rnb.analysis.jobs import (
-    BOUNDED_PERCENTILE,
-    Job,
-    ValidityRules,
-    e2e_percentile_ms,
-    measured_rows,
-    measured_window,
-    read_job,
-)
+from rnb.analysis.job_dirs import Job, read_job
+from rnb.analysis.jobs import BOUNDED_PERCENTILE, ValidityRules, e2e_percentile_ms, measured_rows, measured_window
 from rnb.analysis.stats import min_items_for_upper_bound
 from rnb.core.termination import COMPLETE_REASONS
 

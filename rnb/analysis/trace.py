@@ -32,7 +32,7 @@ from typing import TypedDict
 import numpy as np
 import pyarrow as pa
 
-from rnb.analysis.jobs import Job
+from rnb.analysis.job_dirs import Job
 from rnb.analysis.routing import queue_labels, replicas
 from rnb.core.records import Json, JsonObject, ProcessRecord
 from rnb.core.stages import COPY, ENQUEUE, INSIDE, QUEUE, SIBLING_WAIT, SLOT_WAIT, StepEvents, model_spans

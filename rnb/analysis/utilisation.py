@@ -27,7 +27,8 @@ from rnb.analysis.routing import replicas
 from rnb.core.stages import StepEvents
 
 if TYPE_CHECKING:  # jobs.py builds its table from this module's columns
-    from rnb.analysis.jobs import Job, JobRow
+    from rnb.analysis.job_columns import JobRow
+    from rnb.analysis.job_dirs import Job
 
 
 # A step whose runners are busy at least this share of the elapsed time on average is near saturation: its

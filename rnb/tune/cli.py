@@ -37,29 +37,23 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 import rnb.flags as flags
 from rnb.analysis.jobs import JobLogError, ValidityRules
 from rnb.analysis.sweep import RunOutcome, SweepError, run_benchmark
-from rnb.analysis.sweep_cli import add_job_rules
 from rnb.console import terminal_logging
-from rnb.engines.registry import DEFAULT_ENGINE, ENGINES, EngineUnavailable, engines_help
+from rnb.engines.registry import EngineUnavailable
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.gpus import GpuRequestError, validate_gpus
-from rnb.tune.estimate import DEFAULT_ITEMS, EstimateError, Estimator
+from rnb.tune.cli_flags import add_flags, check_flags
+from rnb.tune.estimate import Estimator
 from rnb.tune.hosts import hosts_of
-from rnb.tune.profile import (
-    SAMPLE_INTERVAL_MS,
-    Bench,
-    Profile,
-    ProfileCache,
-    ProfileError,
-    ProfileJob,
-    ProfileKey,
-    plan_profiles,
-    profile_all,
-)
+from rnb.tune.profile import SAMPLE_INTERVAL_MS, Bench, Profile, ProfileError, ProfileJob, ProfileKey
+from rnb.tune.profile_cache import ProfileCache, profile_all
+from rnb.tune.profile_plan import plan_profiles
 from rnb.tune.report import BEST, REPORT, Outcome, Request, resolution_note, winner_of, write_report
 from rnb.tune.search import Evaluated, Goal, Memory, Search, choose_mode, finalists, search
-from rnb.tune.space import Budget, TuneRequestError, TuneSpace, read_space
-from rnb.tune.streams import DEFAULT_BOUND, StreamGoal, measure_finalist, stream_finalists
+from rnb.tune.sim_records import EstimateError
+from rnb.tune.space import Budget, TuneRequestError, TuneSpace
+from rnb.tune.streams import StreamGoal, measure_finalist, stream_finalists
 from rnb.tune.streams_report import StreamOutcome, write_streams_report
+from rnb.tune.tuning_config import read_space
 from rnb.tune.verify import Verified, VerifySettings, closest, verify
 
 log = logging.getLogger(__name__)
@@ -67,79 +61,9 @@ log = logging.getLogger(__name__)
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = flags.CommandParser("rnb-tune", __doc__.splitlines()[0])
-    parser.add_argument(*flags.CONFIG, dest="config", required=True, help="the tuning config: a pipeline config, where a "
-                        "Batcher's batch or a step's num_segments may be a list of choices (required)")
-    parser.add_argument("--gpus", type=flags.integers(0), metavar="LIST",
-                        help="GPUs the replicas may use, e.g. 0,1,2,3; several replicas may share one (default: none)")
-    parser.add_argument("--cpu-slots", type=flags.integer(0), default=0, metavar="N",
-                        help="replica slots on the CPU, one per replica of a work step (default 0)")
-    parser.add_argument("--latency-bound-ms", type=flags.number(0, above=True), metavar="MS",
-                        help="the bound on the end-to-end percentile; --objective streams takes --deadline-ms in its "
-                             "place (default: required, except there)")
-    parser.add_argument("--percentile", type=flags.number(0, above=True, below=100), default=99.0,
-                        help="the percentile the bound applies to (default 99)")
-    parser.add_argument("--objective", choices=("throughput", "devices", "streams"), default="throughput",
-                        help="most items/s under the bound, the fewest devices serving --target-rate, or the most "
-                             "camera streams at --fps (default throughput)")
-    parser.add_argument("--fps", type=flags.number(0, above=True), metavar="F",
-                        help="each stream's frame rate under --objective streams (default: none)")
-    parser.add_argument("--streams-bound", type=flags.number(0), default=DEFAULT_BOUND, metavar="FRACTION",
-                        help="under --objective streams, the fraction of frames that may finish past their deadline "
-                             f"(default {DEFAULT_BOUND:g})")
-    parser.add_argument("--deadline-ms", type=flags.number(0, above=True), metavar="MS",
-                        help="under --objective streams, how long after it falls due a frame may finish (default: the "
-                             "config's run.deadline_ms, else one frame period)")
-    parser.add_argument("--target-rate", type=flags.number(0, above=True), metavar="R",
-                        help="items/s the devices objective must serve under the bound (default: none)")
-    parser.add_argument("--search", choices=("auto", "exhaustive", "quick", "optuna"), default="auto",
-                        help="auto: exhaustive up to 256 candidates, else quick; optuna: TPE over the same space "
-                             "(default auto)")
-    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
-                        help=f"the engine every job runs on: {engines_help()} (default {DEFAULT_ENGINE})")
-    parser.add_argument("--out", required=True, type=Path, help="directory of profiles, jobs and the report (required)")
-    parser.add_argument(*flags.BATCH, "--batch", dest="batch", type=flags.integers(1), metavar="LIST",
-                        help="batch sizes of every Batcher whose config gives no list (default: the config's value, "
-                             "else 1,2,4,8)")
-    parser.add_argument("--segments", type=flags.integers(1), metavar="LIST",
-                        help="num_segments to try on every step a later step merges (default: the config's)")
-    parser.add_argument("--max-replicas", type=flags.integer(1), metavar="N",
-                        help="most replicas of one group (default: what the budget allows)")
-    parser.add_argument("--top", type=flags.integer(1), default=3, metavar="N", help="finalists run for real (default 3)")
-    parser.add_argument("--profile-calls", type=flags.integer(1), default=150, metavar="N",
-                        help="calls per profiling job (default 150)")
-    parser.add_argument("--sim-items", type=flags.integer(1), default=DEFAULT_ITEMS, metavar="N",
-                        help=f"items per simulation (default {DEFAULT_ITEMS})")
-    parser.add_argument("--trials", type=flags.integer(1), default=60, metavar="N",
-                        help="Optuna trials of --search optuna (default 60)")
-    parser.add_argument("--verify-steps", type=flags.integer(0), default=3, metavar="N",
-                        help="bisection steps per finalist after its two ends (default 3)")
-    parser.add_argument("--verify-seconds", type=flags.number(0, above=True), default=3.0, metavar="S",
-                        help="a verification job's length in seconds of requests at its rate (default 3)")
-    parser.add_argument("--verify-repeats", type=flags.integer(1), default=1, metavar="N",
-                        help="jobs per verified rate, on a host whose speed drifts: their majority decides, stopping "
-                             "once it is decided (default 1)")
-    parser.add_argument("--warmup", type=flags.integer(0), default=20, metavar="N",
-                        help="warm-up items of each verification job (default 20)")
-    add_job_rules(parser)
-    parser.add_argument("--seed", type=flags.integer(0), default=0, metavar="N",
-                        help="seed of the simulations and of Optuna (default 0)")
-    parser.add_argument("--ray-address", help="the Ray cluster of --engine ray, passed to every job (default: as "
-                                              "benchmark.py finds one)")
+    add_flags(parser)
     args = parser.parse_args(argv)
-    if not args.gpus and args.cpu_slots == 0:
-        parser.refuse("--gpus/--cpu-slots", "expected the budget, --gpus LIST and/or --cpu-slots N (N >= 1), found neither")
-    if args.objective == "devices" and args.target_rate is None:
-        parser.refuse("--target-rate", "expected the items/s that --objective devices must serve, found none")
-    if args.objective == "streams" and args.fps is None:
-        parser.refuse("--fps", "expected each stream's frame rate beside --objective streams, found none")
-    if args.objective == "streams" and args.latency_bound_ms is not None:
-        parser.refuse("--latency-bound-ms", "expected none beside --objective streams, whose frames' bound is "
-                                            f"--deadline-ms, found {args.latency_bound_ms:g}")
-    if args.objective != "streams" and args.latency_bound_ms is None:
-        parser.refuse("--latency-bound-ms", "expected a value (rnb-tune requires it, except under --objective "
-                                          "streams), found none")
-    if args.streams_bound > 1:
-        parser.refuse("--streams-bound", f"expected a fraction from 0 to 1, found {args.streams_bound:g}")
+    check_flags(parser, args)
     return args
 
 
@@ -196,25 +120,14 @@ def _job_output(out: Path) -> Iterator[IO[str]]:
 
 def _tune(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    try:
-        space = read_request(args)
-        bench, memory = _bench_and_memory(space, args.engine, args.ray_address)
-    except (ConfigError, TuneRequestError) as error:
-        print(f"rnb-tune: {error}", file=sys.stderr)
-        return 2
+    ready = _ready(args)
+    if isinstance(ready, int):
+        return ready
+    space, bench, memory = ready
     out: Path = args.out
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        print(f"rnb-tune: {out}: cannot hold the tuner's files ({error.strerror}).", file=sys.stderr)
-        return 2
-    rules = ValidityRules(min_duration_s=args.min_duration, min_items=args.min_items)
-    extra = ("--ray-address", args.ray_address) if args.ray_address else ()
     streams = StreamGoal.of(space, args.fps, args.streams_bound, args.deadline_ms) if args.objective == "streams" else None
     bound_ms = args.latency_bound_ms if streams is None else streams.deadline_ms
-    settings = VerifySettings(bound_ms, args.percentile, args.engine, args.verify_steps,
-                              args.verify_seconds, args.warmup, rules, args.max_reruns, args.timeout, extra,
-                              args.verify_repeats)
+    settings = _verify_settings(args, bound_ms)
     goal = Goal("throughput" if streams is not None else args.objective, args.target_rate)
     mode = choose_mode(space, args.search)
     seconds: dict[str, float] = {}
@@ -232,16 +145,9 @@ def _tune(args: argparse.Namespace) -> int:
                 return _tune_streams(space, found, asked, out, settings, output, args.top,
                                      _labelled(space, bench, args, profiles), seconds)
             phase = time.monotonic()
-            chosen = finalists(found, args.top)
-            if not chosen:
-                print(f"rnb-tune: no candidate fits the budget and memory ({next(iter(found.pruned.values()), '-')}).",
-                      file=sys.stderr)
+            verified = _verify_finalists(space, found, args.top, out, settings, output, goal)
+            if verified is None:
                 return 1
-            hopeless = all(e.estimate.rate_per_s is None for e in chosen)
-            if hopeless:   # predicted to miss the bound everywhere: one job of the closest shows what it does
-                log.info("no candidate is predicted to meet the bound; measuring the closest once")
-                chosen = chosen[:1]
-            verified = _verify(space, chosen, out, settings, output, goal, widen=not hopeless)
             seconds["verify"] = time.monotonic() - phase
     except KeyboardInterrupt:
         print(f"rnb-tune: interrupted; the profiles and runs measured so far are kept in {out}, and a second run "
@@ -250,16 +156,54 @@ def _tune(args: argparse.Namespace) -> int:
     except (ProfileError, EstimateError, SweepError, JobLogError) as error:
         print(f"rnb-tune: {error}", file=sys.stderr)
         return 1
-    winner = winner_of(verified, space, goal)
-    request = Request(str(args.config), space.budget.describe(), goal, bound_ms, args.percentile, mode,
-                      args.engine)
-    outcome = Outcome(request, found, tuple(verified), winner, tuple(_labelled(space, bench, args, profiles)), seconds)
+    request = Request(str(args.config), space.budget.describe(), goal, bound_ms, args.percentile, mode, args.engine)
+    outcome = Outcome(request, found, tuple(verified), winner_of(verified, space, goal),
+                      tuple(_labelled(space, bench, args, profiles)), seconds)
     write_report(out, space, outcome, settings)
     print(_summary(space, outcome, out))
-    if winner is None:
+    if outcome.winner is None:
         print(f"rnb-tune: {_impossible(space, verified, args)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _verify_settings(args: argparse.Namespace, bound_ms: float) -> VerifySettings:
+    """How every finalist's jobs run and are judged, from the flags."""
+    rules = ValidityRules(min_duration_s=args.min_duration, min_items=args.min_items)
+    extra = ("--ray-address", args.ray_address) if args.ray_address else ()
+    return VerifySettings(bound_ms, args.percentile, args.engine, args.verify_steps, args.verify_seconds, args.warmup,
+                          rules, args.max_reruns, args.timeout, extra, args.verify_repeats)
+
+
+def _ready(args: argparse.Namespace) -> tuple[TuneSpace, Bench, Memory] | int:
+    """The request checked, the devices found and DIR made; else the exit code (2), its sentence printed."""
+    try:
+        space = read_request(args)
+        bench, memory = _bench_and_memory(space, args.engine, args.ray_address)
+    except (ConfigError, TuneRequestError) as error:
+        print(f"rnb-tune: {error}", file=sys.stderr)
+        return 2
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        print(f"rnb-tune: {args.out}: cannot hold the tuner's files ({error.strerror}).", file=sys.stderr)
+        return 2
+    return space, bench, memory
+
+
+def _verify_finalists(space: TuneSpace, found: Search, top: int, out: Path, settings: VerifySettings,
+                      output: IO[str], goal: Goal) -> list[Verified] | None:
+    """The best-ranked predictions run for real; None (its sentence printed) where no candidate fits."""
+    chosen = finalists(found, top)
+    if not chosen:
+        print(f"rnb-tune: no candidate fits the budget and memory ({next(iter(found.pruned.values()), '-')}).",
+              file=sys.stderr)
+        return None
+    hopeless = all(e.estimate.rate_per_s is None for e in chosen)
+    if hopeless:   # predicted to miss the bound everywhere: one job of the closest shows what it does
+        log.info("no candidate is predicted to meet the bound; measuring the closest once")
+        chosen = chosen[:1]
+    return _verify(space, chosen, out, settings, output, goal, widen=not hopeless)
 
 
 @dataclasses.dataclass(frozen=True)

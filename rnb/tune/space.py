@@ -21,22 +21,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import inspect
 import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from rnb.core.model import Flushes
 from rnb.core.records import Json, JsonObject
-from rnb.pipeline.config import ConfigError, PipelineConfig, merges_segments, parse_config
-from rnb.pipeline.dotted import load_object
+from rnb.pipeline.config import PipelineConfig
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8)
 GroupKind = Literal["work", "batcher"]
 
 
@@ -307,12 +303,6 @@ class TuneSpace:
         return document
 
 
-def is_batcher(model: str) -> bool:
-    """A batching step: its model holds inputs and flushes them (rnb.core.model.Flushes), and takes `batch`."""
-    cls = load_object(model)
-    return issubclass(cls, Flushes) and "batch" in inspect.signature(cls).parameters
-
-
 def _devices(devices: tuple[int, ...]) -> str:
     if all(d < 0 for d in devices):
         return "cpu"
@@ -339,112 +329,3 @@ def spread(replicas: Mapping[tuple[int, int], int], gpus: Sequence[int]) -> dict
         placed[where] = tuple(gpus[(turn + i) % len(gpus)] for i in range(count))
         turn += count
     return placed
-
-
-def _choices(value: object, file: str, where: str) -> tuple[int, ...] | None:
-    """A list of positive integers given in place of one (the tuner's choices); None where a single value is."""
-    if not isinstance(value, list):
-        return None
-    if not value or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):
-        raise ConfigError(file, where, f"expected a non-empty list of integers >= 1 to choose from, found {json.dumps(value)}")
-    return tuple(sorted(set(value)))
-
-
-def read_space(document: Any, file: str, budget: Budget, batches: Sequence[int] | None = None,
-               segments: Sequence[int] | None = None, max_replicas: int | None = None) -> TuneSpace:
-    """Check a tuning config and the request against each other, before anything runs (ConfigError,
-    TuneRequestError: exit 2).
-
-    `batches` (--batch) are the sizes of every Batcher group whose config gives
-    no list; `segments` (--segments) the num_segments of every step that may
-    split (a later step merges segments) and gives no list.
-    """
-    if not isinstance(document, dict) or not isinstance(document.get("pipeline"), list):
-        parse_config(document, file)  # the harness's own sentence for a document that is not a pipeline
-    plain = copy.deepcopy(document)
-    batch_lists: dict[tuple[int, int], tuple[int, ...]] = {}
-    segment_lists: dict[int, tuple[int, ...]] = {}
-    for k, step in enumerate(plain["pipeline"]):
-        if not isinstance(step, dict):
-            continue
-        listed = _choices(step.get("num_segments"), file, f"pipeline[{k}].num_segments")
-        if listed is not None:
-            segment_lists[k] = listed
-            step["num_segments"] = listed[0]
-        step_batches = _choices(step.get("batch"), file, f"pipeline[{k}].batch")
-        if step_batches is not None:
-            step.pop("batch")
-        for gi, group in enumerate(step.get("queue_groups") or []):
-            if not isinstance(group, dict):
-                continue
-            group_batches = _choices(group.get("batch"), file, f"pipeline[{k}].queue_groups[{gi}].batch")
-            if group_batches is not None:
-                group["batch"] = group_batches[0]
-                batch_lists[(k, gi)] = group_batches
-            elif step_batches is not None:
-                group["batch"] = step_batches[0]
-                batch_lists[(k, gi)] = step_batches
-    config = parse_config(plain, file)
-    return _space(config, plain, budget, batch_lists, segment_lists, batches, segments, max_replicas)
-
-
-def _space(config: PipelineConfig, plain: dict[str, Any], budget: Budget,
-           batch_lists: Mapping[tuple[int, int], tuple[int, ...]], segment_lists: Mapping[int, tuple[int, ...]],
-           batches: Sequence[int] | None, segments: Sequence[int] | None, max_replicas: int | None) -> TuneSpace:
-    groups: list[GroupChoices] = []
-    last = len(config.steps) - 1
-    for k, step in enumerate(config.steps):
-        batcher = is_batcher(step.model)
-        if batcher and k == last:
-            raise TuneRequestError(f"{config.path}: pipeline[{k}] is a Batcher on the final step, which has no "
-                                   "step after it to take its batches.")
-        for gi, group in enumerate(step.queue_groups):
-            if batcher:
-                written = group.model_kwargs.get("batch")
-                if (k, gi) in batch_lists:
-                    chosen = batch_lists[(k, gi)]
-                elif batches is not None:
-                    chosen = tuple(sorted(set(batches)))
-                elif isinstance(written, int):
-                    chosen = (written,)
-                else:
-                    chosen = DEFAULT_BATCHES
-                groups.append(GroupChoices(k, gi, step.model, "batcher", batches=chosen))
-                continue
-            on_cpu = all(gpu < 0 for gpu in group.gpus)
-            if budget.cpu_only or not on_cpu:
-                on_gpu = not budget.cpu_only
-                groups.append(GroupChoices(k, gi, step.model, "work", on_gpu=on_gpu, final=k == last))
-            elif budget.cpu_slots:
-                groups.append(GroupChoices(k, gi, step.model, "work", final=k == last))
-            else:  # a CPU group next to GPU groups, and no CPU slots to tune it with: kept as written
-                groups.append(GroupChoices(k, gi, step.model, "work", fixed=group.gpus, final=k == last))
-    segment_choices = []
-    for k, step in enumerate(config.steps):
-        may_split = k < last and any(merges_segments(later.model) for later in config.steps[k + 1:])
-        if k in segment_lists:
-            if not may_split and segment_lists[k] != (1,):
-                raise TuneRequestError(f"{config.path}: pipeline[{k}].num_segments lists {list(segment_lists[k])}, "
-                                       "but no later step merges segments (an aggregator).")
-            segment_choices.append(segment_lists[k])
-        elif segments is not None and may_split:
-            segment_choices.append(tuple(sorted(set(segments))))
-        else:
-            segment_choices.append((step.num_segments,))
-    tuned = [g for g in groups if g.tuned]
-    cpu_tuned = [g for g in tuned if not g.on_gpu]
-    if budget.cpu_only and len(cpu_tuned) > budget.cpu_slots:
-        raise TuneRequestError(
-            f"{config.path}: a budget of {budget.cpu_slots} CPU slots cannot hold the {len(cpu_tuned)} work groups "
-            f"({', '.join(g.name for g in cpu_tuned)}), each of which needs at least one replica.")
-    if not budget.cpu_only and cpu_tuned and len(cpu_tuned) > budget.cpu_slots:
-        raise TuneRequestError(
-            f"{config.path}: --cpu-slots {budget.cpu_slots} cannot hold the {len(cpu_tuned)} CPU work groups "
-            f"({', '.join(g.name for g in cpu_tuned)}), each of which needs at least one replica.")
-    if not tuned:
-        raise TuneRequestError(f"{config.path}: nothing to tune with {budget.describe()}: every work group is "
-                               "on the CPU and the budget gives no CPU slots.")
-    # By default a CPU group may take every slot the others leave it, a GPU group one replica per GPU.
-    most = max_replicas if max_replicas is not None else max(
-        len(budget.gpus), budget.cpu_slots - len(cpu_tuned) + 1 if cpu_tuned else 0)
-    return TuneSpace(config, plain, tuple(groups), tuple(segment_choices), budget, max(1, most))

@@ -24,9 +24,11 @@ import numpy as np
 from rnb.analysis.stream_search import StreamSearch, measure_streams, most_passing, search_streams
 from rnb.analysis.sweep import RunOutcome, run_benchmark
 from rnb.load import LoadSettings, mode_of
-from rnb.tune.estimate import Arrivals, Estimator, SimPipeline, Simulation
-from rnb.tune.profile import write_json_atomic
+from rnb.tune.estimate import Estimator
+from rnb.tune.profile_cache import write_json_atomic
 from rnb.tune.search import Search
+from rnb.tune.sim_records import Arrivals, SimPipeline
+from rnb.tune.simulation import Simulation
 from rnb.tune.space import Candidate, TuneSpace
 from rnb.tune.verify import VerifySettings, videos_for
 

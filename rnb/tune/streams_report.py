@@ -21,7 +21,8 @@ from rnb.analysis.html import job_section, page, paragraph, table
 from rnb.analysis.jobs import ValidityRules, load_jobs, rows_to_table
 from rnb.analysis.stream_search import StreamTrial, bound_sentence, counted
 from rnb.core.records import JsonObject
-from rnb.tune.profile import Profile, write_json_atomic
+from rnb.tune.profile import Profile
+from rnb.tune.profile_cache import write_json_atomic
 from rnb.tune.report import BEST, CANDIDATES, REPORT, profile_row, write_parquet_atomic
 from rnb.tune.space import TuneSpace
 from rnb.tune.streams import STREAMS_REPORT, MeasuredStreams, StreamFinalist, StreamGoal

@@ -31,7 +31,7 @@ from rnb.analysis.jobs import BOUNDED_PERCENTILE, ValidityRules
 from rnb.analysis.stats import min_items_for_upper_bound
 from rnb.analysis.sweep import RunOutcome, Trial, bisect_rate, format_interval, measure_valid, run_benchmark
 from rnb.engines.registry import DEFAULT_ENGINE
-from rnb.tune.profile import write_json_atomic
+from rnb.tune.profile_cache import write_json_atomic
 from rnb.tune.space import Candidate, TuneSpace, digest
 
 LOW, HIGH = 0.6, 1.15            # the first bracket, as fractions of the predicted peak

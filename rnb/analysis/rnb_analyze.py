@@ -18,17 +18,8 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from rnb.analysis.html import write_job_page
-from rnb.analysis.jobs import (
-    JSON_COLUMNS,
-    JobLogError,
-    JobTables,
-    ValidityRules,
-    find_job_dirs,
-    incomplete_job,
-    is_complete,
-    load_jobs,
-    read_job,
-)
+from rnb.analysis.job_dirs import find_job_dirs, incomplete_job, is_complete, read_job
+from rnb.analysis.jobs import JSON_COLUMNS, JobLogError, JobTables, ValidityRules, load_jobs
 from rnb.analysis.plots import left_out_sentence, plot_jobs
 from rnb.analysis.report import format_compare, format_report
 from rnb.analysis.trace import write_trace
