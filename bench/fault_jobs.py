@@ -166,8 +166,10 @@ def _inside(report: Path, mark: str, command: list[str]) -> int:
     while marked(mark) and time.time() < deadline:
         time.sleep(0.01)
     gone_time = None if marked(mark) else time.time()
-    time.sleep(max(0.0, deadline - time.time()))  # the resource tracker cleans up after a killed main
-    left = len(os.listdir("/dev/shm")) if isolated else None
+    left = None
+    if isolated:  # the /dev/shm count waits out SETTLE_S: the resource tracker cleans up after a killed main
+        time.sleep(max(0.0, deadline - time.time()))
+        left = len(os.listdir("/dev/shm"))
     with report.open("a") as out:
         out.write(json.dumps({"rc": rc, "exit_time": exit_time, "gone_time": gone_time, "leftovers": left}) + "\n")
     return 0
