@@ -6,6 +6,7 @@ import importlib
 import inspect
 import multiprocessing
 import pkgutil
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -37,6 +38,7 @@ from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.dataset_source import SourceOptions, parse_options, requests
 from rnb.pipeline.plan import plan_runners
 from selector import LargeSmallSelector
+from tests.model_support import one_torch_thread
 from tests.mp4_fixtures import read_index
 
 CPU = torch.device("cpu")
@@ -51,6 +53,13 @@ def tiny_dataset(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tiny_dataset(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """The test's R(2+1)D passes on one intra-op thread (tests.model_support.one_torch_thread)."""
+    with one_torch_thread():
+        yield
 
 
 def request(root: str, episode: int, upcoming: tuple[int, ...] = ()) -> dict:
@@ -211,6 +220,7 @@ def test_split_loader_bytes_stay_in_host_memory_on_gpu_runners():
     assert [(t.device.type, t.dtype, t.is_shared()) for t in slot.tensors] == [("cpu", torch.uint8, True)]
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_warm_up_sizes_are_every_row_count_a_batch_of_items_can_have():
     rnb = {"choices": [1, 15], "weights": [10, 1]}
     assert input_rows(rnb, 1) == [1, 15]
@@ -279,6 +289,7 @@ def test_a_network_cut_that_does_not_fit_its_input_is_a_config_error():
         plan_runners(parse_config(document, "c.json"), 4)
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_a_network_built_on_its_input_shape_warms_up_on_it_and_pads_empty_segments():
     net = R2P1DRunner(CPU, 3, 5, num_classes=7, input_shapes=((2, 64, 5, 19, 19),))
     (empty,), _, _ = net((torch.zeros(0, 64, 5, 19, 19),), {}, None)
@@ -291,6 +302,7 @@ def test_a_network_built_on_its_input_shape_warms_up_on_it_and_pads_empty_segmen
     assert warm_up_rows(rnb, 3, ((45, 3, 8, 32, 32),)) == input_rows(rnb, 3)
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_every_stage_shape_matches_the_network_and_cut_logits_equal_whole_logits():
     x = torch.randn(2, 3, 5, 37, 37, generator=torch.Generator().manual_seed(0))
     whole = R2P1DRunner(CPU, 1, 5, num_clips=2, clip_length=5, size=37, warmup=0)
@@ -312,6 +324,7 @@ def test_every_stage_shape_matches_the_network_and_cut_logits_equal_whole_logits
         R2P1DRunner.output_shape(4, 2)
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_checkpoint_weights_are_loaded_and_named(tmp_path):
     donor = R2P1DRunner(CPU, 1, 5, 1, 4, 32, seed=3, warmup=0)
     path = tmp_path / "r2p1d.pt"
@@ -415,6 +428,7 @@ def test_sources_cycle_in_order_with_lookahead_and_reject_bad_keys(dataset):
         parse_options({"videos": "*.mp4", "generate_if_missing": True}, "c.json")
 
 
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_r2p1d_runs_in_the_dtype_and_layout_asked_and_says_so(dtype):
     x = torch.rand((2, 3, 2, 16, 16))

@@ -1,9 +1,14 @@
 """No state of a job may hang, and every ending leaves a log: dead lock holders, signals, a killed main.
 
-Jobs run as `python benchmark.py` subprocesses, each carrying a mark in its
+Jobs that a signal or the test stops, or that need a mount of their own, run
+as `python benchmark.py` subprocesses, each carrying a mark in its
 environment, so any process left behind (an orphan) is found by the mark
-even after the main process is gone.  Bounds are hang guards, not timings:
-each is several times what the behaviour needs.
+even after the main process is gone.  Jobs that end on their own (a child
+that dies, a message that cannot be read) run in the test process, as in
+tests/test_stalls.py: they share its fork server instead of each importing
+torch twice, and the job's own processes still running are found from its
+log (`job_log`'s children_left).  Bounds are hang guards, not timings: each
+is several times what the behaviour needs.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import pytest
 from bench.fault_jobs import MARK, JobRun, children, fork_server_of, isolation_works, marked, run_job, waiting_for_fork_server
 from bench.fault_starts import INSTANTS, TURNS, strike_at
 from bench.faults import start_up_config
+from rnb import cli
 from rnb.analysis import rnb_analyze
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,26 +82,27 @@ def finish(job: subprocess.Popen, timeout_s: float = 120.0) -> tuple[str, str]:
         pytest.fail(f"the job hung: still running {timeout_s:g} s on")
 
 
-def job_log(tmp_path: Path) -> tuple[dict, list[dict]]:
+def read_log(tmp_path: Path) -> tuple[dict, list[dict]]:
     (job_dir,) = (tmp_path / "logs").iterdir()
     return json.loads((job_dir / "meta.json").read_text()), pq.read_table(job_dir / "timings.parquet").to_pylist()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("hold", ["flag", "status", "results"])
-def test_a_child_killed_holding_shared_plumbing_cannot_wedge_the_job(tmp_path, hold):
+def test_a_child_killed_holding_shared_plumbing_cannot_wedge_the_job(tmp_path, capfd, job_log, hold):
     """The dead child held the flag mid-raise, the status queue's write lock, or had written half a message."""
     config = write_config(tmp_path, {"source": {"synthetic": True}, "pipeline": [  # one step, two replicas
         {"model": "bench.fault_models.DiesHolding", "queue_groups": [{"gpus": [-1, -1]}], "hold": hold, "at_item": 3}]})
-    job, mark = start_job(tmp_path, config, "-v", "200", "-mi", "2", "--warmup", "0")
-    out, err = finish(job)
-    assert job.returncode == 1, err
-    meta, rows = job_log(tmp_path)
+    code = cli.main(["-c", config, "-v", "200", "-mi", "2", "--warmup", "0", "--log-dir", str(tmp_path / "logs")])
+    err = capfd.readouterr().err
+    assert code == 1, err
+    log = job_log(tmp_path / "logs")
+    meta, rows = log.meta, log.rows
     dead = meta["failed_process"]  # whichever of the two replicas took item 3
     assert (meta["termination_reason"], dead in ("step0-g0-r0", "step0-g0-r1")) == ("process failed", True)
     assert meta["error"] == f"process {dead} failed: was killed by signal 9"
     assert "Traceback" not in err and len(rows) == meta["finished_items"] < 200
-    assert marked(mark) == []
+    assert log.children_left == []
 
 
 @pytest.mark.slow
@@ -108,7 +115,7 @@ def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, tar
     (os.kill if target == "main" else os.killpg)(job.pid, signal.SIGTERM)
     out, err = finish(job)
     assert job.returncode == 143, err
-    meta, rows = job_log(tmp_path)
+    meta, rows = read_log(tmp_path)
     assert (meta["termination_reason"], meta["error"]) == ("terminated", None)
     assert len(rows) == meta["finished_items"] > 0 and [row["item_id"] for row in rows] == list(range(len(rows)))
     assert {process["status"] for process in meta["processes"]} == {"ok"}  # children left on their own
@@ -125,7 +132,7 @@ def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_pat
     out, err = finish(job)
     assert job.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    meta, rows = job_log(tmp_path)
+    meta, rows = read_log(tmp_path)
     assert (meta["termination_reason"], meta["start_time"], rows) == ("interrupted", None, [])
     assert marked(mark) == []
 
@@ -188,14 +195,16 @@ def test_a_log_directory_that_fills_up_ends_the_job_with_exit_1_and_one_sentence
                               f"finished items are in {job_dir / 'timings.spool'}\n"), report
 
 
-def test_a_message_the_next_step_cannot_unpickle_ends_the_job_with_exit_1_and_one_sentence(tmp_path):
+def test_a_message_the_next_step_cannot_unpickle_ends_the_job_with_exit_1_and_one_sentence(tmp_path, capfd, job_log):
     """Step 0 passes on, in its non_tensors, an error whose class cannot be rebuilt from its pickle."""
     document = json.loads((REPO / "config/toy.json").read_text())
     document["pipeline"][0].update(model="tests.fixture_models.HandsOnItsError", error_at_item=3)
-    job, mark = start_job(tmp_path, write_config(tmp_path, document), "-v", "50", "-mi", "20", "--warmup", "0")
-    out, err = finish(job)
-    assert job.returncode == 1, err
-    meta, rows = job_log(tmp_path)
+    code = cli.main(["-c", write_config(tmp_path, document), "-v", "50", "-mi", "20", "--warmup", "0", "--log-dir",
+                     str(tmp_path / "logs")])
+    err = capfd.readouterr().err
+    assert code == 1, err
+    log = job_log(tmp_path / "logs")
+    meta, rows = log.meta, log.rows
     sentence = ("process step1-g0-r0 failed: UnreadableMessage: a message on the inter-step queue 0 (step 0 to step 1) "
                 "could not be unpickled (TypeError: TwoPartError.__init__() missing 1 required positional argument: "
                 "'why')")
@@ -203,7 +212,7 @@ def test_a_message_the_next_step_cannot_unpickle_ends_the_job_with_exit_1_and_on
                                                                                    sentence)
     assert err.count(sentence) == 1 and f"benchmark.py: {sentence}\n" in err and "Traceback" not in err
     assert [row["item_id"] for row in rows] == [0, 1, 2] == list(range(meta["finished_items"]))  # all before item 3
-    assert marked(mark) == []
+    assert log.children_left == []
 
 
 def stopped_at(tmp_path: Path, instant_name: str, turn: int) -> tuple[JobRun, int, str]:
@@ -228,7 +237,7 @@ def test_a_stop_at_an_instant_of_start_up_ends_with_its_code_one_line_and_a_whol
     assert run.returncode == code and run.orphans == 0 and "Traceback" not in run.stderr
     lines = [line for line in run.stderr.splitlines() if line.startswith("benchmark.py: ")]
     if logged:
-        meta, rows = job_log(tmp_path)
+        meta, rows = read_log(tmp_path)
         assert (meta["termination_reason"], meta["start_time"], rows) == (reason, None, [])
         assert lines == [f"benchmark.py: {reason} (SIG{'TERM' if code == 143 else 'INT'}) after its log was opened: "
                          "the log keeps what it measured"]
