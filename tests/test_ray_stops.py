@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_reliability import read_log, stopped_at
+from tests.test_reliability import stopped_at
 
 
 @pytest.mark.slow
@@ -20,9 +20,9 @@ def test_sigterm_to_the_group_while_ray_starts_exits_143_with_one_line_and_nothi
 
 @pytest.mark.slow
 @pytest.mark.parametrize("turn", [0, 1], ids=["sigint", "sigterm"])
-def test_a_stop_to_the_group_while_the_actors_are_created_ends_the_job_with_its_log(tmp_path, turn) -> None:
+def test_a_stop_to_the_group_while_the_actors_are_created_ends_the_job_with_its_log(tmp_path, turn, job_log) -> None:
     run, code, reason = stopped_at(tmp_path, "ray-actors", turn)
     assert (run.returncode, run.orphans, "Traceback" in run.stderr) == (code, 0, False)
-    meta, rows = read_log(tmp_path)
+    _, meta, rows = job_log(tmp_path / "logs")
     assert (meta["termination_reason"], meta["start_time"], rows, meta["engine"]["name"]) == (reason, None, [], "ray")
     assert {process["name"] for process in meta["processes"]} == {"client", "step0-g0-r0", "step1-g0-r0"}

@@ -82,11 +82,6 @@ def finish(job: subprocess.Popen, timeout_s: float = 120.0) -> tuple[str, str]:
         pytest.fail(f"the job hung: still running {timeout_s:g} s on")
 
 
-def read_log(tmp_path: Path) -> tuple[dict, list[dict]]:
-    (job_dir,) = (tmp_path / "logs").iterdir()
-    return json.loads((job_dir / "meta.json").read_text()), pq.read_table(job_dir / "timings.parquet").to_pylist()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("hold", ["flag", "status", "results"])
 def test_a_child_killed_holding_shared_plumbing_cannot_wedge_the_job(tmp_path, capfd, job_log, hold):
@@ -107,7 +102,7 @@ def test_a_child_killed_holding_shared_plumbing_cannot_wedge_the_job(tmp_path, c
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["main", "group"])
-def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, target):
+def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, target, job_log):
     # -q: no start-up lines, so stderr's first line is the start.
     job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "100000", "-mi", "20", "--warmup", "0", "-q")
     assert job.stderr.readline().startswith("benchmark.py: started "), "the job never started"
@@ -115,7 +110,7 @@ def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, tar
     (os.kill if target == "main" else os.killpg)(job.pid, signal.SIGTERM)
     out, err = finish(job)
     assert job.returncode == 143, err
-    meta, rows = read_log(tmp_path)
+    _, meta, rows = job_log(tmp_path / "logs")
     assert (meta["termination_reason"], meta["error"]) == ("terminated", None)
     assert len(rows) == meta["finished_items"] > 0 and [row["item_id"] for row in rows] == list(range(len(rows)))
     assert {process["status"] for process in meta["processes"]} == {"ok"}  # children left on their own
@@ -124,7 +119,7 @@ def test_sigterm_stops_the_job_like_ctrl_c_with_exit_143_and_a_log(tmp_path, tar
     assert marked(mark) == []
 
 
-def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_path):
+def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_path, job_log):
     job, mark = start_job(tmp_path, toy_config(tmp_path), "-v", "50", "-mi", "0",
                           import_delay_s=INTERRUPTED_IMPORT_DELAY_S)
     wait_for_the_fork_server_to_be_waited_for(job, tmp_path / "logs")
@@ -132,7 +127,7 @@ def test_ctrl_c_to_the_process_group_during_start_up_prints_no_traceback(tmp_pat
     out, err = finish(job)
     assert job.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    meta, rows = read_log(tmp_path)
+    _, meta, rows = job_log(tmp_path / "logs")
     assert (meta["termination_reason"], meta["start_time"], rows) == ("interrupted", None, [])
     assert marked(mark) == []
 
@@ -232,12 +227,12 @@ def stopped_at(tmp_path: Path, instant_name: str, turn: int) -> tuple[JobRun, in
 @pytest.mark.parametrize(("instant", "turn", "logged"), [("imports", 0, False), ("spawning", 1, True),
                                                          ("loading", 0, True)])
 def test_a_stop_at_an_instant_of_start_up_ends_with_its_code_one_line_and_a_whole_log_or_none(tmp_path, instant, turn,
-                                                                                            logged):
+                                                                                            logged, job_log):
     run, code, reason = stopped_at(tmp_path, instant, turn)
     assert run.returncode == code and run.orphans == 0 and "Traceback" not in run.stderr
     lines = [line for line in run.stderr.splitlines() if line.startswith("benchmark.py: ")]
     if logged:
-        meta, rows = read_log(tmp_path)
+        _, meta, rows = job_log(tmp_path / "logs")
         assert (meta["termination_reason"], meta["start_time"], rows) == (reason, None, [])
         assert lines == [f"benchmark.py: {reason} (SIG{'TERM' if code == 143 else 'INT'}) after its log was opened: "
                          "the log keeps what it measured"]
