@@ -46,3 +46,23 @@ def test_a_profile_must_be_a_link() -> None:
         NetworkProfile(mbit_per_s=0, rtt_ms=20)
     assert str(NetworkProfile(100, 20)) == str(WAN) == "100 Mbit/s, 20 ms RTT"
     assert str(SLOW_WAN) == "20 Mbit/s, 80 ms RTT" and SLOW_WAN.bytes_per_s == 2.5e6
+
+
+def test_a_client_that_hangs_up_mid_answer_leaves_the_relay_serving_others(tmp_path: Path) -> None:
+    """A connection's end crosses the link: the relay closes the server's side and goes on relaying the rest."""
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "blob").write_bytes(BLOB)
+    with serve_directory(tmp_path / "www", tmp_path / "nginx", profile=NetworkProfile(8, 20)) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        request = f"GET /blob HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+        with socket.create_connection((host, int(port)), timeout=5) as rude:
+            rude.sendall(request)
+            assert rude.recv(12) == b"HTTP/1.1 200"  # the answer has begun to cross; hang up in its middle
+        with socket.create_connection((host, int(port)), timeout=10) as polite:
+            polite.sendall(request)
+            answer = b""
+            while chunk := polite.recv(1 << 16):  # the server's end crosses once its last byte has
+                answer += chunk
+        assert answer.endswith(b"\r\n\r\n" + BLOB)
+        fs = fsspec.filesystem("http", skip_instance_cache=True)
+        assert fs.cat_file(f"{server.url}/blob", start=599_990, end=600_000) == BLOB[-10:]

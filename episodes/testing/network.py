@@ -12,12 +12,16 @@ direction is one link shared by every connection: bytes leave in order at
 `mbit_per_s` (serialisation) and arrive half a round trip later
 (propagation), chunk by chunk, so a long response streams at the link's rate
 while a request and its reply cost one round trip; opening a connection
-costs one more, as a TCP handshake does.
+costs one more, as a TCP handshake does. A connection's end crosses the
+link after its last byte. The relay's own CPU is part of what a bench pays
+for the link on a small host, so each chunk costs one timer and one write
+(asyncio protocols, no task or queue per chunk).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import select
 import socket
@@ -66,49 +70,124 @@ class _Link:
         return self.free_at
 
 
-async def _carry(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: _Link, one_way_s: float) -> None:
-    """Move bytes from `reader` to `writer` as the link would: in order, serialised, then delayed."""
-    loop = asyncio.get_running_loop()
-    arrivals: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+class _End(asyncio.Protocol):
+    """One socket of a relayed connection: what it receives crosses `link` to its peer, the other socket.
 
-    async def deliver() -> None:
-        while True:
-            due, data = await arrivals.get()
-            await asyncio.sleep(max(0.0, due - loop.time()))
-            if not data:
-                writer.write_eof() if writer.can_write_eof() else writer.close()
-                return
-            writer.write(data)
-            await writer.drain()
+    What is on the wire towards the peer waits in `wire` in order, each
+    chunk with its arrival time, its end (None) last; one timer at a time
+    writes whatever has arrived when it fires and waits for the next, so the
+    relay spends a deque entry and at most one timer on a chunk.
+    """
 
-    delivering = asyncio.create_task(deliver())
-    try:
-        while data := await reader.read(_CHUNK):
-            arrivals.put_nowait((link.departure(loop.time(), len(data)) + one_way_s, data))
-        arrivals.put_nowait((loop.time() + one_way_s, b""))
-        await delivering
-    except (ConnectionError, asyncio.CancelledError):
-        delivering.cancel()
-    finally:
-        with contextlib.suppress(Exception):
-            writer.close()
+    def __init__(self, link: _Link, one_way_s: float) -> None:
+        self.link, self.one_way_s = link, one_way_s
+        self.transport: asyncio.Transport | None = None
+        self.peer: _End | None = None
+        self.held: list[bytes] = []   # what came before the peer was connected
+        self.wire: collections.deque[tuple[float, memoryview | None]] = collections.deque()
+        self.timer: asyncio.TimerHandle | None = None
+        self.ended = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def join(self, peer: _End) -> None:
+        """Carry to `peer` from now on, what came before first (its end too, where it came)."""
+        self.peer = peer
+        for data in self.held:
+            self.data_received(data)
+        self.held.clear()
+        if self.ended:
+            self._send(None, 0)
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is None:
+            self.held.append(data)
+            return
+        view = memoryview(data)
+        for at in range(0, len(data), _CHUNK):
+            self._send(view[at:at + _CHUNK], min(_CHUNK, len(data) - at))
+
+    def eof_received(self) -> bool:
+        self._end()
+        return True  # the peer closes this socket once the end has crossed
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            if self.peer is not None:
+                self._send(None, 0)
+
+    def _send(self, chunk: memoryview | None, size: int) -> None:
+        """Put `size` bytes (or the end, None) on the wire, due when their last byte has crossed."""
+        loop = asyncio.get_running_loop()
+        due = self.link.departure(loop.time(), size) if size else loop.time()
+        self.wire.append((due + self.one_way_s, chunk))
+        if self.timer is None:
+            self.timer = loop.call_at(self.wire[0][0], self._arrive)
+
+    def _arrive(self) -> None:
+        """Hand the peer every chunk that has arrived by now, in order; wait for the next."""
+        assert self.peer is not None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self.wire and self.wire[0][0] <= now:
+            _, chunk = self.wire.popleft()
+            if chunk is None:
+                self.peer.close()
+            else:
+                self.peer.write(chunk)
+        self.timer = loop.call_at(self.wire[0][0], self._arrive) if self.wire else None
+
+    def write(self, data: memoryview) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.transport.close()
+        self._end()
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
 
 
 async def _relay(listen_port: int, upstream_port: int, profile: NetworkProfile) -> None:
+    loop = asyncio.get_running_loop()
     up, down = _Link(profile.bytes_per_s), _Link(profile.bytes_per_s)
     one_way = profile.rtt_ms / 2000
 
-    async def connection(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+    connecting: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references to tasks
+
+    def accepted() -> _End:
+        client = _End(up, one_way)
+        task = loop.create_task(connect(client))
+        connecting.add(task)
+        task.add_done_callback(connecting.discard)
+        return client
+
+    async def connect(client: _End) -> None:
         await asyncio.sleep(2 * one_way)  # the handshake's round trip
         try:
-            server_reader, server_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
+            _, server = await loop.create_connection(lambda: _End(down, one_way), "127.0.0.1", upstream_port)
         except OSError:
-            client_writer.close()
+            client.close()
             return
-        await asyncio.gather(_carry(client_reader, server_writer, up, one_way),
-                             _carry(server_reader, client_writer, down, one_way))
+        server.join(client)
+        client.join(server)
 
-    server = await asyncio.start_server(connection, "127.0.0.1", listen_port)
+    server = await loop.create_server(accepted, "127.0.0.1", listen_port)
     print("ready", flush=True)
     async with server:
         await server.serve_forever()
