@@ -25,7 +25,7 @@ from episodes.synthetic import make_dataset
 from episodes.testing.server import nginx_binary
 from rnb.engines.ray.cluster import use_loopback_if_local
 from rnb.pipeline.gpus import child_environment
-from tests.tune_support import find_browser
+from tests.support.tune_support import find_browser
 
 REPO = Path(__file__).resolve().parents[1]
 # Scripts the tests start (scripts/*.py, bench/run.py) import the project through the venv's
@@ -56,7 +56,7 @@ INSTALLED = {
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """scripts/test.sh's two workers: each module's tests on one (its module fixtures made once), all tests/test_ray_*
+    """scripts/test.sh's two workers: each module's tests on one (its module fixtures made once), all tests/engines/ray/
     modules on one, so that one Ray cluster at a time runs on the host.  (pytest-xdist's own loadgroup marks
     do not reach pytest 9's node ids.)"""
     from xdist.scheduler import LoadScopeScheduling
@@ -64,7 +64,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "tests/test_ray_*" if module.startswith("tests/test_ray_") else module
+            return "tests/engines/ray/" if module.startswith("tests/engines/ray/") else module
 
     return ByModule(config, log)
 
@@ -157,8 +157,8 @@ def root(source: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    """A module's Ray cluster of labelled nodes on 127.0.0.1 (tests/ray_testing.py), shut down after the module.
+    """A module's Ray cluster of labelled nodes on 127.0.0.1 (tests/support/ray_testing.py), shut down after the module.
 
     Not the session's: its dashboard and agents would keep taking CPU from every test after the Ray ones."""
-    from tests.ray_testing import start_test_cluster
+    from tests.support.ray_testing import start_test_cluster
     yield from start_test_cluster()
