@@ -25,6 +25,7 @@ from episodes.synthetic import make_dataset
 from episodes.testing.server import nginx_binary
 from rnb.engines.ray.cluster import use_loopback_if_local
 from rnb.pipeline.gpus import child_environment
+from tests.support.handmade_job import handmade_job
 from tests.support.tune_support import find_browser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,6 +154,12 @@ def source(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def root(source: Path, tmp_path: Path) -> Path:
     """A private copy of `source` (at `tmp_path / "ds"`) that a test may break."""
     return Path(shutil.copytree(source, tmp_path / "ds"))
+
+
+@pytest.fixture
+def handmade(tmp_path: Path) -> Path:
+    """A job log made by hand (tests/support/handmade_job.py): three items, a loader and two replicas of a network."""
+    return handmade_job(tmp_path)
 
 
 @pytest.fixture(scope="module")

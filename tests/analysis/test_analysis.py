@@ -24,7 +24,7 @@ from rnb.analysis.summary import job_summary
 from rnb.core.joblog import SPOOL_DIR
 from rnb.engines.sampler import SampledGpu, Sampler
 from rnb.pipeline.gpus import GpuUtilisation
-from tests.engines.test_sampler import FakeNvml
+from tests.support.fake_nvml import FakeNvml
 from tests.support.shared_jobs import BULK_TOY_VIDEOS, bulk_toy_job
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from rnb.analysis.figures import figure, stage_figure
 from rnb.analysis.html import page
 from rnb.tune.pareto import Point, pareto_figure
-from tests.analysis.test_trace import handmade, run_analyze  # noqa: F401  (the fixture is used by name)
+from tests.support.handmade_job import run_analyze
 from tests.support.tune_support import render
 
 PREDICTED = [Point("1 | b8 | 1 | 1", 120.0, 35.0), Point("2 | b8 | 1 | 1", 230.0, 60.0), Point("3 | b8 | 1 | 1", 250.0, 900.0)]

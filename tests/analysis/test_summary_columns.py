@@ -11,7 +11,6 @@ from rnb.analysis.job_dirs import read_job
 from rnb.analysis.summary import summary_text, utilisation_text
 from rnb.analysis.utilisation import utilisation_columns
 from rnb.core.stages import END_TO_END, PARTS, part_key, part_latencies
-from tests.analysis.test_trace import handmade  # noqa: F401  (the fixture is used by name)
 
 
 def whole_table_lines(timings: Path, num_steps: int) -> list[str]:

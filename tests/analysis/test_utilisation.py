@@ -18,7 +18,7 @@ from rnb.analysis.plots import stage_colours
 from rnb.analysis.report import format_utilisation, load_curves
 from rnb.analysis.utilisation import busiest_step, busy_fractions, union_seconds
 from rnb.core.stages import PARTS
-from tests.analysis.test_trace import handmade, process, run_analyze, step_times, write_job  # noqa: F401  (handmade by name)
+from tests.support.handmade_job import process, run_analyze, step_times, write_job
 from tests.support.shared_jobs import bulk_toy_job
 
 

@@ -25,11 +25,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from bench.fault_jobs import MARK, JobRun, children, fork_server_of, isolation_works, marked, run_job, waiting_for_fork_server
-from bench.fault_starts import INSTANTS, TURNS, strike_at
-from bench.faults import start_up_config
+from bench.fault_jobs import MARK, children, fork_server_of, isolation_works, marked, waiting_for_fork_server
 from rnb import cli
 from rnb.analysis import rnb_analyze
+from tests.support.start_up_stops import stopped_at
 
 REPO = Path(__file__).resolve().parents[2]
 SLOW_IMPORTS = REPO / "tests" / "support" / "slow_imports"
@@ -208,19 +207,6 @@ def test_a_message_the_next_step_cannot_unpickle_ends_the_job_with_exit_1_and_on
     assert err.count(sentence) == 1 and f"benchmark.py: {sentence}\n" in err and "Traceback" not in err
     assert [row["item_id"] for row in rows] == [0, 1, 2] == list(range(meta["finished_items"]))  # all before item 3
     assert log.children_left == []
-
-
-def stopped_at(tmp_path: Path, instant_name: str, turn: int) -> tuple[JobRun, int, str]:
-    """Run the bench's start-up trial for one instant (bench/fault_starts.py), the signal to the process group being
-    TURNS[turn]: the run, and the exit code and termination reason the stop must give."""
-    instant = next(instant for instant in INSTANTS if instant.name == instant_name)
-    number, code, reason = TURNS[turn]
-    config, extra = start_up_config(instant, tmp_path)
-    (tmp_path / "job.json").write_text(json.dumps(config))
-    run, struck = run_job(tmp_path, ["-c", str(tmp_path / "job.json"), *instant.argv, *extra],
-                          strike_at(instant, tmp_path / "stderr", tmp_path / "logs", number), isolated=False)
-    assert struck is not None, f"the job never reached {instant.what}"
-    return run, code, reason
 
 
 @pytest.mark.slow

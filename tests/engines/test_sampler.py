@@ -6,35 +6,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace, TracebackType
+from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 
 from rnb.engines.sampler import SCHEMA, SampledGpu, Sampler
 from rnb.pipeline.gpus import GpuUtilisation, Nvml
-
-
-class FakeNvml:
-    """Stands in for rnb.pipeline.gpus.Nvml: scripted utilisation per physical GPU, one reading per call."""
-
-    def __init__(self, readings: dict[int, list[GpuUtilisation]]) -> None:
-        self.readings = {index: list(values) for index, values in readings.items()}
-        self.asked: list[int] = []
-
-    def __call__(self) -> FakeNvml:
-        return self
-
-    def __enter__(self) -> FakeNvml:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
-        pass
-
-    def utilisation(self, physical_index: int) -> GpuUtilisation:
-        self.asked.append(physical_index)
-        if not self.readings[physical_index]:
-            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
-        return self.readings[physical_index].pop(0)
+from tests.support.fake_nvml import FakeNvml
 
 
 def test_one_sample_reads_each_process_and_each_gpu(tmp_path: Path) -> None:

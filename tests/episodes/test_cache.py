@@ -14,7 +14,7 @@ from episodes import EpisodeByteCache, Fetch, FrameRequest, decode_mini_mp4, ope
 from episodes._sidecar import sidecar_path
 from episodes.synthetic import SyntheticSpec, make_dataset
 from episodes.tools.verify import FullFileReference
-from tests.episodes.test_make_dataset import read_indices
+from tests.support.mp4_fixtures import read_indices
 
 SMALL = dict(episodes=5, cameras=1, episodes_per_file=2, min_length=8, max_length=20, width=64, height=64, seed=3)
 KINDS = {

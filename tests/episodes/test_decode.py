@@ -1,7 +1,6 @@
 """Frames decoded from mini-MP4s are bit-identical to torchcodec's decode of the full file."""
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -13,17 +12,12 @@ from episodes._decode import decode_backend, decode_mini_mp4, open_decoder
 from episodes._mp4.index import Mp4Index
 from episodes._mp4.span import episode_span
 from episodes._mp4.writer import MiniMp4, synthesize_mini_mp4
-from tests.support.mp4_fixtures import ALL_KINDS, FPS, FRAMES, clip_dir, make_mp4, read_index
+from tests.support.mp4_fixtures import ALL_KINDS, FPS, FRAMES, clip_dir, full_decoder, make_mp4, read_index
 
 __all__ = ["clip_dir"]
 
 # (first frame, end frame): first frames, mid-GOP starts crossing GOPs, the end of the file, single frames.
 SPANS = [(0, 10), (5, 23), (13, FRAMES), (FRAMES - 1, FRAMES), (30, 31), (0, FRAMES)]
-
-
-@cache
-def _full(path: Path, device: str = "cpu") -> VideoDecoder:
-    return VideoDecoder(str(path), seek_mode="exact", device=device)
 
 
 def _mini(path: Path, index: Mp4Index, first: int, end: int) -> MiniMp4:
@@ -39,7 +33,7 @@ def test_mini_mp4_frames_are_bit_identical(clip_dir: Path, kind: str) -> None:
     index = read_index(path)
     for first, end in SPANS:
         mini = _mini(path, index, first, end)
-        reference = _full(path).get_frames_at(list(range(first, end)))
+        reference = full_decoder(path).get_frames_at(list(range(first, end)))
         frames = decode_mini_mp4(mini, range(end - first))
         assert frames.dtype == torch.uint8 and frames.shape == (end - first, 3, 96, 128)
         assert torch.equal(frames, reference.data), (kind, first, end)
@@ -65,7 +59,7 @@ def test_open_decoder_is_reusable_and_order_is_kept(clip_dir: Path) -> None:
     picks = [36, 0, 17, 17, 5]
     first = decode_mini_mp4(mini, picks, decoder=decoder)
     again = decode_mini_mp4(mini, [0, 36], decoder=decoder)
-    reference = _full(path).get_frames_at([13 + p for p in picks]).data
+    reference = full_decoder(path).get_frames_at([13 + p for p in picks]).data
     assert torch.equal(first, reference)
     assert torch.equal(again, reference[[1, 0]])
 
@@ -92,5 +86,5 @@ def test_nvdec_frames_equal_nvdec_full_file(clip_dir: Path, kind: str) -> None:
         mini = _mini(path, index, first, end)
         frames = decode_mini_mp4(mini, range(end - first), device="cuda:0")
         assert frames.device.type == "cuda"
-        reference = _full(path, "cuda:0").get_frames_at(list(range(first, end))).data
+        reference = full_decoder(path, "cuda:0").get_frames_at(list(range(first, end))).data
         assert torch.equal(frames, reference), (kind, first, end)

@@ -10,7 +10,7 @@ from episodes import EpisodeByteCache, FetchError, FrameRequest, LeRobotDataset,
 from episodes._storage import Storage
 from episodes.synthetic import SyntheticSpec
 from episodes.testing.server import serve_directory
-from tests.episodes.test_make_dataset import read_indices
+from tests.support.mp4_fixtures import read_indices
 
 SPEC = SyntheticSpec(codec="h264", gop=6, bframes=2, episodes=4, cameras=1, episodes_per_file=2,
                      min_length=8, max_length=16, width=64, height=64, seed=9)

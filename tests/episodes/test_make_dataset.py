@@ -15,7 +15,8 @@ from torchcodec.decoders import VideoDecoder
 
 from episodes._dataset import open_dataset
 from episodes._mp4.boxes import top_level_boxes
-from episodes.synthetic import BITS, SyntheticSpec, make_dataset
+from episodes.synthetic import SyntheticSpec, make_dataset
+from tests.support.mp4_fixtures import read_indices
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = dict(episodes=5, cameras=2, episodes_per_file=2, min_length=8, max_length=20, width=64, height=64, seed=1)
@@ -25,14 +26,6 @@ def box_types(path: Path) -> list[str]:
     """The four-character types of an MP4's top-level boxes, in file order."""
     data = path.read_bytes()
     return [box.type for box in top_level_boxes(lambda s, e: data[s:e], len(data), str(path))]
-
-
-def read_indices(frames: torch.Tensor) -> list[int]:
-    """Decode the frame number drawn as a 4x4 grid of bright/dark blocks."""
-    n, _, h, w = frames.shape
-    centres = frames[:, :, (np.arange(4) * 2 + 1) * h // 8][:, :, :, (np.arange(4) * 2 + 1) * w // 8]
-    bits = (centres.max(dim=1).values > 100).reshape(n, BITS).long()
-    return (bits << torch.arange(BITS)).sum(dim=1).tolist()
 
 
 def ffprobe(path: Path, entries: str) -> list[str]:

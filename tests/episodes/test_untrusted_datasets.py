@@ -21,7 +21,7 @@ from episodes._sidecar import sidecar_path
 from episodes.synthetic import SyntheticSpec
 from episodes.testing.faults import serve_with_faults
 from rnb import cli
-from tests.episodes.test_make_dataset import read_indices
+from tests.support.mp4_fixtures import read_indices
 
 SPEC = SyntheticSpec(codec="h264", gop=4, episodes=3, cameras=1, episodes_per_file=2, min_length=6, max_length=8,
                      width=32, height=32, seed=3)

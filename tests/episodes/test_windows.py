@@ -15,8 +15,7 @@ from episodes._storage import coalesce_ranges
 from episodes.synthetic import SyntheticSpec, make_dataset
 from episodes.testing.server import serve_directory
 from episodes.tools.verify import FullFileReference
-from tests.episodes.test_decode import _full
-from tests.support.mp4_fixtures import ALL_KINDS, FPS, FRAMES, clip_dir, make_mp4, read_index
+from tests.support.mp4_fixtures import ALL_KINDS, FPS, FRAMES, clip_dir, full_decoder, make_mp4, read_index
 
 __all__ = ["clip_dir"]
 
@@ -53,7 +52,7 @@ def window_mini(path: Path, numbers: list[int]):
 def test_every_frame_alone_decodes_bit_identically_from_its_window(clip_dir: Path, kind: str) -> None:
     """B-frames, negative composition offsets, edit lists, open-GOP leading pictures, AV1, interleaved audio."""
     path = make_mp4(clip_dir, kind)
-    reference = _full(path).get_frames_at(list(range(FRAMES))).data
+    reference = full_decoder(path).get_frames_at(list(range(FRAMES))).data
     for n in range(FRAMES):
         mini, windows = window_mini(path, [n])
         assert len(windows.windows) == len(windows.runs) == 1
@@ -64,7 +63,7 @@ def test_every_frame_alone_decodes_bit_identically_from_its_window(clip_dir: Pat
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_scattered_frames_share_one_mini_mp4_of_disjoint_runs(clip_dir: Path, kind: str) -> None:
     path = make_mp4(clip_dir, kind)
-    reference = _full(path).get_frames_at(list(range(FRAMES))).data
+    reference = full_decoder(path).get_frames_at(list(range(FRAMES))).data
     rng = np.random.default_rng(7)
     for picks in ([0, FRAMES - 1], [3, 4, 40, 41, 70], sorted(rng.choice(FRAMES, 9, replace=False).tolist())):
         mini, windows = window_mini(path, picks)

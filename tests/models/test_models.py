@@ -21,7 +21,6 @@ from episodes import DEFAULT_COALESCE_GAP, EpisodeByteCache, open_dataset
 from episodes._mp4.span import episode_span
 from episodes._mp4.windows import frame_windows
 from episodes._storage import coalesce_ranges
-from episodes.synthetic import make_dataset
 from models import shipped
 from models.aggregator import Aggregator
 from models.batcher import Batcher
@@ -38,16 +37,10 @@ from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.dataset_source import SourceOptions, parse_options, requests
 from rnb.pipeline.plan import plan_runners
 from selector import LargeSmallSelector
-from tests.support.model_support import one_torch_thread
+from tests.support.model_support import episode_range_bytes, one_torch_thread, tiny_dataset
 from tests.support.mp4_fixtures import read_index
 
 CPU = torch.device("cpu")
-
-
-def tiny_dataset(root: Path) -> Path:
-    """Four short 64x64 H.264 episodes with B-frames, two per file: enough to cross a file boundary."""
-    return make_dataset(root, episodes=4, cameras=1, episodes_per_file=2, min_length=12, max_length=20,
-                        width=64, height=64, gop=8, bframes=2)
 
 
 @pytest.fixture(scope="module")
@@ -136,14 +129,6 @@ def test_split_fetch_then_decode_gives_the_loaders_clips_through_a_uint8_slot(da
     small = EpisodeFetcher(CPU, max_bytes=100, **kwargs)
     with pytest.raises(ValueError, match="more than max_bytes \\(100\\); raise the step's max_bytes"):
         small((), request(dataset, 1), TimeCard(3))
-
-
-def episode_range_bytes(root: str, ep: int) -> int:
-    """The size of the episode's one byte range, worked out from its MP4 index."""
-    ds = open_dataset(root)
-    segment = ds.episode(ep).videos[ds.video_keys[0]]
-    index = read_index(Path(root) / segment.path)
-    return episode_span(index, segment.from_timestamp, segment.to_timestamp).num_bytes
 
 
 def clip_window_bytes(root: str, ep: int, frames: np.ndarray) -> int:

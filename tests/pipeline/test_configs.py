@@ -8,8 +8,7 @@ import pytest
 
 from rnb import cli
 from rnb.pipeline.config import load_config
-from tests.models.test_models import episode_range_bytes, tiny_dataset
-from tests.support.model_support import whole_model_predictions
+from tests.support.model_support import episode_range_bytes, tiny_dataset, whole_model_predictions
 
 TUNING = Path("config/tune-example.json")   # lists of choices: rnb-tune's input, refused by benchmark.py
 CONFIGS = sorted(path for path in Path("config").glob("*.json") if path != TUNING)

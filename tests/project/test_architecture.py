@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.project.test_layering import imported, module_name
+from tests.support.imports import imported, module_name
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADING = "## The import map"

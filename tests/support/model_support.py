@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
-from episodes import SourceKind
+from episodes import SourceKind, open_dataset
+from episodes._mp4.span import episode_span
+from episodes.synthetic import make_dataset
 from models.episode import EpisodeLoader
 from models.r2p1d import R2P1DRunner
 from rnb.core.episode_request import EpisodeRequest
 from rnb.core.timecard import TimeCard
 from rnb.pipeline.config import load_config
+from tests.support.mp4_fixtures import read_index
 
 CPU = torch.device("cpu")
 
@@ -51,3 +55,17 @@ def whole_model_predictions(config_path: str, kind: SourceKind, root: str, rows:
             (logits,), _, _ = runner((clips,), {}, card)
         predictions.append(int(logits.sum(0).argmax()))
     return predictions
+
+
+def tiny_dataset(root: Path) -> Path:
+    """Four short 64x64 H.264 episodes with B-frames, two per file: enough to cross a file boundary."""
+    return make_dataset(root, episodes=4, cameras=1, episodes_per_file=2, min_length=12, max_length=20,
+                        width=64, height=64, gop=8, bframes=2)
+
+
+def episode_range_bytes(root: str, ep: int) -> int:
+    """The size of the episode's one byte range, worked out from its MP4 index."""
+    ds = open_dataset(root)
+    segment = ds.episode(ep).videos[ds.video_keys[0]]
+    index = read_index(Path(root) / segment.path)
+    return episode_span(index, segment.from_timestamp, segment.to_timestamp).num_bytes

@@ -1,4 +1,5 @@
-"""Small test MP4s made with the ffmpeg CLI from lavfi testsrc2, plus byte-level surgery helpers.
+"""Small test MP4s made with the ffmpeg CLI from lavfi testsrc2, byte-level surgery helpers, and the references
+frames are checked against (torchcodec's decode of the whole file, the synthetic frames' drawn index).
 
 Every clip is 128x96 at 30 fps with a fixed GOP, so frame i is shown at i/30 s
 (plus the clip's offset) and spans can be chosen by frame number.
@@ -9,11 +10,16 @@ import os
 import shutil
 import struct
 import subprocess
+from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from torchcodec.decoders import VideoDecoder
 
 from episodes._mp4.index import Mp4Index, build_index
+from episodes.synthetic import BITS
 
 FPS = 30
 FRAMES = 72
@@ -134,3 +140,17 @@ def replace_box(data: bytes, path: list[str], new_box: bytes) -> bytes:
 
 
 VIDEO_STBL = ["moov", "trak", "mdia", "minf", "stbl"]
+
+
+def read_indices(frames: torch.Tensor) -> list[int]:
+    """Decode the frame number drawn as a 4x4 grid of bright/dark blocks."""
+    n, _, h, w = frames.shape
+    centres = frames[:, :, (np.arange(4) * 2 + 1) * h // 8][:, :, :, (np.arange(4) * 2 + 1) * w // 8]
+    bits = (centres.max(dim=1).values > 100).reshape(n, BITS).long()
+    return (bits << torch.arange(BITS)).sum(dim=1).tolist()
+
+
+@cache
+def full_decoder(path: Path, device: str = "cpu") -> VideoDecoder:
+    """torchcodec's decoder of the whole file: the reference that frames decoded from a mini-MP4 must equal."""
+    return VideoDecoder(str(path), seek_mode="exact", device=device)

@@ -13,7 +13,7 @@ from rnb.analysis.job_dirs import Job
 from rnb.tune.profile import Bench, Profile, ProfileKey
 from rnb.tune.profile_plan import plan_profiles
 from rnb.tune.profile_read import calls_of, occupancy
-from rnb.tune.sim_records import Arrivals, Service, SimGroup, SimPipeline
+from rnb.tune.sim_records import Arrivals, Background, Service, SimGroup, SimPipeline
 from rnb.tune.space import TuneSpace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -228,3 +228,14 @@ def replay(job: Job) -> tuple[SimPipeline, Arrivals]:
     enqueued = job.timings.column("enqueue").to_numpy(zero_copy_only=False)
     start = float(enqueued.min())
     return SimPipeline(tuple(groups), len(steps)), Arrivals("trace", times=tuple(float(t) - start for t in sorted(enqueued)))
+
+
+def cpu_chain(*steps: tuple[float, float, int], cores: float, background: Background | None = None,
+              threads: int = 1) -> SimPipeline:
+    """A linear pipeline on the CPU: per step (ms per call as profiled, its CPU fraction, replicas)."""
+    last = len(steps) - 1
+    groups = tuple(SimGroup(
+        name=f"step {k}", step=k, devices=(-1,) * replicas, in_queue=None if k == 0 else 0,
+        out_queues=() if k == last else (0,), slots=0 if k == last else 10, service=Service.constant(call_ms / 1000.0),
+        cpu_fraction=fraction, threads=threads) for k, (call_ms, fraction, replicas) in enumerate(steps))
+    return SimPipeline(groups, len(steps), cores, background or Background())

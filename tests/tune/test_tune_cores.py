@@ -7,19 +7,9 @@ from pathlib import Path
 import pytest
 
 from rnb.tune.cores import HostCores, host_cores, quota_cores, shares
-from rnb.tune.sim_records import Arrivals, Background, Service, SimGroup, SimPipeline
+from rnb.tune.sim_records import Arrivals, Background, Service, SimPipeline
 from rnb.tune.simulation import simulate
-
-
-def cpu_chain(*steps: tuple[float, float, int], cores: float, background: Background | None = None,
-              threads: int = 1) -> SimPipeline:
-    """A linear pipeline on the CPU: per step (ms per call as profiled, its CPU fraction, replicas)."""
-    last = len(steps) - 1
-    groups = tuple(SimGroup(
-        name=f"step {k}", step=k, devices=(-1,) * replicas, in_queue=None if k == 0 else 0,
-        out_queues=() if k == last else (0,), slots=0 if k == last else 10, service=Service.constant(call_ms / 1000.0),
-        cpu_fraction=fraction, threads=threads) for k, (call_ms, fraction, replicas) in enumerate(steps))
-    return SimPipeline(groups, len(steps), cores, background or Background())
+from tests.support.tune_support import cpu_chain
 
 
 def bulk(pipeline: SimPipeline, items: int = 3000) -> float:

@@ -24,8 +24,7 @@ from rnb.tune.sim_records import Arrivals, Background, SimPipeline
 from rnb.tune.simulation import simulate
 from rnb.tune.space import Budget, TuneSpace
 from rnb.tune.tuning_config import read_space
-from tests.support.tune_support import REPO
-from tests.tune.test_tune_cores import cpu_chain
+from tests.support.tune_support import REPO, cpu_chain
 
 CPU_EXAMPLE = REPO / "config" / "tune-cpu-example.json"
 

@@ -32,7 +32,7 @@ from rnb.engines.ray.placement import seat_runners
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.plan import plan_runners
 from rnb.tune.hosts import HostPools
-from tests.models.test_models import tiny_dataset
+from tests.support.model_support import tiny_dataset
 from tests.support.ray_testing import device_order_seen
 
 pytestmark = pytest.mark.slow

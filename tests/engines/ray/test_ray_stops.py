@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engines.test_reliability import stopped_at
+from tests.support.start_up_stops import stopped_at
 
 
 @pytest.mark.slow
