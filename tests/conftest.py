@@ -55,17 +55,32 @@ INSTALLED = {
 }
 
 
+RAY_GROUP = "tests/engines/ray/"
+# The longest groups of the two-worker run, longest first (docs/measurements/2026-12-06-test-loop-folders.md): handed
+# out before the others, so that the run does not end on one long module while the other worker has nothing left.
+LONGEST_FIRST = (RAY_GROUP, "tests/engines/test_stalls.py", "tests/pipeline/test_rnb_configs.py",
+                 "tests/pipeline/test_configs.py", "tests/analysis/test_sweep.py", "tests/load/test_streams.py",
+                 "tests/tune/test_tune_cli.py", "tests/engines/test_reliability.py", "tests/models/test_models.py",
+                 "tests/load/test_traces.py", "tests/bench/test_bench_run.py", "tests/bench/test_bench_access.py")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """scripts/test.sh's two workers: each module's tests on one (its module fixtures made once), all tests/engines/ray/
-    modules on one, so that one Ray cluster at a time runs on the host.  (pytest-xdist's own loadgroup marks
-    do not reach pytest 9's node ids.)"""
+    modules on one, so that one Ray cluster at a time runs on the host; the longest groups first, the others as
+    pytest-xdist orders them.  (pytest-xdist's own loadgroup marks do not reach pytest 9's node ids.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "tests/engines/ray/" if module.startswith("tests/engines/ray/") else module
+            return RAY_GROUP if module.startswith(RAY_GROUP) else module
+
+        def _assign_work_unit(self, node: Any) -> None:
+            for scope in reversed(LONGEST_FIRST):
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     return ByModule(config, log)
 
