@@ -27,7 +27,7 @@ from bench.gpu_kit import DISCARD, LOADER, NETWORK, PYTEST_S, REPO, Check, Check
 
 def gpu_test_files() -> list[str]:
     """The test files with GPU-marked tests that this machine can import (the lent ones have no Ray)."""
-    files = sorted(path for path in (REPO / "tests").glob("test_*.py") if "pytest.mark.gpu" in path.read_text())
+    files = sorted(path for path in (REPO / "tests").rglob("test_*.py") if "pytest.mark.gpu" in path.read_text())
     if importlib.util.find_spec("ray") is None:
         files = [path for path in files if not any(name in path.read_text() for name in ("import ray", "ray_testing"))]
     return [str(path.relative_to(REPO)) for path in files]

@@ -49,7 +49,7 @@ STOP_S = 0.5                   # how long a stopped read-lock holder stays stopp
 
 class Flag:
     """The job's flag as the ring reads it, in shared memory; raised to end the producers.  (The job's own,
-    TerminationFlag, would bring torch into every child: this bench's and tests/test_ring.py's start in well under
+    TerminationFlag, would bring torch into every child: this bench's and tests/engines/test_ring.py's start in well under
     a second.)"""
 
     def __init__(self) -> None:

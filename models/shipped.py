@@ -4,7 +4,7 @@ The runner loads a model by its dotted path, as an untyped object, so the
 contract is checked here instead: a class whose constructor does not take
 the device first, whose `output_shape` is missing or narrower, or whose
 instances' call differs from `StepModel` fails `mypy` at this tuple.
-tests/test_models.py holds the tuple complete: every model class in
+tests/models/test_models.py holds the tuple complete: every model class in
 `models/` is in it.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ QUIET = ("-q", "--quiet")
 WARMUP, SEED, STALL, MAX_DURATION, ENGINE = ("--warmup",), ("--seed",), ("--stall-s",), ("--max-duration",), ("--engine",)
 WHERE = "command line"   # where a flag's error is, as a config error names its file
 # Every spelling benchmark.py takes besides its load modes' (rnb.load), so that sweep.py, which passes the flags
-# it does not know on to benchmark.py, can refuse one that neither knows; tests/test_sweep.py holds the two
+# it does not know on to benchmark.py, can refuse one that neither knows; tests/analysis/test_sweep.py holds the two
 # commands to each other.
 BENCHMARK: tuple[str, ...] = (
     *CONFIG, *VIDEOS, *BATCH, *QUEUE_SIZE, *QUIET, *WARMUP, *SEED, *STALL, *MAX_DURATION, *ENGINE, "--check", "--cpu",

@@ -13,7 +13,7 @@ command -v ffmpeg >/dev/null 2>&1 || need_apt+=(ffmpeg)
 if [ "${RNB_WITH_NGINX:-0}" = 1 ] && ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
   need_apt+=(nginx)
 fi
-# The tuner report's browser test (tests/test_tune_cli.py) renders it in Debian's headless chromium.
+# The tuner report's browser test (tests/tune/test_tune_cli.py) renders it in Debian's headless chromium.
 if [ "${RNB_WITH_BROWSER:-0}" = 1 ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
   need_apt+=(chromium chromium-driver)
 fi

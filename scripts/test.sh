@@ -3,7 +3,7 @@
 # A lint or type error fails the command before any test runs (docs/development.md says what is checked).
 # --quick (first argument) leaves out the tests marked slow: the edit-test loop; CI runs the whole suite.
 # pytest runs twice: the tests on two workers (pytest-xdist; each module's tests on one worker, the Ray
-# modules on one: tests/conftest.py's scheduler), then those marked serial, which measure the host's CPU, with the host to themselves.
+# modules (tests/engines/ray/) on one: tests/conftest.py's scheduler), then those marked serial, which measure the host's CPU, with the host to themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 also=""
@@ -22,6 +22,6 @@ status=0
 # Without arguments the serial run collects only the modules that mark tests serial: collecting every module
 # imports every library again, about 10 s.
 serial=("$@")
-[ $# -gt 0 ] || mapfile -t serial < <(grep -l "mark\.serial" tests/test_*.py)
+[ $# -gt 0 ] || mapfile -t serial < <(grep -rl --include="test_*.py" "mark\.serial" tests | sort)
 .venv/bin/python -m pytest -m "serial$also" "${serial[@]}" || { code=$?; [ $code = 5 ] || status=$code; }
 exit $status

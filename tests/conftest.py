@@ -25,7 +25,8 @@ from episodes.synthetic import make_dataset
 from episodes.testing.server import nginx_binary
 from rnb.engines.ray.cluster import use_loopback_if_local
 from rnb.pipeline.gpus import child_environment
-from tests.tune_support import find_browser
+from tests.support.handmade_job import handmade_job
+from tests.support.tune_support import find_browser
 
 REPO = Path(__file__).resolve().parents[1]
 # Scripts the tests start (scripts/*.py, bench/run.py) import the project through the venv's
@@ -54,17 +55,32 @@ INSTALLED = {
 }
 
 
+RAY_GROUP = "tests/engines/ray/"
+# The longest groups of the two-worker run, longest first (docs/measurements/2026-12-06-test-loop-folders.md): handed
+# out before the others, so that the run does not end on one long module while the other worker has nothing left.
+LONGEST_FIRST = (RAY_GROUP, "tests/engines/test_stalls.py", "tests/pipeline/test_rnb_configs.py",
+                 "tests/pipeline/test_configs.py", "tests/analysis/test_sweep.py", "tests/load/test_streams.py",
+                 "tests/tune/test_tune_cli.py", "tests/engines/test_reliability.py", "tests/models/test_models.py",
+                 "tests/load/test_traces.py", "tests/bench/test_bench_run.py", "tests/bench/test_bench_access.py")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """scripts/test.sh's two workers: each module's tests on one (its module fixtures made once), all tests/test_ray_*
-    modules on one, so that one Ray cluster at a time runs on the host.  (pytest-xdist's own loadgroup marks
-    do not reach pytest 9's node ids.)"""
+    """scripts/test.sh's two workers: each module's tests on one (its module fixtures made once), all tests/engines/ray/
+    modules on one, so that one Ray cluster at a time runs on the host; the longest groups first, the others as
+    pytest-xdist orders them.  (pytest-xdist's own loadgroup marks do not reach pytest 9's node ids.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "tests/test_ray_*" if module.startswith("tests/test_ray_") else module
+            return RAY_GROUP if module.startswith(RAY_GROUP) else module
+
+        def _assign_work_unit(self, node: Any) -> None:
+            for scope in reversed(LONGEST_FIRST):
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     return ByModule(config, log)
 
@@ -155,10 +171,16 @@ def root(source: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(source, tmp_path / "ds"))
 
 
+@pytest.fixture
+def handmade(tmp_path: Path) -> Path:
+    """A job log made by hand (tests/support/handmade_job.py): three items, a loader and two replicas of a network."""
+    return handmade_job(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    """A module's Ray cluster of labelled nodes on 127.0.0.1 (tests/ray_testing.py), shut down after the module.
+    """A module's Ray cluster of labelled nodes on 127.0.0.1 (tests/support/ray_testing.py), shut down after the module.
 
     Not the session's: its dashboard and agents would keep taking CPU from every test after the Ray ones."""
-    from tests.ray_testing import start_test_cluster
+    from tests.support.ray_testing import start_test_cluster
     yield from start_test_cluster()
