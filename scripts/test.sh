@@ -19,9 +19,11 @@ export RNB_WITH_NGINX=1 RNB_WITH_BROWSER=1
 # Exit code 5 is pytest's "no test collected": arguments that select no test of one of the two runs.
 status=0
 .venv/bin/python -m pytest -n 2 --dist loadscope -m "not serial$also" "$@" || { code=$?; [ $code = 5 ] || status=$code; }
-# Without arguments the serial run collects only the modules that mark tests serial: collecting every module
-# imports every library again, about 10 s.
+# Without paths among the arguments (CI passes only -q) the serial run collects only the modules that mark tests
+# serial: collecting every module imports every library again, about 10 s.
 serial=("$@")
-[ $# -gt 0 ] || mapfile -t serial < <(grep -rl --include="test_*.py" "mark\.serial" tests | sort)
+paths=0
+for arg in "$@"; do [[ $arg == -* ]] || paths=1; done
+[ $paths = 1 ] || mapfile -t -O $# serial < <(grep -rl --include="test_*.py" "mark\.serial" tests | sort)
 .venv/bin/python -m pytest -m "serial$also" "${serial[@]}" || { code=$?; [ $code = 5 ] || status=$code; }
 exit $status
