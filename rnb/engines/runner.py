@@ -138,7 +138,9 @@ class Runner:
         a GPU that is when the kernels ran.  With a mark from before the
         call, the device's own measure of it is kept as `device_ms{k}`.
         The call's length counts toward the slowest the stall watch knows
-        of if it took an item or handed something on.
+        of if it took an item or handed something on.  The final step tells
+        the client its items are done (Transport.complete) before anything
+        else, with their hand-over stamped just before.
         """
         if output.time_card is None:
             self.progress.called(now() if took_item else None)
@@ -149,8 +151,13 @@ class Runner:
             done.wait()   # polls: a device that never finishes leaves the runner using no CPU (rnb.core.device)
             device_ms = done.ms_since(began) if began is not None else None
         finished = now()
-        self.progress.called(finished)
         batch = as_cards(output.time_card)
+        counted = finished
+        if self.spec.is_final:   # complete first, so that a client timing the item (LoadGen) waits for no bookkeeping
+            self._check_merged(batch)
+            counted = now()      # stamped before the client hears of it: the client's latency holds the card's
+            self.transport.complete(batch)
+        self.progress.called(finished)
         for card in batch:
             card.record(self.events.finished, finished)
             card.set_batch(self.spec.step, self._outputs, len(batch))
@@ -158,7 +165,7 @@ class Runner:
                 card.set_field(self.events.device_ms, device_ms)
         self._outputs += 1
         if self.spec.is_final:
-            self.count(batch)
+            self.count(batch, counted)
         elif not self.publish(tuple(output.tensors), output.non_tensors, _card_or_batch(output.time_card)):
             return
         self.progress.passed(len(batch))
@@ -185,14 +192,15 @@ class Runner:
         for i, piece in enumerate(pieces):
             yield piece, forks[0][i] if isinstance(time_card, TimeCard) else tuple(f[i] for f in forks)
 
-    def count(self, cards: tuple[TimeCard, ...]) -> None:
-        """Final step: count finished items, ship their cards to main, stop at the target."""
+    def _check_merged(self, cards: tuple[TimeCard, ...]) -> None:
         for card in cards:
             if card.segments:
                 raise ValueError(
                     f"{self.spec.name}: item {card.item_id} reached the final step as an unmerged segment; "
                     "a step after one with num_segments > 1 must merge segments (an aggregator)")
-        counted = now()
+
+    def count(self, cards: tuple[TimeCard, ...], counted: float) -> None:
+        """Final step: count finished items handed over at `counted`, ship their cards to main, stop at the target."""
         for card in cards:
             card.record(self.events.handed_over, counted)
             deadline = card.fields.get(DEADLINE_FIELD)

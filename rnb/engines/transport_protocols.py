@@ -170,6 +170,15 @@ class Transport(Participant, Protocol):
         have ended it, e.g. a full queue).
         """
 
+    def complete(self, cards: tuple[TimeCard, ...]) -> None:
+        """Final step: the items are done, said to a client that times them itself (LoadGen's, which completes their
+        samples) the moment their last call's work is, before the runner's bookkeeping; nothing for other clients.
+
+        Every item the final step hands over is completed, before it is
+        counted: LoadGen issues no more samples than -v (its max query
+        count), so none of them is past the target.
+        """
+
     def finish(self, cards: tuple[TimeCard, ...]) -> bool:
         """Final step: count the cards towards the target and ship them to the main process.
 

@@ -14,6 +14,7 @@ from models.toy import SyntheticFrames
 from rnb import cli
 from rnb.core import joblog
 from rnb.core.messages import Exited, Request, Results, Signal
+from rnb.core.model import StepOutput
 from rnb.core.termination import Termination
 from rnb.core.timecard import TimeCard, as_cards
 from rnb.engines import transport_protocols as transport_module
@@ -399,11 +400,36 @@ def test_held_cards_go_within_their_bound_whatever_the_final_steps_loop_does_nex
     assert sent_ids_once(2) == [[0, 1, 2], [3]]
 
 
-def test_final_step_refuses_unmerged_segments():
-    plumbing = Plumbing.build(CTX, [], 10, None)
+def test_final_step_refuses_unmerged_segments_before_completing_or_counting_them():
+    plumbing = Plumbing.build(CTX, [], 10, None, completions=True)
     final = _runner(plumbing, 0, "models.toy.SyntheticFrames", (), {}, (), {}, target=5)
     with pytest.raises(ValueError, match="item 4 reached the final step as an unmerged segment"):
-        final.count(tuple(TimeCard(4).fork(2)))
+        final.emit(StepOutput((), {}, tuple(TimeCard(4).fork(2))), None, took_item=True)
+    assert plumbing.completions is not None and plumbing.completions.waiting() == 0
+    assert plumbing.finished.value == 0
+
+
+def test_final_step_completes_items_for_loadgen_before_it_counts_them(monkeypatch):
+    """The completion goes first, before the final step's own stamps and count; every item handed over is
+    completed, one past the target too (LoadGen never issues one: its max query count is -v)."""
+    plumbing = Plumbing.build(CTX, [], 10, None, completions=True)
+    assert plumbing.completions is not None
+    final = _runner(plumbing, 0, "models.toy.SyncSleep", (), {}, (), {}, target=1)
+    seen_when_counting = []
+    count_finished = Plumbing.count_finished
+
+    def counting(self: Plumbing, count: int, target: int) -> tuple[int, bool] | None:
+        seen_when_counting.append(plumbing.completions.waiting())
+        return count_finished(self, count, target)
+    monkeypatch.setattr(Plumbing, "count_finished", counting)
+    for item in range(2):
+        card = TimeCard(item, repr(item))
+        card.record("enqueue")
+        plumbing.requests.put_nowait(Request(item, card).wire())
+        final.handle(final.transport.receive(timeout=10))
+    assert seen_when_counting == [1, 2]
+    assert [plumbing.completions.get(timeout=10) for _ in range(2)] == [(0,), (1,)]
+    assert plumbing.finished.value == 1 and plumbing.flag.reason == Termination.TARGET_REACHED
 
 
 def test_sources_synthetic_numbers_requests_and_path_iterator_builds_the_named_class():

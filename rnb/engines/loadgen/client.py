@@ -46,6 +46,7 @@ class Issuer:
     def __init__(self, transport: ClientTransport, payloads: Sequence[object]) -> None:
         self.transport = transport
         self.payloads = payloads
+        self.names = [repr(payload) for payload in payloads]   # each card's payload, made once per sample, not per issue
         self.sample_ids: list[int] = []   # LoadGen's response id of each item, by item id
         self.refused = False               # a request could not go: the job ended (a full request queue ends it)
 
@@ -53,10 +54,9 @@ class Issuer:
         for sample in samples:
             item_id = len(self.sample_ids)
             self.sample_ids.append(sample.id)
-            payload = self.payloads[sample.index]
-            card = TimeCard(item_id, repr(payload))
+            card = TimeCard(item_id, self.names[sample.index])
             card.record(ENQUEUE)
-            if not self.refused and not self.transport.submit(Request(payload, card)):
+            if not self.refused and not self.transport.submit(Request(self.payloads[sample.index], card)):
                 self.refused = True
 
 

@@ -124,6 +124,9 @@ class RayTransport(RayParticipant):
         self.outbox.put(chosen, Parcel.of(message, payload))
         return True
 
+    def complete(self, cards: tuple[TimeCard, ...]) -> None:
+        """Nothing: a Ray job has no LoadGen client (rnb.engines.registry says why)."""
+
     def finish(self, cards: tuple[TimeCard, ...]) -> bool:
         """Count at the JobControl, which ends the job itself at the target: always False here.
 
