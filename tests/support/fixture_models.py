@@ -5,6 +5,7 @@ keywords may change; each class has just the surface that validation checks.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import sys
@@ -154,8 +155,9 @@ class Surroundings(Head):
     """Final step: writes onto each card what its process was started with, for the tests of how children start.
 
     `mark`: the number in RNB_TEST_MARK (-1 without it); `forked`: 1 if the
-    process's parent is multiprocessing's fork server, 0 if not.  It also
-    says on stderr that it is ready, with its pid.
+    process's parent is multiprocessing's fork server, 0 if not;
+    `timer_slack_ns`: its thread's timer slack (prctl PR_GET_TIMERSLACK).
+    It also says on stderr that it is ready, with its pid.
     """
 
     def __init__(self, device: torch.device, **kwargs: Any) -> None:
@@ -163,9 +165,11 @@ class Surroundings(Head):
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as parent:
             self.forked = int(b"multiprocessing.forkserver" in parent.read())
         self.mark = int(os.environ.get("RNB_TEST_MARK", "-1"))
+        self.timer_slack_ns = ctypes.CDLL(None).prctl(30, 0, 0, 0, 0)   # PR_GET_TIMERSLACK
         print(f"Surroundings ready in pid {os.getpid()}", file=sys.stderr, flush=True)
 
     def __call__(self, tensors: tuple[torch.Tensor, ...], non_tensors: dict, time_card: Any) -> tuple:
         time_card.set_field("mark", self.mark)
         time_card.set_field("forked", self.forked)
+        time_card.set_field("timer_slack_ns", self.timer_slack_ns)
         return super().__call__(tensors, non_tensors, time_card)

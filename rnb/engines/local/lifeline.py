@@ -62,6 +62,9 @@ from rnb.engines.stopping import STOPS
 from rnb.pipeline.dotted import load_object
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PR_SET_TIMERSLACK = 29
+# How late the kernel may end a child's timed sleep to batch wake-ups: 1 us, not Linux's 50 (docs/performance.md).
+TIMER_SLACK_NS = 1000
 _SPAWNED_PYTHON = Path(__file__).with_name("spawned-python")
 # What the main process sends a child to have it write its Python stacks (faulthandler, all threads).
 STACKS_SIGNAL = signal.SIGUSR1
@@ -197,6 +200,9 @@ def arm(parent: int, stacks: str | None, environ: dict[str, str], streams: tuple
     it was started (`streams`, None for one that was closed).  With `stacks`, the
     child writes its threads' Python stacks there on STACKS_SIGNAL; a file
     that cannot be opened (a full log directory) only costs the stacks.
+    Its timed sleeps (a model's, the client's due times, a device wait's
+    polls) end within TIMER_SLACK_NS of when they are due, where Linux's
+    default slack of 50 us would add about 30 us to each wake-up.
     """
     global _stacks_file
     for stop in (signal.SIGINT, signal.SIGTERM):
@@ -204,6 +210,9 @@ def arm(parent: int, stacks: str | None, environ: dict[str, str], streams: tuple
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    # A thread inherits the slack of the thread that made it: set before the child makes any.
+    if libc.prctl(_PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_TIMERSLACK) failed")
     if not _is_running(parent):
         os._exit(1)
     os.environ.clear()
