@@ -188,30 +188,28 @@ def config_rows(work: Path, mutations: int, runs: int, isolated: bool) -> list[F
         passed, seconds, said = check_config(argv)
         bounded.add(passed and said != "", seconds, f"{what}: {said}")
     mutated = FaultRow("config-mutated", "random mutations of the shipped configs, --check (seed 0)")
-    ran = FaultRow("config-mutated-run", "mutants of toy.json and default.json that pass --check, then run (-v 4): "
-                   "exit 0 or 1 with a log")
     dataset = ensure_dataset(work)
     for n, (what, text) in enumerate(mutants(sorted((REPO / "config").glob("*.json")), mutations, seed=0)):
-        path = work / f"mutant-{n}.json"
-        path.write_text(text)
-        extra = ["--dataset", str(dataset)] if '"dataset"' in text else []
-        passed, seconds, said = check_config(["-c", str(path), *extra])
+        passed, seconds, said = check_config(_mutant_argv(work / f"mutant-{n}.json", text, dataset))
         mutated.add(passed, seconds, f"{what}: {said}")
-    # Only the small configs run (R(2+1)D configs take minutes per job on a CPU), drawn apart from the checked
-    # ones: among mutants of all the configs, too few are of these two and valid for the row to have trials.
-    small = [REPO / "config" / "toy.json", REPO / "config" / "default.json"]
-    drawn = mutants(small, RUN_DRAWS_PER_TRIAL * runs, seed=1)
+    return [hand, bounded, mutated, mutants_run(work, dataset, runs, isolated)]
+
+
+def mutants_run(work: Path, dataset: Path, runs: int, isolated: bool) -> FaultRow:
+    """`runs` mutants that pass --check, run.  Only the small configs run (R(2+1)D configs take minutes per job on
+    a CPU), drawn apart from the checked ones: among mutants of all the configs, too few are of these two and
+    valid for the row to have trials."""
+    ran = FaultRow("config-mutated-run", "mutants of toy.json and default.json that pass --check, then run (-v 4): "
+                   "exit 0 or 1 with a log")
+    drawn = mutants([REPO / "config" / "toy.json", REPO / "config" / "default.json"], RUN_DRAWS_PER_TRIAL * runs, seed=1)
     for n, (what, text) in enumerate(drawn):
         if ran.trials == runs:
             break
-        path = work / f"runnable-{n}.json"
-        path.write_text(text)
-        extra = ["--dataset", str(dataset)] if '"dataset"' in text else []
-        passed, _, said = check_config(["-c", str(path), *extra])
+        argv = _mutant_argv(work / f"runnable-{n}.json", text, dataset)
+        passed, _, said = check_config(argv)
         if not passed or said:   # refused by --check (the config rows judge that): not a mutant that runs
             continue
-        run, _ = run_job(work / f"runnable-{n}", ["-c", str(path), *extra, "-v", "4", "-mi", "0", "--cpu"],
-                         isolated=isolated)
+        run, _ = run_job(work / f"runnable-{n}", [*argv, "-v", "4", "-mi", "0", "--cpu"], isolated=isolated)
         ok = run.returncode in (0, 1) and run.meta is not None and "Traceback" not in run.stderr
         exit_s = None if run.exit_time is None or run.meta is None else run.exit_time - run.meta["end_time"]
         ran.add(ok and run.orphans == 0 and not run.leftovers, exit_s, f"{what}: exit {run.returncode}",
@@ -219,7 +217,13 @@ def config_rows(work: Path, mutations: int, runs: int, isolated: bool) -> list[F
     if ran.trials < runs:
         ran.add(False, None, f"only {ran.trials} of {len(drawn)} mutants of toy.json and default.json passed "
                              f"--check; {runs} were to run")
-    return [hand, bounded, mutated, ran]
+    return ran
+
+
+def _mutant_argv(path: Path, text: str, dataset: Path) -> list[str]:
+    """The command line of a mutant written to `path`: a config naming a dataset reads the bench's own."""
+    path.write_text(text)
+    return ["-c", str(path), *(["--dataset", str(dataset)] if '"dataset"' in text else [])]
 
 
 def installed_row(work: Path) -> FaultRow:
