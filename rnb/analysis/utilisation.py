@@ -16,6 +16,7 @@ this one definition.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -119,8 +120,14 @@ def busiest_step(job: Job, busy: dict[str, float]) -> Bottleneck | None:
     return best
 
 
+# /proc counts a process's CPU time in clock ticks, so a share read over a shorter span than this could be off by more
+# than a tenth of a core (two samples 10 ms apart whose counts differ by three ticks read 300%).
+CPU_SHARE_MIN_SPAN_S = 10 / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_percent(samples: pa.Table, start: float, end: float) -> dict[str, float]:
-    """Each process's CPU use over its samples within [start, end], in percent of one core (200 = two cores)."""
+    """Each process's CPU use over its samples within [start, end], in percent of one core (200 = two cores); a
+    process whose samples there span less than CPU_SHARE_MIN_SPAN_S has none."""
     within = pc.and_(pc.greater_equal(samples.column("time"), start), pc.less_equal(samples.column("time"), end))
     processes = samples.filter(pc.and_(within, pc.is_valid(samples.column("process"))))
     result = {}
@@ -128,7 +135,7 @@ def cpu_percent(samples: pa.Table, start: float, end: float) -> dict[str, float]
         mine = processes.filter(pc.equal(processes.column("process"), name))
         times = mine.column("time").to_numpy()
         cpu = mine.column("cpu_s").to_numpy()
-        if times.size >= 2 and times[-1] > times[0]:
+        if times.size >= 2 and times[-1] - times[0] >= CPU_SHARE_MIN_SPAN_S:
             result[name] = float(100.0 * (cpu[-1] - cpu[0]) / (times[-1] - times[0]))
     return result
 

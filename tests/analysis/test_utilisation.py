@@ -16,7 +16,7 @@ from rnb.analysis.job_dirs import read_job
 from rnb.analysis.jobs import load_jobs
 from rnb.analysis.plots import stage_colours
 from rnb.analysis.report import format_utilisation, load_curves
-from rnb.analysis.utilisation import busiest_step, busy_fractions, union_seconds
+from rnb.analysis.utilisation import CPU_SHARE_MIN_SPAN_S, busiest_step, busy_fractions, cpu_percent, union_seconds
 from rnb.core.stages import PARTS
 from tests.support.handmade_job import process, run_analyze, step_times, write_job
 from tests.support.shared_jobs import bulk_toy_job
@@ -24,6 +24,18 @@ from tests.support.shared_jobs import bulk_toy_job
 
 def test_union_counts_overlapping_intervals_once() -> None:
     assert union_seconds(np.array([5.0, 0.0, 1.0, 8.0]), np.array([7.0, 2.0, 3.0, 8.5])) == 5.5
+
+
+def test_a_cpu_share_is_read_only_over_a_span_its_clock_ticks_can_resolve() -> None:
+    tick = CPU_SHARE_MIN_SPAN_S / 10
+    # Two samples 10 ms apart whose counts differ by three ticks: 300% of a core, a quantisation artefact.
+    short = [{"time": 100.0, "process": "step0-g0-r0", "cpu_s": 5.0},
+             {"time": 100.01, "process": "step0-g0-r0", "cpu_s": 5.0 + 3 * tick}]
+    # Samples a second apart, half a second of CPU between them.
+    long = [{"time": 100.0 + 0.1 * i, "process": "step1-g0-r0", "cpu_s": 2.0 + 0.05 * i} for i in range(11)]
+    samples = pa.Table.from_pylist(short + long)
+    assert cpu_percent(samples, 99.0, 102.0) == {"step1-g0-r0": pytest.approx(50.0)}
+    assert cpu_percent(samples, 100.0, 100.05) == {}   # each process's samples there span less than ten ticks
 
 
 def test_busy_fractions_union_each_runners_inside_time(handmade: Path) -> None:
@@ -97,10 +109,12 @@ def test_the_end_of_run_summary_names_each_runners_busy_fraction_and_the_bottlen
                        r"(?:, waited for a core (\d+)%)?", runners)
     assert cpu, runners
     assert [int(cpu[1]), int(cpu[4])] == [round(100 * b) for b in busy]
-    # A CPU share needs two samples of the runner between start and end, which a loaded machine may not take.
+    # A CPU share needs samples of the runner between start and end ten clock ticks apart or more, which a short job
+    # on a loaded machine may not take.
     samples = pq.read_table(log.dir / "samples.parquet").to_pylist()
-    sampled = [sum(s["process"] == f"step{k}-g0-r0" and start <= s["time"] <= end for s in samples) >= 2
-               for k in range(2)]
+    times = [[s["time"] for s in samples if s["process"] == f"step{k}-g0-r0" and start <= s["time"] <= end]
+             for k in range(2)]
+    sampled = [len(t) >= 2 and max(t) - min(t) >= CPU_SHARE_MIN_SPAN_S for t in times]
     assert [cpu[i] is not None for i in (2, 5)] == sampled
     assert all(0 <= int(cpu[i]) <= 100 * len(os.sched_getaffinity(0)) for i in (2, 5) if cpu[i] is not None)
     # A runner that waited for a core a tenth of the time or more says how long (the host's load decides whether).
