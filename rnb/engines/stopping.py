@@ -10,9 +10,10 @@ opens its job's directory through `hold()` (rnb.engines.job.open_job_dir):
 from then on a stop raises nothing, it is the job's ending.  Inside
 `reacting(reaction)` the driver's reaction runs at once (its flag raised
 with `interrupted` or `terminated`: the job ends as any job ends, with its
-log), and `cut_short(call)` lets a stop end a call that would block for
-long (the local engine's first child waiting for its fork server to
-import), which the driver then unwinds from itself.  After the job, a stop
+log), and `cut_short(call, ...)` lets a stop end the wait for a call that
+may block for long (the local engine's children starting while its fork
+server imports), which runs on a thread of its own so that no stop lands
+half way through it; the driver then unwinds from itself.  After the job, a stop
 is noted and the summary finishes: the log is written.
 
 `install` sets the handlers.  benchmark.py and rnb-benchmark call it as
@@ -35,11 +36,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from rnb.core.termination import Termination
 
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
 # What stops a job from outside, by signal number, and how its log names the ending.
 STOP_SIGNALS: dict[int, Termination] = {signal.SIGINT: Termination.INTERRUPTED, signal.SIGTERM: Termination.TERMINATED}
+CUT_SHORT_POLL_S = 0.05   # how often a wait in cut_short looks whether its call ended (a stop ends it at once)
 
 
 class Stop:
@@ -91,7 +97,7 @@ class Stops:
         self.received: Stop | None = None
         self.held = False          # a job's directory exists: a stop is the job's ending, never an exception
         self.reaction: Callable[[Stop], object] | None = None
-        self.cutting = False       # inside cut_short: the first stop raises even though held
+        self.cutting = False       # waiting in cut_short: the first stop raises even though held
 
     def on_signal(self, number: int, frame: FrameType | None = None) -> None:
         """The handler: note the first stop, run the driver's reaction, raise where nothing is kept."""
@@ -130,19 +136,52 @@ class Stops:
         finally:
             self.reaction = before
 
-    def cut_short(self, call: Callable[[], object]) -> bool:
-        """Run `call`, which a stop may end early by raising inside it; False if a stop came before or during it."""
+    def cut_short(self, call: Callable[[], object], abandon: Callable[[], object], grace_s: float) -> bool:
+        """Run `call` on the process's calls thread (`_calls_thread`) while this one waits; False if a stop came
+        before or during it.
+
+        No stop lands inside `call` (Python runs handlers on the main thread
+        only): a call that must not be cut at an arbitrary instant, such as
+        a child's start half sent to the fork server, runs whole or not at
+        all.  A stop ends the wait: `call` gets `grace_s` to finish (it may
+        look at `received` to end early), then `abandon()` ends what it
+        waits for, and it is waited for.  An exception of the call raises
+        here, unless a stop came (it may be the abandoning's consequence).
+        """
+        from concurrent.futures import wait  # here, not at the top: this module is the command's first import
+
         if self.received is not None:
             return False
+        running = _calls_thread().submit(call)
         try:
             self.cutting = True
             try:
-                call()
+                if self.received is not None:   # came before the wait: its handler raised nothing
+                    raise Stopped(self.received)
+                while not running.done():   # a timed wait: a signal the calls thread took wakes no untimed one
+                    wait([running], CUT_SHORT_POLL_S)
             finally:
                 self.cutting = False
         except Stopped:
+            if wait([running], grace_s).not_done:
+                abandon()
+                wait([running])
             return False
-        return True
+        running.result()
+        return self.received is None
+
+
+_calls: ThreadPoolExecutor | None = None
+
+
+def _calls_thread() -> ThreadPoolExecutor:
+    """One thread for every cut_short call of this process, living as long as the process: a process a call starts
+    may have the kernel end it when the thread that started it ends (the fork server's PR_SET_PDEATHSIG)."""
+    global _calls
+    if _calls is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cut-short")
+    return _calls
 
 
 STOPS = Stops()   # the process's own; benchmark.py's handlers feed it

@@ -1,8 +1,14 @@
 """What a stop (Ctrl-C, SIGTERM) does at each point of the command's life (rnb.engines.stopping), on a Stops of the
-test's own: its handler is called as the signal module would call it, so nothing here is sent a real signal."""
+test's own: its handler is called as the signal module would call it, except around cut_short, whose call runs on
+a thread of its own: there this process sends itself the signal, with the handler set for the test only."""
 from __future__ import annotations
 
+import os
 import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -43,28 +49,56 @@ def test_a_stop_that_came_before_the_log_was_held_but_was_swallowed_is_raised_wh
     assert not stops.held
 
 
-def test_a_stop_cuts_short_a_call_the_driver_can_unwind_from_and_reacts_first() -> None:
+@contextmanager
+def handled_by(stops: Stops) -> Iterator[None]:
+    """Inside, this process's SIGINT and SIGTERM go to `stops` (real signals: cut_short's call runs on a thread, and
+    only the main thread runs a handler)."""
+    with handlers_kept():
+        for number in STOP_SIGNALS:
+            signal.signal(number, stops.on_signal)
+        yield
+
+
+def test_a_stop_while_a_call_runs_ends_the_wait_and_lets_the_call_finish_whole() -> None:
     stops = Stops()
     stops.hold()
     seen: list[Stop] = []
     after: list[str] = []
 
-    def blocking() -> None:
-        stops.on_signal(signal.SIGTERM)   # lands while the call waits
+    def starting_a_child() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)   # lands while the main thread waits, half way through the call
+        time.sleep(0.2)
         after.append("the rest of the call")
 
-    with stops.reacting(seen.append):
-        assert stops.cut_short(blocking) is False
-        assert (after, len(seen), stops.cutting) == ([], 1, False)
-        assert stops.cut_short(lambda: after.append("never run")) is False   # a stop came before: not even begun
-    assert after == []
+    with handled_by(stops), stops.reacting(seen.append):
+        assert stops.cut_short(starting_a_child, lambda: after.append("abandoned"), grace_s=10.0) is False
+        assert (after, len(seen), stops.cutting) == (["the rest of the call"], 1, False)
+        assert stops.cut_short(lambda: after.append("never run"), lambda: None, grace_s=1.0) is False   # came before
+    assert after == ["the rest of the call"]
 
 
-def test_without_a_stop_a_call_runs_whole_and_a_stop_after_it_raises_nothing() -> None:
+def test_a_call_still_running_past_its_grace_is_abandoned_and_what_that_makes_it_raise_is_not_raised() -> None:
+    stops = Stops()
+    stops.hold()
+    server_gone = threading.Event()
+
+    def waiting_for_the_fork_server() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        if server_gone.wait(10.0):
+            raise EOFError("the fork server went before it answered")
+
+    with handled_by(stops):
+        assert stops.cut_short(waiting_for_the_fork_server, server_gone.set, grace_s=0.1) is False
+    assert server_gone.is_set() and stops.received is not None and stops.received.exit_code == 130
+
+
+def test_without_a_stop_a_call_runs_whole_raises_its_own_error_and_a_stop_after_it_raises_nothing() -> None:
     stops = Stops()
     stops.hold()
     ran: list[int] = []
-    assert stops.cut_short(lambda: ran.append(1)) is True
+    assert stops.cut_short(lambda: ran.append(1), lambda: ran.append(2), grace_s=1.0) is True
+    with pytest.raises(ZeroDivisionError):
+        stops.cut_short(lambda: 1 / 0, lambda: ran.append(2), grace_s=1.0)
     stops.on_signal(signal.SIGINT)
     assert ran == [1] and stops.received is not None
 

@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 # How long the children of a stalled job get to leave on their own (the stalled one is killed at once): those that
 # are not stuck leave within a poll interval of the flag.
 STALLED_GRACE_S = 1.0
+# How long a child's start under way when a stop comes may take to finish: against a running fork server it takes
+# milliseconds, so one still going waits for the server's imports, and the server is ended under it.
+SPAWN_GRACE_S = 0.5
 
 
 def run(job: EngineJob) -> JobResult:
@@ -185,11 +188,13 @@ def build_plumbing(ctx: BaseContext, placements: list[Placement], args: RunArgs)
 
 def spawn_all(ctx: ForkServerContext, supervisor: Supervisor, config: PipelineConfig, args: RunArgs, placements: list[Placement],
               wirings: Mapping[str, LocalWiring]) -> None:
-    """One client process, then one runner process per placement."""
+    """One client process, then one runner process per placement; none more once a stop came."""
     plumbing = supervisor.plumbing
     spec = ClientSpec(config.source, config.path, args.videos, args.load, args.seed, str(supervisor.spool.job_dir))
     supervisor.spawn(ctx, client_main, (spec, plumbing), ProcessRecord("client", "client"))
     for p in placements:
+        if STOPS.received is not None:
+            return
         arguments = (DeviceFirst(p.device), p, args.videos, wirings[p.name], plumbing)
         supervisor.spawn(ctx, runner_main, arguments, ProcessRecord(
             p.name, "runner", p.step, p.group, p.instance, p.device, threads=p.threads,
@@ -200,8 +205,15 @@ def spawned(ctx: ForkServerContext, supervisor: Supervisor, config: PipelineConf
             placements: list[Placement], wirings: Mapping[str, LocalWiring]) -> bool:
     """Spawn every child (spawn_all); False if a stop came first or cut the spawning short (the first child may wait
     seconds for the fork server's imports): then the children started are killed (none is ready, nothing is
-    measured) and the fork server too, with any child it was forking when the stop came."""
-    if STOPS.cut_short(lambda: spawn_all(ctx, supervisor, config, args, placements, wirings)):
+    measured) and the fork server too, with any child it was forking when the stop came.
+
+    The children start on a thread of their own (STOPS.cut_short): a stop
+    that landed inside a child's start, between its connection to the fork
+    server and the descriptors it sends, left the server reading nothing,
+    and its traceback on the job's stderr.
+    """
+    if STOPS.cut_short(lambda: spawn_all(ctx, supervisor, config, args, placements, wirings), end_fork_server,
+                       SPAWN_GRACE_S):
         return True
     supervisor.kill_all()
     end_fork_server()
