@@ -101,8 +101,13 @@ class Sampler:
                 self._stop.wait(max(0.0, next_tick - self.clock()))
 
     def sample(self, nvml: Utilisations | None) -> None:
-        """One row per live process and per GPU, all stamped with one time."""
-        now = self.clock()
+        """One row per live process and per GPU, each stamped when its values were read.
+
+        One stamp for a whole sample, taken before the reads, put a process
+        read late (the sampler thread waiting for a core, on a loaded host)
+        beside an earlier time: over two samples close together its wait
+        for a core read more than the time between them.
+        """
         for name, process in list(self._processes.items()):
             try:
                 with process.oneshot():
@@ -110,9 +115,9 @@ class Sampler:
             except psutil.Error:
                 del self._processes[name]   # it exited; its last sample stands
                 continue
-            self.rows.append({"time": now, "process": name, "pid": process.pid,
-                              "cpu_s": times.user + times.system, "run_wait_s": run_wait_s(process.pid),
-                              "rss_bytes": memory.rss})
+            waited = run_wait_s(process.pid)
+            self.rows.append({"time": self.clock(), "process": name, "pid": process.pid,
+                              "cpu_s": times.user + times.system, "run_wait_s": waited, "rss_bytes": memory.rss})
         if nvml is None:  # no GPU in use: NVML was never opened
             return
         for gpu in self.gpus:
@@ -122,7 +127,7 @@ class Sampler:
                 log.warning("GPU %d is no longer sampled: NVML failed (%s)", gpu.logical_index, exc)
                 self.gpus = tuple(other for other in self.gpus if other != gpu)
                 continue
-            self.rows.append({"time": now, "gpu": gpu.logical_index, "gpu_util_percent": state.gpu_percent,
+            self.rows.append({"time": self.clock(), "gpu": gpu.logical_index, "gpu_util_percent": state.gpu_percent,
                               "gpu_memory_used_bytes": state.memory_used_bytes,
                               "nvdec_util_percent": state.decoder_percent, "power_watts": state.power_watts})
 

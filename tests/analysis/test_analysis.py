@@ -136,7 +136,7 @@ def test_energy_per_item_is_the_gpus_sampled_board_power_over_the_job_and_null_o
     # Two GPUs sampled by the fake NVML at the job's start, middle and end (and one reading after it, outside
     # the job): GPU 0 at 100, 200, 300 W, GPU 1 at 50 W throughout. By trapezoids GPU 0 used (150 + 250) x half
     # joules and GPU 1 100 x half.
-    clock = iter([start, start + half, end, end + 1.0])
+    clock = iter([when for when in (start, start + half, end, end + 1.0) for _gpu in range(2)])   # a row's read
     nvml = FakeNvml({0: [GpuUtilisation(90, 2**30, 0, watts) for watts in (100.0, 200.0, 300.0, 900.0)],
                      1: [GpuUtilisation(10, 2**30, 0, 50.0)] * 4})
     sampler = Sampler(0.1, (SampledGpu(0, 0), SampledGpu(1, 1)), nvml, lambda: next(clock))

@@ -19,7 +19,7 @@ def test_one_sample_reads_each_process_and_each_gpu(tmp_path: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         nvml = FakeNvml({3: [GpuUtilisation(41, 5 * 2**30, 7, 251.5), GpuUtilisation(42, 6 * 2**30, 8)]})
-        clock = iter([100.0, 100.1, 100.2])
+        clock = iter([100.0, 100.01, 100.02, 100.1, 100.11, 100.2])   # each row's read, in order
         sampler = Sampler(0.1, (SampledGpu(logical_index=0, physical_index=3),), nvml, lambda: next(clock))
         sampler.watch("main", os.getpid())
         sampler.watch("child", child.pid)
@@ -33,9 +33,9 @@ def test_one_sample_reads_each_process_and_each_gpu(tmp_path: Path) -> None:
     assert nvml.asked == [3, 3, 3] and sampler.gpus == ()
     rows = [{key: value for key, value in row.items() if value is not None} for row in sampler.table().to_pylist()]
     assert [(row["time"], row.get("process"), row.get("gpu")) for row in rows] == [
-        (100.0, "main", None), (100.0, "child", None), (100.0, None, 0), (100.1, "main", None), (100.1, None, 0),
+        (100.0, "main", None), (100.01, "child", None), (100.02, None, 0), (100.1, "main", None), (100.11, None, 0),
         (100.2, "main", None)]
-    assert rows[2] == {"time": 100.0, "gpu": 0, "gpu_util_percent": 41, "gpu_memory_used_bytes": 5 * 2**30,
+    assert rows[2] == {"time": 100.02, "gpu": 0, "gpu_util_percent": 41, "gpu_memory_used_bytes": 5 * 2**30,
                        "nvdec_util_percent": 7, "power_watts": 251.5}
     # A board without a power sensor: its power is null, the rest is sampled.
     assert rows[4]["gpu_util_percent"] == 42 and rows[4]["nvdec_util_percent"] == 8 and "power_watts" not in rows[4]
