@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 from rnb.core.termination import Termination
 
 if TYPE_CHECKING:
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import Future
 
 # What stops a job from outside, by signal number, and how its log names the ending.
 STOP_SIGNALS: dict[int, Termination] = {signal.SIGINT: Termination.INTERRUPTED, signal.SIGTERM: Termination.TERMINATED}
@@ -171,16 +171,43 @@ class Stops:
         return self.received is None
 
 
-_calls: ThreadPoolExecutor | None = None
+class _CallsThread:
+    """One daemon thread that runs every cut_short call of this process, one at a time, and lives as long as the
+    process: a process a call starts may have the kernel end it when the thread that started it ends (the fork
+    server's PR_SET_PDEATHSIG).  A daemon thread is not joined at exit, so such a process outlives the atexit
+    handlers that stop it in order (rnb.engines.local.lifeline's fork server, waited for there)."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self._calls: queue.SimpleQueue[tuple[Callable[[], object], Future[object]]] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="cut-short", daemon=True).start()
+
+    def submit(self, call: Callable[[], object]) -> Future[object]:
+        from concurrent.futures import Future
+
+        running: Future[object] = Future()
+        self._calls.put((call, running))
+        return running
+
+    def _serve(self) -> None:
+        while True:
+            call, running = self._calls.get()
+            running.set_running_or_notify_cancel()
+            try:
+                running.set_result(call())
+            except BaseException as error:  # the waiting thread raises it
+                running.set_exception(error)
 
 
-def _calls_thread() -> ThreadPoolExecutor:
-    """One thread for every cut_short call of this process, living as long as the process: a process a call starts
-    may have the kernel end it when the thread that started it ends (the fork server's PR_SET_PDEATHSIG)."""
+_calls: _CallsThread | None = None
+
+
+def _calls_thread() -> _CallsThread:
     global _calls
     if _calls is None:
-        from concurrent.futures import ThreadPoolExecutor
-        _calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cut-short")
+        _calls = _CallsThread()
     return _calls
 
 

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from rnb.core.termination import Termination
 from rnb.engines.stopping import STOP_SIGNALS, Stop, Stopped, Stops, handlers_kept
+from tests.support.tune_support import REPO
 
 
 def test_before_the_job_holds_its_log_the_first_stop_raises_and_a_second_changes_nothing() -> None:
@@ -115,3 +120,35 @@ def test_handlers_a_library_sets_inside_are_put_back() -> None:
         signal.signal(signal.SIGTERM, lambda *_: None)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     assert {number: signal.getsignal(number) for number in STOP_SIGNALS} == before
+
+
+def test_a_process_a_cut_short_call_started_outlives_the_call_and_the_exit_handlers_see_it_alive(
+        tmp_path: Path) -> None:
+    """The fork server asks the kernel to kill it when the thread that started it ends; that thread is cut_short's,
+    so it must last until the process leaves, after the exit handlers that stop the server in order."""
+    script = tmp_path / "started_in_a_call.py"
+    script.write_text(textwrap.dedent('''
+        import atexit, ctypes, signal, subprocess, sys, time
+        from rnb.engines.stopping import Stops
+
+        def tied_to_its_starting_thread():
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
+
+        started = []
+        stops = Stops()
+        stops.hold()
+        stops.cut_short(lambda: started.append(subprocess.Popen(["sleep", "30"],
+                                                                preexec_fn=tied_to_its_starting_thread)),
+                        lambda: None, grace_s=1.0)
+        time.sleep(0.2)
+
+        def at_exit():
+            child = started[0]
+            time.sleep(0.5)   # a SIGKILL the kernel sent as the starting thread ended has landed by now
+            print("after the call:", "alive" if child.poll() is None else "gone")
+            child.kill()
+            child.wait()
+        atexit.register(at_exit)
+    '''))
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "after the call: alive\n", "")
