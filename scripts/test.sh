@@ -11,6 +11,11 @@ if [ "${1:-}" = --quick ]; then
   shift
   also=" and not slow"
 fi
+# The run starts about 500 Python processes (jobs' drivers, fork servers, children, Ray workers) that import this
+# project's modules, and each pytest process rewrites every test module: with byte code cached instead of
+# compiled in each (an environment may say PYTHONDONTWRITEBYTECODE), they spend about 4% less CPU
+# (docs/measurements/2026-12-06-test-loop-census.md). __pycache__ is ignored by git.
+unset PYTHONDONTWRITEBYTECODE
 # Exported, so that pytest sees them too: a test that needs nginx or the browser fails where setup left it missing.
 export RNB_WITH_NGINX=1 RNB_WITH_BROWSER=1
 ./scripts/setup.sh
