@@ -53,7 +53,8 @@ def scaling_pipeline(replicas: int) -> dict[str, Any]:
     replicas read half as many each.
     """
     return {
-        "source": {"dataset": str(DATASET), "order": "random", "seed": 0},
+        # Generated where missing, as the default config's is: a fresh clone has no data/synthetic until a job writes it.
+        "source": {"dataset": str(DATASET), "order": "random", "seed": 0, "generate_if_missing": True},
         "pipeline": [
             {"model": "models.episode.EpisodeLoader", "num_shared_tensors": 4, "byte_budget": 1, "prefetch": 0,
              "queue_groups": [{"gpus": [-1] * replicas, "out_queues": [0]}]},

@@ -13,10 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from bench import scaling_bench
 from bench.common import Effort, Goal, Row, table_text
 from bench.harness_bench import Idle, chain_pipeline, hop_costs, per_hop_us, window_rates
 from bench.run import BENCHMARKS, run_benchmarks
 from bench.scaling_bench import loader_windows
+from rnb import cli
 
 ENTRY_KEYS = {"id", "what", "ratio", "goal", "met", "min", "max", "reps", "a", "b", "note"}
 
@@ -100,6 +102,18 @@ def test_loader_windows_give_items_per_second_and_the_cores_only_the_loaders_got
     assert loader_windows(tmp_path, 2) == [(1.0, 1.0), (1.0, 1.5)]
     assert loader_windows(tmp_path, 1) == [(1.0, 1.25)]
     assert loader_windows(tmp_path, 1, skip=2) == [(1.0, 1.5)]   # timed from the second item's finish on
+
+
+def test_p6_s_pipeline_is_valid_on_a_fresh_clone_whose_dataset_a_run_generates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # A fresh clone has no data/synthetic until some job writes it: P6's jobs refused their config (exit 2) there.
+    missing = tmp_path / "synthetic"
+    monkeypatch.setattr(scaling_bench, "DATASET", missing)
+    config = tmp_path / "p6.json"
+    config.write_text(json.dumps(scaling_bench.scaling_pipeline(2)))
+    assert cli.main(["-c", str(config), "--check"]) == 0
+    assert f"dataset {missing} is missing: a run (without --check) generates it there" in capsys.readouterr().err
+    assert not missing.exists()
 
 
 def test_window_rates_refuses_more_windows_than_items() -> None:
