@@ -8,18 +8,13 @@ modes').  Importers take the public names from here.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
+from rnb.pipeline import DEFAULT_CONFIG_PATH
 from rnb.pipeline.config_checks import merges_segments, parse_config
 from rnb.pipeline.config_json import read_document
 from rnb.pipeline.config_records import ConfigError, PipelineConfig, QueueGroup, Step, describe, did_you_mean
 
 __all__ = ["DEFAULT_CONFIG_PATH", "ConfigError", "PipelineConfig", "QueueGroup", "Step", "describe", "did_you_mean",
            "load_config", "merges_segments", "parse_config"]
-
-# The embedded default ships in the package, so an installed command runs it from any directory; the checkout's
-# config/default.json is a link to it.
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().with_name("default.json")
 
 
 def load_config(path: str | None) -> PipelineConfig:

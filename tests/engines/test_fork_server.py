@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from rnb import cli
-from rnb.engines.local.lifeline import TIMER_SLACK_NS
-from rnb.launch import starts_local_children
+from rnb.engines.local.lifeline import PRELOADED, TIMER_SLACK_NS, TORCH_ONLY_MODELS, early_preload
+from rnb.launch import config_document, starts_local_children
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -110,12 +110,48 @@ def test_only_a_command_for_a_job_on_this_host_starts_its_fork_server_early() ->
         assert not starts_local_children(flags), flags
 
 
-# Run in a fresh interpreter: start the server early, import `extra`, then fork a child that reports, before it
-# imports anything, what it already has and whose child it is.
+def test_the_early_server_preloads_torch_alone_only_for_torch_only_models_on_a_source_of_no_episodes() -> None:
+    toy = json.loads((REPO / "config/toy.json").read_text())
+    assert early_preload(toy) == ("torch",)
+    assert early_preload(json.loads((REPO / "config/tune-example.json").read_text())) == ("torch",)
+    assert early_preload(json.loads((REPO / "config/default.json").read_text())) == PRELOADED  # episodes, R(2+1)D
+    on_episodes = {**toy, "source": {"dataset": "data/synthetic"}}
+    assert early_preload(on_episodes) == early_preload({**toy, "source": {"videos": "x/*.mp4"}}) == PRELOADED
+    with_r2p1d = {**toy, "pipeline": [*toy["pipeline"], {"model": "models.r2p1d.R2P1DRunner"}]}
+    assert early_preload(with_r2p1d) == PRELOADED
+    for not_a_config in (None, [], "x", {"pipeline": 3}):
+        assert early_preload(not_a_config) == ("torch",)
+    assert early_preload({"pipeline": [{"model": 7}]}) == PRELOADED   # no module known to load torch alone
+
+
+def test_each_torch_only_model_module_loads_neither_torchvision_nor_torchcodec() -> None:
+    script = ("import importlib, sys\n"
+              f"for name in {sorted(TORCH_ONLY_MODELS)!r}:\n"
+              "    importlib.import_module(name)\n"
+              f"print([name for name in {PRELOADED!r} if name in sys.modules])\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['torch']"]
+
+
+def test_the_command_reads_the_config_its_arguments_name_before_parsing_them(tmp_path: Path) -> None:
+    config = tmp_path / "x.json"
+    config.write_text('{"a": 1}')
+    for argv in (["-c", str(config)], [f"-c{config}"], [f"--config={config}"], ["--config_file_path", str(config)],
+                 ["-c", "config/toy.json", "-mi", "3", "-c", str(config)]):
+        assert config_document(argv) == {"a": 1}, argv
+    assert config_document(["-mi", "3"]) == json.loads((REPO / "rnb/pipeline/default.json").read_text())
+    assert config_document(["-c", str(tmp_path / "missing.json")]) is None
+    config.write_text("{")
+    assert config_document(["-c", str(config)]) is None
+
+
+# Run in a fresh interpreter: start the server early with `preload`, import `extra`, then fork a child that reports,
+# before it imports anything, what it already has and whose child it is.
 EARLY_SCRIPT = """
 import multiprocessing.forkserver, os, sys
 from rnb.engines.local.lifeline import children_context, start_fork_server
-start_fork_server()
+start_fork_server({preload!r})
 early = multiprocessing.forkserver._forkserver._forkserver_pid
 assert early is not None and "torch" not in sys.modules  # running before this process imported torch
 import torch{extra}
@@ -127,20 +163,24 @@ print(early, os.path.exists(f"/proc/{{early}}"))
 """
 
 
-@pytest.mark.parametrize("extra", ["", ", torchvision"])
-def test_an_early_fork_server_serves_a_job_of_torch_alone_and_is_replaced_for_one_that_loaded_torchvision(
-        tmp_path: Path, extra: str) -> None:
+@pytest.mark.parametrize(("preload", "extra", "kept"), [
+    (("torch",), "", True),
+    (("torch",), ", torchvision", False),
+    (PRELOADED, ", torchvision", True),
+])
+def test_an_early_fork_server_serves_a_job_that_loaded_no_more_than_it_preloaded_and_is_replaced_for_one_that_did(
+        tmp_path: Path, preload: tuple[str, ...], extra: str, kept: bool) -> None:
     out = tmp_path / "child.txt"
     names = ("torch", "torchvision")
-    script = EARLY_SCRIPT.format(extra=extra, out=str(out), names=names)
+    script = EARLY_SCRIPT.format(preload=preload, extra=extra, out=str(out), names=names)
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     early, early_alive = done.stdout.split()
     _, loaded, parent = ast.literal_eval(out.read_text())
-    if extra:  # a new server, preloading torchvision too; the early one is gone
+    if kept:   # forked from the early server, with what it preloaded
+        assert loaded == [True, "torchvision" in preload] and parent == int(early)
+    else:      # a new server, preloading torchvision too; the early one is gone
         assert loaded == [True, True] and parent != int(early) and early_alive == "False"
-    else:      # forked from the early server, which preloaded torch alone
-        assert loaded == [True, False] and parent == int(early)
 
 
 def test_a_main_process_killed_after_starting_its_server_early_leaves_no_shared_memory() -> None:

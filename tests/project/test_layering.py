@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     # The command reaches an engine's package only through its registry entry (rnb.engines.drivers).
     "rnb.cli": {"rnb.core", "rnb.pipeline", "rnb.engines", "rnb.engines.loadgen", "rnb.analysis", "rnb.console",
                 "rnb.flags", "rnb.load", "rnb.engines.registry"},
-    "rnb.launch": {"rnb.engines", "rnb.engines.local", "rnb.cli", "rnb.engines.registry"},
+    "rnb.launch": {"rnb.engines", "rnb.engines.local", "rnb.cli", "rnb.engines.registry", "rnb.flags", "rnb.pipeline"},
     "rnb.console": set(),
     "rnb.flags": set(),
     "rnb.load": {"rnb.flags"},

@@ -53,7 +53,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -72,30 +72,55 @@ _stacks_file: IO[str] | None = None  # kept open for faulthandler, which writes 
 # What the fork server imports before forking anyone, where the main process has loaded it too: the imports
 # that cost a child most (torch about 2 s of CPU here, torchvision and torchcodec 1.5 s more).
 PRELOADED = ("torch", "torchvision", "torchcodec")
-EARLY_PRELOAD = ("torch",)  # what a server started before the main process's imports preloads (`start_fork_server`)
-_started_early = False  # whether this process's running fork server is the one `start_fork_server` started
+# Model modules whose import loads torch but neither torchvision nor torchcodec (tests/engines/test_fork_server.py
+# holds each to it), and the source kinds whose check and client read episodes (torchcodec).
+TORCH_ONLY_MODELS = frozenset({"models.aggregator", "models.batcher", "models.clips", "models.toy"})
+EPISODE_SOURCES = frozenset({"dataset", "videos"})
+_early_preload: tuple[str, ...] = ()  # what the running server preloads, if `start_fork_server` started it
 STOP_WAIT_S = 10.0  # how long a process leaving waits for its fork server to go (one still importing finishes first)
 
 
-def start_fork_server() -> None:
-    """Start this process's fork server now, importing torch while this process imports its own.
+def early_preload(document: object) -> tuple[str, ...]:
+    """What a server started before the main process's imports preloads for the job a config's JSON describes.
+
+    torch alone where its source reads no episodes and every model's
+    module is one of TORCH_ONLY_MODELS, else all of PRELOADED: the job's
+    main process will load torchvision and torchcodec too, and a server
+    that preloads them beside its imports spares the job a second server's
+    start (about 3 s and 2 CPU-s on two cores).  A document not a config's
+    shape counts as torch alone.  A wrong guess costs time, never
+    correctness: `children_context` replaces a server that lacks what the
+    main process loaded, and one that preloaded more serves as it is.
+    """
+    if not isinstance(document, dict):
+        return ("torch",)
+    source, steps = document.get("source"), document.get("pipeline")
+    kind = next(iter(source), None) if isinstance(source, dict) else None
+    models = [step.get("model") for step in steps if isinstance(step, dict)] if isinstance(steps, list) else []
+    light = kind not in EPISODE_SOURCES and all(
+        isinstance(model, str) and model.rpartition(".")[0] in TORCH_ONLY_MODELS for model in models)
+    return ("torch",) if light else PRELOADED
+
+
+def start_fork_server(preload: Sequence[str] = ("torch",)) -> None:
+    """Start this process's fork server now, importing `preload` while this process imports its own.
 
     Started at the first child, the server imported torch only after the
     main process had imported it and checked the config: every job started
     about 2 s later than it needed to, on an idle host with two cores.
-    Started first, it preloads torch alone, since what else the job uses
-    is not known yet; `children_context` replaces it where the main process
-    has since loaded more of PRELOADED.
+    Started first, it preloads what `early_preload` guessed from the
+    config, since what the job loads is not known yet; `children_context`
+    replaces it where the main process has since loaded more of PRELOADED.
     """
-    global _started_early
+    global _early_preload
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(EARLY_PRELOAD))
+    context.set_forkserver_preload(list(preload))
     # The server starts multiprocessing's resource tracker first, unless it runs: started here it would be a child
     # of spawning_children's, which dies with this process, leaving every shared segment of a killed job behind.
     multiprocessing.resource_tracker.ensure_running()
     with spawning_children():
         multiprocessing.forkserver.ensure_running()
-    _started_early = True
+    _early_preload = tuple(preload)
 
 
 def children_context() -> ForkServerContext:
@@ -104,17 +129,17 @@ def children_context() -> ForkServerContext:
     The preload takes effect when the server starts (at the first child of
     this process); later calls change nothing for a server already running,
     except the first after `start_fork_server`: a job whose main process
-    loaded torchvision or torchcodec stops the early server (its import ran
-    beside the main process's, so the job starts no later than it would
+    loaded more of PRELOADED than that server preloads stops it (its import
+    ran beside the main process's, so the job starts no later than it would
     have) and its first child starts one that preloads them too, so that no
     child imports them on its own.
     """
-    global _started_early
+    global _early_preload
     context = multiprocessing.get_context("forkserver")
     wanted = [name for name in PRELOADED if name in sys.modules]
-    if _started_early and not set(wanted) <= set(EARLY_PRELOAD):
+    if _early_preload and not set(wanted) <= set(_early_preload):
         multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]  # not in typeshed
-    _started_early = False
+    _early_preload = ()
     context.set_forkserver_preload(wanted)
     return context
 
@@ -132,7 +157,7 @@ def _stop_fork_server() -> None:
     """
     # A command ending by a stop (Ctrl-C, SIGTERM) leaves at once: a server still importing would hold it for seconds,
     # and its children (all stopped by now) die with it (PR_SET_PDEATHSIG).
-    end_fork_server(kill=_started_early or STOPS.received is not None)
+    end_fork_server(kill=bool(_early_preload) or STOPS.received is not None)
 
 
 def end_fork_server(kill: bool = True) -> None:
