@@ -1,5 +1,6 @@
-"""P12: how long a job's child takes to start, forked from the fork server against spawned afresh; P12j: a
-whole short job with the server started first against at the first child.
+"""P12: how long a job's child takes to start, forked from the fork server against spawned afresh; P12j and
+P12jd: a whole short job (toy; the default config's episodes and R(2+1)D) with the server started first against at
+the first child.
 
 Each side starts one child exactly as the local engine does (a Lifeline
 first among its arguments, through `spawning_children`), which imports the
@@ -63,20 +64,30 @@ def p12_child_start(effort: Effort) -> list[Row]:
 SERVER_AT_FIRST_CHILD = "import sys; from rnb.cli import main; sys.exit(main())"
 
 
-def job_seconds(command: list[str], log_dir: Path) -> float:
-    """Wall seconds of one short toy job, from exec to exit."""
+def job_seconds(command: list[str], log_dir: Path, config: str) -> float:
+    """Wall seconds of one short job of `config` (10 items), from exec to exit."""
     began = time.monotonic()
-    subprocess.run([*command, "-c", str(REPO / "config" / "toy.json"), "-v", "10", "-mi", "0", "--warmup", "0",
+    subprocess.run([*command, "-c", str(REPO / "config" / config), "-v", "10", "-mi", "0", "--warmup", "0",
                     "--log-dir", str(log_dir), "-q"], cwd=REPO, check=True, capture_output=True, timeout=300)
     return time.monotonic() - began
 
 
 def p12j_job_start(effort: Effort) -> list[Row]:
     logs = Path(tempfile.mkdtemp(prefix="rnb-P12j-"))
+    first, at_child = [sys.executable, "benchmark.py"], [sys.executable, "-c", SERVER_AT_FIRST_CHILD]
     return [measure_pair(
         "P12j", "a short toy job from exec to exit: fork server started first (benchmark.py) / at the first child",
-        Goal("<=", 0.8), ("server first", "s", lambda: job_seconds([sys.executable, "benchmark.py"], logs)),
-        ("at first child", "s", lambda: job_seconds([sys.executable, "-c", SERVER_AT_FIRST_CHILD], logs)),
+        Goal("<=", 0.8), ("server first", "s", lambda: job_seconds(first, logs, "toy.json")),
+        ("at first child", "s", lambda: job_seconds(at_child, logs, "toy.json")),
         effort.reps,
         note="10 items of config/toy.json; the bound is the job less the server's import of torch (about 2 s "
-             "here), which with the server started first runs on the second core beside the main process's own")]
+             "here), which with the server started first runs on the second core beside the main process's own"),
+        measure_pair(
+        "P12jd", "a short episode job (config/default.json) from exec to exit: fork server started first "
+                 "(benchmark.py) / at the first child",
+        Goal("<=", 0.8), ("server first", "s", lambda: job_seconds(first, logs, "default.json")),
+        ("at first child", "s", lambda: job_seconds(at_child, logs, "default.json")),
+        effort.reps,
+        note="10 items of the default config (the synthetic episodes, R(2+1)D at 32x32); the bound is the job less "
+             "the server's import of torch, torchvision and torchcodec (about 3 s here), which with the server "
+             "started first (what it imports guessed from the config) runs beside the main process's own")]

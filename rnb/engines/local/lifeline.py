@@ -76,6 +76,10 @@ PRELOADED = ("torch", "torchvision", "torchcodec")
 # holds each to it), and the source kinds whose check and client read episodes (torchcodec).
 TORCH_ONLY_MODELS = frozenset({"models.aggregator", "models.batcher", "models.clips", "models.toy"})
 EPISODE_SOURCES = frozenset({"dataset", "videos"})
+# Imported last by every server: its objects frozen, the server leaves at once when the job ends (its last garbage
+# collection walked every object the preload made: about 1 s that the job's end waited for), and no child's
+# collection walks them.
+FREEZE_PRELOADED = "rnb.engines.local.freeze_preloaded"
 _early_preload: tuple[str, ...] = ()  # what the running server preloads, if `start_fork_server` started it
 STOP_WAIT_S = 10.0  # how long a process leaving waits for its fork server to go (one still importing finishes first)
 
@@ -114,7 +118,7 @@ def start_fork_server(preload: Sequence[str] = ("torch",)) -> None:
     """
     global _early_preload
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(preload))
+    context.set_forkserver_preload([*preload, FREEZE_PRELOADED])
     # The server starts multiprocessing's resource tracker first, unless it runs: started here it would be a child
     # of spawning_children's, which dies with this process, leaving every shared segment of a killed job behind.
     multiprocessing.resource_tracker.ensure_running()
@@ -140,7 +144,7 @@ def children_context() -> ForkServerContext:
     if _early_preload and not set(wanted) <= set(_early_preload):
         multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]  # not in typeshed
     _early_preload = ()
-    context.set_forkserver_preload(wanted)
+    context.set_forkserver_preload([*wanted, FREEZE_PRELOADED])
     return context
 
 
