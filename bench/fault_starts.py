@@ -2,7 +2,9 @@
 
 Each instant is a state of the job seen from outside, in /proc: the main
 process importing torch (libtorch mapped, no log directory yet), its first
-child waiting for the fork server to import what the main process loaded,
+child waiting for the fork server to finish its imports (made slow here:
+the server, started first, imports what the config needs beside the main
+process and is most often done before the first child),
 its children being spawned or loading their models, Ray starting (a GCS or
 raylet among its descendants), Ray's actors being created or loading theirs,
 and the start barrier passing.  A trial waits for its instant, sends its
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.fault_jobs import MARK, JobRun, children, command_line, fork_server_of, waiting_for_fork_server
+from bench.fault_jobs import MARK, REPO, JobRun, children, command_line, fork_server_of, waiting_for_fork_server
 
 GONE_BOUND_S = 3.0          # every process of the job gone within this of the signal
 WAIT_FOR_INSTANT_S = 120.0  # an instant not seen by then was missed (the trial fails)
@@ -30,6 +32,8 @@ WAIT_FOR_INSTANT_S = 120.0  # an instant not seen by then was missed (the trial 
 TURNS = ((signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"))
 
 Probe = Callable[[int, Path], bool]   # (the main process's pid, the trial's log directory) -> the instant has come
+# Makes the fork server's (and any spawned child's) import of torch that much slower: tests/support/slow_imports.
+SLOW_IMPORTS = REPO / "tests" / "support" / "slow_imports"
 
 
 def descendants(pid: int) -> list[int]:
@@ -110,14 +114,22 @@ class Instant:
     config: str                    # "toy", "hangs" (a step whose model never finishes loading) or "default"
     probe: Callable[[Path], Probe]  # the trial's stderr file -> its probe
     settle_s: float = 0.0          # once seen, how long to wait before the signal
+    server_import_delay_s: float = 0.0   # how much slower the fork server imports torch, for an instant that waits on it
+
+    def env(self) -> dict[str, str]:
+        """What the trial's environment adds: the slow import, where the instant needs one."""
+        if not self.server_import_delay_s:
+            return {}
+        return {"PYTHONPATH": os.pathsep.join(filter(None, [str(SLOW_IMPORTS), str(REPO), os.environ.get("PYTHONPATH")])),
+                "RNB_TEST_IMPORT_DELAY_S": str(self.server_import_delay_s)}
 
 
 LOCAL = ("-v", "100000", "-mi", "20", "--warmup", "0", "-q")
 RAY = (*LOCAL, "--engine", "ray")
 INSTANTS = (
     Instant("imports", "the main process imports torch", LOCAL, "toy", lambda err: importing_torch),
-    Instant("fork-server", "the first child waits for the fork server to import torchvision and torchcodec",
-            (*LOCAL, "--cpu"), "default", lambda err: waiting_for_fork_server),
+    Instant("fork-server", "the first child waits for the fork server to finish importing (made 10 s slower)",
+            (*LOCAL, "--cpu"), "default", lambda err: waiting_for_fork_server, server_import_delay_s=10.0),
     Instant("spawning", "the fork server forks the job's children", LOCAL, "hangs", lambda err: spawning),
     Instant("loading", "the children load their models (one never finishes)", LOCAL, "hangs",
             lambda err: loading_models(3), settle_s=0.5),

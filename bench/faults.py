@@ -164,7 +164,7 @@ def start_up_rows(work: Path, trials: int, isolated: bool) -> list[FaultRow]:
             (trial_dir / "job.json").write_text(json.dumps(config))
             logs = trial_dir / "logs"
             run, struck = run_job(trial_dir, ["-c", str(trial_dir / "job.json"), *instant.argv, *extra],
-                                  strike_at(instant, trial_dir / "stderr", logs, number), isolated)
+                                  strike_at(instant, trial_dir / "stderr", logs, number), isolated, instant.env())
             passed, gone_s, note = judge_stop(run, struck, logs, code, reason)
             row.add(passed and run.orphans == 0, gone_s, f"trial {trial} ({signal.Signals(number).name}): {note}",
                     run.orphans, run.leftovers)

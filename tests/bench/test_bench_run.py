@@ -178,7 +178,7 @@ def test_p12j_times_a_whole_job_each_way_and_each_job_finishes_its_items(tmp_pat
     from bench.start_bench import SERVER_AT_FIRST_CHILD, job_seconds
     for command in ([sys.executable, "benchmark.py"], [sys.executable, "-c", SERVER_AT_FIRST_CHILD]):
         began = time.monotonic()
-        assert 0 < job_seconds(command, tmp_path / "logs") <= time.monotonic() - began
+        assert 0 < job_seconds(command, tmp_path / "logs", "toy.json") <= time.monotonic() - began
     jobs = sorted((tmp_path / "logs").iterdir())
     assert [pq.read_table(job / "timings.parquet").num_rows for job in jobs] == [10, 10]
 

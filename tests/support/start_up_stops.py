@@ -20,6 +20,7 @@ def stopped_at(tmp_path: Path, instant_name: str, turn: int) -> tuple[JobRun, in
     config, extra = start_up_config(instant, tmp_path)
     (tmp_path / "job.json").write_text(json.dumps(config))
     run, struck = run_job(tmp_path, ["-c", str(tmp_path / "job.json"), *instant.argv, *extra],
-                          strike_at(instant, tmp_path / "stderr", tmp_path / "logs", number), isolated=False)
+                          strike_at(instant, tmp_path / "stderr", tmp_path / "logs", number), isolated=False,
+                          env=instant.env())
     assert struck is not None, f"the job never reached {instant.what}"
     return run, code, reason
