@@ -9,19 +9,26 @@ decodes on the CPU and uploads the frames, without a word (no libnvcuvid
 in the container, a codec or profile NVDEC lacks, frames under NVDEC's
 minimum size, such as HEVC under 144x144).  `decode_backend` says which
 happened, from what torchcodec reports of each decoder (`cpu_fallback`).
+
+torchcodec is imported when a decoder is first opened, not with this
+module: importing it costs 2 CPU-s here (it imports torch._dynamo), which
+a job's main process, opening a dataset only to check it, would pay for
+nothing (its children have it from their fork server).
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 import torch
-from torchcodec.decoders import VideoDecoder
 
 from episodes._mp4.writer import MiniMp4
+
+if TYPE_CHECKING:
+    from torchcodec.decoders import VideoDecoder
 
 DecodeDevice = Literal["cpu", "nvdec", "cpu-fallback"]
 """Where frames were decoded: "cpu" (FFmpeg on the CPU, as asked), "nvdec" (the GPU's video decoder), or
@@ -80,6 +87,8 @@ def open_decoder(mini: MiniMp4, device: str | torch.device = "cpu", *, num_threa
 
     A CUDA device decodes on NVDEC; `num_threads` only affects CPU decoding.
     """
+    from torchcodec.decoders import VideoDecoder
+
     return VideoDecoder(
         mini.data,
         device=str(device),

@@ -14,16 +14,19 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torchcodec.decoders import VideoDecoder
 
 from episodes._decode import decode_backend, decode_mini_mp4, open_decoder
 from episodes._errors import Mp4FormatError
 from episodes._indexes import FileIndexes
 from episodes._mp4 import MiniMp4
 from episodes._reads import Counts, FetchedFrames, FrameRead
+
+if TYPE_CHECKING:
+    from torchcodec.decoders import VideoDecoder  # torchcodec is imported where a decoder opens (episodes._decode)
 
 
 @dataclass

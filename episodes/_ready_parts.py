@@ -19,13 +19,14 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Literal
-
-from torchcodec.decoders import VideoDecoder
+from typing import TYPE_CHECKING, Literal
 
 from episodes._decode import open_decoder
 from episodes._reads import FetchedFrames
 from episodes._windows import JobReads, when_landed, window_mini
+
+if TYPE_CHECKING:
+    from torchcodec.decoders import VideoDecoder  # torchcodec is imported where a decoder opens (episodes._decode)
 
 
 @dataclass(frozen=True, eq=False)

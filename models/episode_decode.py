@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from torchvision.transforms.v2 import functional as F
 
 from episodes import (
     DecodeBackend,
@@ -30,6 +29,10 @@ def to_clips(frames: torch.Tensor, num_clips: int, size: int, order: torch.Tenso
     gathering every clip frame at full resolution first (at 640x480, 74 MB
     for 10 clips of 8 frames: 66 ms of a 153 ms item in issue 20's profile).
     """
+    # Imported here, not with the module: a job's main process imports this module only to check its keywords, and
+    # torchvision costs it 2 CPU-s (torch._dynamo); a loader has it from its fork server.
+    from torchvision.transforms.v2 import functional as F
+
     x = F.resize(frames, [size, size], antialias=True)
     if order is not None:
         x = x[order.to(x.device)]

@@ -25,7 +25,6 @@ from typing import Annotated, TypeAlias
 import torch
 from annotated_types import Interval
 from torch import nn
-from torchvision.models.video import r2plus1d_18
 
 from models.clips import ClipCount, NumClips, clip_shape
 from models.episode import EpisodeLoader
@@ -120,6 +119,10 @@ def check_cut(start_index: int, end_index: int) -> None:
 
 
 def build_stages(num_classes: int, checkpoint: str | None, seed: int) -> tuple[nn.Module, ...]:
+    # Imported here, as in models.episode_decode: the job's main process, which only checks this module's keywords,
+    # need not pay for torchvision.
+    from torchvision.models.video import r2plus1d_18
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = r2plus1d_18(weights=None, num_classes=num_classes)

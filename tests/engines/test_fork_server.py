@@ -146,6 +146,35 @@ def test_the_command_reads_the_config_its_arguments_name_before_parsing_them(tmp
     assert config_document(["-c", str(config)]) is None
 
 
+def test_an_episode_job_s_main_process_leaves_torchvision_and_torchcodec_to_its_children() -> None:
+    """Checking the default config (a dataset opened, the models' keywords vetted) loads neither: 2.4 CPU-s a job."""
+    script = ("import sys\n"
+              "from rnb.cli import main\n"
+              "code = main(['-c', 'config/default.json', '--check'])\n"
+              f"print(code, [name for name in {PRELOADED!r} if name in sys.modules])\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "0 ['torch']"
+
+
+def test_a_server_started_at_the_first_child_preloads_what_the_config_needs_beyond_this_process_s_imports(
+        tmp_path: Path) -> None:
+    out = tmp_path / "child.txt"
+    report = f"import sys; open({str(out)!r}, 'w').write(repr([n in sys.modules for n in {PRELOADED!r}]))"
+    script = ("import sys\n"
+              "import torch\n"
+              "from rnb.engines.local.lifeline import children_context\n"
+              "context = children_context({'source': {'dataset': 'data/synthetic'}, 'pipeline': []})\n"
+              f"child = context.Process(target=exec, args=({report!r},))\n"
+              "child.start()\n"
+              "child.join()\n"
+              f"print(repr([name in sys.modules for name in {PRELOADED!r}]))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert ast.literal_eval(done.stdout) == [True, False, False]   # this process: torch alone
+    assert ast.literal_eval(out.read_text()) == [True, True, True]
+
+
 # Run in a fresh interpreter: start the server early with `preload`, import `extra`, then fork a child that reports,
 # before it imports anything, what it already has and whose child it is.
 EARLY_SCRIPT = """

@@ -62,7 +62,7 @@ def run(job: EngineJob) -> JobResult:
 
 def run_job(config: PipelineConfig, args: RunArgs, placements: list[Placement], gpus: Sequence[GpuRecord]) -> JobResult:
     """Spawn, start everyone together, wait for the flag, stop everyone, release the slots, write the log."""
-    ctx = children_context()
+    ctx = children_context(config.raw)
     for key, value in DEVICE_ORDER.items():  # the children inherit it: CUDA numbers the GPUs as NVML does
         os.environ.setdefault(key, value)
     placements = with_device_uuids(placements, {gpu.logical_index: gpu.uuid for gpu in gpus})

@@ -69,11 +69,11 @@ _SPAWNED_PYTHON = Path(__file__).with_name("spawned-python")
 # What the main process sends a child to have it write its Python stacks (faulthandler, all threads).
 STACKS_SIGNAL = signal.SIGUSR1
 _stacks_file: IO[str] | None = None  # kept open for faulthandler, which writes to its descriptor
-# What the fork server imports before forking anyone, where the main process has loaded it too: the imports
-# that cost a child most (torch about 2 s of CPU here, torchvision and torchcodec 1.5 s more).
+# What the fork server imports before forking anyone, where the job uses it (`children_context`): the imports
+# that cost a child most (torch about 2 s of CPU here, torchvision and torchcodec 2.4 s more, torch._dynamo mostly).
 PRELOADED = ("torch", "torchvision", "torchcodec")
 # Model modules whose import loads torch but neither torchvision nor torchcodec (tests/engines/test_fork_server.py
-# holds each to it), and the source kinds whose check and client read episodes (torchcodec).
+# holds each to it), and the source kinds whose client reads episodes (torchcodec).
 TORCH_ONLY_MODELS = frozenset({"models.aggregator", "models.batcher", "models.clips", "models.toy"})
 EPISODE_SOURCES = frozenset({"dataset", "videos"})
 # Imported last by every server: its objects frozen, the server leaves at once when the job ends (its last garbage
@@ -85,16 +85,16 @@ STOP_WAIT_S = 10.0  # how long a process leaving waits for its fork server to go
 
 
 def early_preload(document: object) -> tuple[str, ...]:
-    """What a server started before the main process's imports preloads for the job a config's JSON describes.
+    """What the children of the job a config's JSON describes will import of PRELOADED, as the fork server should.
 
     torch alone where its source reads no episodes and every model's
-    module is one of TORCH_ONLY_MODELS, else all of PRELOADED: the job's
-    main process will load torchvision and torchcodec too, and a server
-    that preloads them beside its imports spares the job a second server's
-    start (about 3 s and 2 CPU-s on two cores).  A document not a config's
-    shape counts as torch alone.  A wrong guess costs time, never
-    correctness: `children_context` replaces a server that lacks what the
-    main process loaded, and one that preloaded more serves as it is.
+    module is one of TORCH_ONLY_MODELS, else all of PRELOADED: a loader
+    decodes with torchcodec and resizes with torchvision, and a network
+    beyond the toy ones is most likely torchvision's.  A server started
+    first preloads them beside the main process's imports, which spares the
+    job a second server's start (about 3 s and 2 CPU-s on two cores).  A
+    document not a config's shape counts as torch alone.  A wrong guess
+    costs time, never correctness: a child imports what its server lacks.
     """
     if not isinstance(document, dict):
         return ("torch",)
@@ -114,7 +114,7 @@ def start_fork_server(preload: Sequence[str] = ("torch",)) -> None:
     about 2 s later than it needed to, on an idle host with two cores.
     Started first, it preloads what `early_preload` guessed from the
     config, since what the job loads is not known yet; `children_context`
-    replaces it where the main process has since loaded more of PRELOADED.
+    replaces it where the job turns out to use more of PRELOADED.
     """
     global _early_preload
     context = multiprocessing.get_context("forkserver")
@@ -127,20 +127,25 @@ def start_fork_server(preload: Sequence[str] = ("torch",)) -> None:
     _early_preload = tuple(preload)
 
 
-def children_context() -> ForkServerContext:
-    """The context every child starts in: forked from a server that has imported what this process uses of PRELOADED.
+def children_context(document: object = None) -> ForkServerContext:
+    """The context every child starts in: forked from a server that has imported what the job uses of PRELOADED.
 
-    The preload takes effect when the server starts (at the first child of
+    What the job uses is what this process has loaded of PRELOADED, and
+    what `early_preload` says the config's JSON (`document`) needs: this
+    process imports torchvision and torchcodec only where it decodes or
+    builds a network itself, which a job's main process does not.  The
+    preload takes effect when the server starts (at the first child of
     this process); later calls change nothing for a server already running,
-    except the first after `start_fork_server`: a job whose main process
-    loaded more of PRELOADED than that server preloads stops it (its import
-    ran beside the main process's, so the job starts no later than it would
-    have) and its first child starts one that preloads them too, so that no
-    child imports them on its own.
+    except the first after `start_fork_server`: a job that uses more of
+    PRELOADED than that server preloads stops it (its import ran beside
+    the main process's, so the job starts no later than it would have) and
+    its first child starts one that preloads them too, so that no child
+    imports them on its own.
     """
     global _early_preload
     context = multiprocessing.get_context("forkserver")
-    wanted = [name for name in PRELOADED if name in sys.modules]
+    guessed = early_preload(document)
+    wanted = [name for name in PRELOADED if name in sys.modules or name in guessed]
     if _early_preload and not set(wanted) <= set(_early_preload):
         multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]  # not in typeshed
     _early_preload = ()
