@@ -113,8 +113,8 @@ class Exited:
     name: str
     peak_rss_bytes: int
     peak_device_bytes: int | None   # None for a process that used no CUDA device
-    intra_op_threads: int
-    interop_threads: int
+    intra_op_threads: int | None    # torch's thread counts; None for a process that never loaded torch (Ray's client)
+    interop_threads: int | None
     # NVML's view of the process on its GPU, in all and outside torch's allocator (its CUDA context and
     # library handles); None without a CUDA device or where NVML cannot tell (rnb.pipeline.gpus)
     device_process_bytes: int | None = None

@@ -25,14 +25,16 @@ attributes of `PlacesInputs`, `PlacesOutputs` and `MergesSegments`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
-import torch
-
-from rnb.core.device import DeviceQueue
 from rnb.core.timecard import Cards, TimeCard
 
-Tensors: TypeAlias = tuple[torch.Tensor, ...]
+if TYPE_CHECKING:
+    import torch
+
+    from rnb.core.device import DeviceQueue
+
+Tensors: TypeAlias = "tuple[torch.Tensor, ...]"
 Shapes: TypeAlias = tuple[tuple[int, ...], ...]
 # What a model passes on besides tensors: its payload, whatever it likes (picklable values), by name.
 NonTensors: TypeAlias = dict[str, Any]

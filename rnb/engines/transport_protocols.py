@@ -14,9 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rnb.core.messages import Request, Results, Status
 from rnb.core.model import NonTensors
@@ -24,6 +22,9 @@ from rnb.core.progress import ClientCells, Progress
 from rnb.core.stages import StepEvents
 from rnb.core.termination import Termination
 from rnb.core.timecard import Cards, TimeCard
+
+if TYPE_CHECKING:
+    import torch
 
 # The final step sends counted cards to whoever counts the job in batches of up to this many: one
 # message per item would cost both sides as much as a hop.

@@ -1,4 +1,4 @@
-"""The Ray engine's side on the cluster: the job's actors (their transports: rnb.engines.ray.actor_transports).
+"""The Ray engine's side on the cluster: the job's actors (their transports: rnb.engines.ray.actor_transports, runner_transport).
 
     JobControl (on the driver's node; rnb.engines.ray.control): the flag, the finished count, what the driver collects
     ClientActor ──push(Request)──▶ RunnerActor, step 0 ──push(Handoff, tensors)──▶ RunnerActor, step 1 ...
@@ -202,7 +202,7 @@ class RunnerActor(_Member):
 
     async def run(self, spec: Placement, wiring: RayWiring) -> int:
         """The runner loop, until the job ends; 0 ok, 1 failed (reported to the control as Failed)."""
-        from rnb.engines.ray.actor_transports import RayTransport
+        from rnb.engines.ray.runner_transport import RayTransport
         from rnb.engines.runner import Runner
 
         transport = RayTransport(spec, wiring, self)

@@ -60,11 +60,16 @@ class Crew:
         self.book = JobBook()
 
     def launch(self, reservation: Reservation, interrupted: threading.Event) -> None:
-        """The client on the driver's node, one actor per runner on its seat; then their run() calls."""
+        """The client on the driver's node, one actor per runner on its seat; then their run() calls.
+
+        The client goes without the runners' ACTOR_ENV: it sends requests,
+        never tensors, and touches no GPU, while Ray's zero-copy tensor path
+        imports torch in every process it is set for (about 2 s of CPU).
+        """
         args = self.args
         self._add("client", "client", None, ray.remote(ClientActor).options(
-            name=f"{self.job}/client", num_cpus=0, scheduling_strategy=self.here, runtime_env={"env_vars": ACTOR_ENV}
-        ).remote(self.control, args.load.concurrency))
+            name=f"{self.job}/client", num_cpus=0, scheduling_strategy=self.here).remote(self.control,
+                                                                                       args.load.concurrency))
         for seat in self.seats:
             step = seat.placement.step
             inbox = args.request_queue_size if step == 0 else args.queue_size  # as the local engine's queues

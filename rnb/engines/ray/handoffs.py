@@ -26,12 +26,13 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rnb.core.messages import Handoff, Request
 from rnb.core.termination import POLL_S
+
+if TYPE_CHECKING:
+    import torch
 
 FLUSH_TIMEOUT_S = 5.0   # how long an actor's last words wait for the calls queued before them to be made
 

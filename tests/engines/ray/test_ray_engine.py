@@ -134,6 +134,11 @@ def test_toy_pipeline_across_labelled_nodes_finishes_every_item_once_as_the_loca
     for node in meta["engine"]["nodes"].values():
         assert node["round_trip_s"] > 0 and abs(node["offset_s"]) <= node["round_trip_s"]
     assert all(p["status"] == "ok" for p in meta["processes"])
+    # The client sends requests, never tensors: on Ray its process never loads torch (about 2 CPU-s), so it reports no
+    # torch threads, where every runner and the local engine's client (forked from a server that has torch) do.
+    threads = {p["name"]: p["intra_op_threads"] for p in meta["processes"]}
+    assert threads.pop("client") is None and None not in threads.values(), threads
+    assert {p["name"]: p["intra_op_threads"] is None for p in local_log.meta["processes"]}["client"] is False
     assert ray_cluster.alive_actors(meta["job_id"]) == []
     # The cluster's own processes on this machine are sampled beside the actors: its three raylets and the GCS.
     sampled = set(pq.read_table(ray_log.dir / "samples.parquet").column("process").to_pylist())

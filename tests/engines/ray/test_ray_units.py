@@ -252,6 +252,19 @@ def test_the_job_control_and_everything_it_unpickles_import_no_torch(modules, ab
     assert (done.returncode, done.stdout.strip()) == (0, absent), done.stderr
 
 
+def test_the_client_actor_s_run_and_a_synthetic_source_s_requests_import_no_torch():
+    """Ray's client sends requests, never tensors: what its `run` imports and its source's first requests load no torch
+    (2 CPU-s an actor; the toy job's test checks the process itself).  An episode dataset's source still does."""
+    probe = ("import sys, rnb.engines.ray.actors, rnb.engines.ray.actor_transports, rnb.engines.participant, "
+             "rnb.engines.stall\n"
+             "from rnb.engines.client import generate\n"
+             "from rnb.pipeline.sources import open_source\n"
+             "requests = open_source({'synthetic': True}, 'config/toy.json')\n"
+             "print([next(requests), next(requests)], 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "[0, 1] False"), done.stderr
+
+
 def test_a_ray_address_without_the_ray_engine_is_exit_2_in_one_sentence(capsys):
     assert cli.main(["-c", "config/toy.json", "--ray-address", "127.0.0.1:6379", "--check"]) == 2
     assert capsys.readouterr().err.strip() == (
