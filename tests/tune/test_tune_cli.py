@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,8 +27,12 @@ from rnb.analysis.job_dirs import read_job
 from rnb.analysis.jobs import ValidityRules, summarize_job
 from rnb.pipeline.config import parse_config
 from rnb.tune.cli import main
+from rnb.tune.profile import Bench
+from rnb.tune.profile_cache import ProfileCache
 from rnb.tune.simulation import Simulation
-from tests.support.tune_support import REPO, example_document, render, replay, write_example
+from rnb.tune.space import Budget
+from rnb.tune.tuning_config import read_space
+from tests.support.tune_support import REPO, example_document, hand_profiles, render, replay, write_example
 
 TUNE = REPO / "scripts" / "tune.py"
 ANALYZE = REPO / "scripts" / "analyze.py"
@@ -282,19 +285,24 @@ def test_analyze_writes_the_same_page_for_one_job(runs: Runs, tmp_path: Path) ->
     assert many.returncode == 2 and many.stderr.startswith("analyze: --html writes one job's page; ")
 
 
-@pytest.mark.serial
+# Not serial: no bound of 1 ms holds on any host, so a neighbour's load cannot change the verdict; profiled by hand
+# (tests/support/tune_support.py), only the verdict runs.
 @pytest.mark.slow
 @pytest.mark.timeout(E2E_TIMEOUT_S)
-def test_a_bound_no_candidate_meets_names_the_closest_measured_and_exits_1(runs: Runs, tmp_path: Path) -> None:
+def test_a_bound_no_candidate_meets_names_the_closest_measured_and_exits_1(tmp_path: Path) -> None:
+    config = write_example(tmp_path, batches=[8])
     out = tmp_path / "out"
-    shutil.copytree(runs.out / "profiles", out / "profiles")   # profiled already: only the verdict runs
-    done = tune("-c", str(runs.config), "--cpu-slots", "4", "--latency-bound-ms", "1", "--out", str(out), *SHORT)
+    space = read_space(json.loads(config.read_text()), str(config), Budget(cpu_slots=4))
+    cache = ProfileCache(out / "profiles")
+    for profile in hand_profiles(space, Bench("cpu", "local")).values():
+        cache.put(profile)
+    done = tune("-c", str(config), "--cpu-slots", "4", "--latency-bound-ms", "1", "--out", str(out), *SHORT)
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("rnb-tune: no candidate meets p99 < 1 ms on 4 CPU slots: the closest measured, ")
     assert " ms at " in last and last.endswith(").") and "Traceback" not in done.stderr
     assert not (out / "best.json").exists() and (out / "report.html").is_file()
-    assert len([job for job in job_dirs(out) if job.parent.name == "verify"]) == 1
+    assert [job.parent.name for job in job_dirs(out)] == ["verify"]   # the profiles were all found
 
 
 @pytest.mark.serial
