@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from models.aggregator import Aggregator
 from models.batcher import Batcher
@@ -15,11 +14,12 @@ from rnb import cli
 from rnb.core.timecard import TimeCard
 from rnb.engines.buffers import LocalBuffers
 from rnb.engines.local import driver
+from rnb.engines.local.lifeline import children_context
 from rnb.engines.local.plumbing import SharedSlot
 from rnb.pipeline.config import ConfigError, parse_config
 from rnb.pipeline.plan import plan_runners
 
-CTX = mp.get_context("spawn")
+CTX = children_context()
 
 
 def _pipeline(first_group: dict, last_step: dict | None = None) -> dict:

@@ -1,11 +1,10 @@
 """The ring queue loses nothing, whatever dies where: each kill point reproduced on the real ring.
 
-Producers and consumers are spawned processes SIGKILLed at the exact point
+Producers and consumers are children started as a job's are (forked from
+the fork server, rnb.engines.local.lifeline) and SIGKILLed at the exact point
 under test.  The point is reached by replacing, in the doomed process only,
 the ring's doorbell with one that kills its process (`DiesRinging`,
-`DiesWoken`): the shipped code runs unchanged up to that instant.  The
-children import nothing heavier than the ring, so each starts in well under
-a second.
+`DiesWoken`): the shipped code runs unchanged up to that instant.
 """
 from __future__ import annotations
 
@@ -20,10 +19,11 @@ from typing import Any
 import pytest
 
 from bench.ring_stress import Flag
+from rnb.engines.local.lifeline import children_context
 from rnb.engines.local.ring import QueueClosed, RingQueue, UnreadableMessage
 
-CTX = mp.get_context("spawn")
-JOIN_S = 120.0  # a hang guard for spawned children: they may take long to start on a loaded machine
+CTX = children_context()
+JOIN_S = 120.0  # a hang guard for the children: they may take long to start on a loaded machine
 PER_PRODUCER = 3000  # messages each producer of the six-process test puts
 
 

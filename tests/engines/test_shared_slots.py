@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import psutil
 import torch
-import torch.multiprocessing as mp
 
+from rnb.engines.local.lifeline import children_context
 from rnb.engines.local.plumbing import SharedSlot, shared_zeros
 
 MIB = 2**20
-CTX = mp.get_context("spawn")
+CTX = children_context()
 
 
 def test_fresh_shared_zeros_hold_no_memory_until_written():
