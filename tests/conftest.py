@@ -58,7 +58,11 @@ INSTALLED = {
 RAY_GROUP = "tests/engines/ray/"
 # The longest groups of the two-worker run, longest first (docs/measurements/2026-12-06-test-loop-folders.md): handed
 # out before the others, so that the run does not end on one long module while the other worker has nothing left.
-LONGEST_FIRST = (RAY_GROUP, "tests/engines/test_stalls.py", "tests/pipeline/test_rnb_configs.py",
+# Among them the two that mostly wait (the GPU run's rehearsal for its deadline, the installed command for pip):
+# left to the end, they held both workers for the run's last 30 s with the cores three quarters idle
+# (docs/measurements/2026-12-06-test-loop-tail.md); early, other workers' jobs use the cores meanwhile.
+LONGEST_FIRST = (RAY_GROUP, "tests/engines/test_stalls.py", "tests/bench/test_gpu_rehearsal.py",
+                 "tests/cli/test_installed.py", "tests/pipeline/test_rnb_configs.py",
                  "tests/pipeline/test_configs.py", "tests/analysis/test_sweep.py", "tests/load/test_streams.py",
                  "tests/tune/test_tune_cli.py", "tests/engines/test_reliability.py", "tests/models/test_models.py",
                  "tests/load/test_traces.py", "tests/bench/test_bench_run.py", "tests/bench/test_bench_access.py")
