@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rnb.core.timecard import Cards, TimeCard
 
-if TYPE_CHECKING:   # torch, which rnb.core.model imports, is not needed to read a message (Ray's JobControl has none)
+if TYPE_CHECKING:   # a message needs nothing of the model contract to be read (Ray's JobControl imports neither)
     from rnb.core.model import NonTensors
 
 # TimeCard's own rebuild from the flat state it pickles as (its __reduce__): a card's wire form is that state.
