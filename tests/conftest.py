@@ -7,6 +7,7 @@ once per module) or `root` (a private copy a test may break).
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -33,8 +34,19 @@ REPO = Path(__file__).resolve().parents[1]
 # editable install, which may point at another checkout: this one's code must come first.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 # Derived files (MP4 index sidecars, usage-format columns) of the tests' datasets go to a fresh directory,
-# not the user's ~/.cache/rnb; spawned jobs inherit it.
-os.environ["RNB_CACHE_DIR"] = tempfile.mkdtemp(prefix="rnb-test-cache-")
+# not the user's ~/.cache/rnb; spawned jobs inherit it.  Each pytest process (xdist's controller and workers
+# import this module each) removes its own at exit; a forked child, which inherits the hook, does not.
+_CACHE_DIR = tempfile.mkdtemp(prefix="rnb-test-cache-")
+os.environ["RNB_CACHE_DIR"] = _CACHE_DIR
+_CACHE_OWNER = os.getpid()
+
+
+@atexit.register
+def _remove_cache_dir() -> None:
+    if os.getpid() == _CACHE_OWNER:
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+
+
 # Every Ray the tests start or reach lives on 127.0.0.1; Ray must know that before anything imports it.
 use_loopback_if_local(None)
 

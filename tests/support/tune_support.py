@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import statistics
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,7 +180,15 @@ def render(page: Path) -> Rendered:
                  "--disable-background-networking", "--window-size=1280,2000"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(browser.chromedriver), options=options)
+    # chromium leaves its singleton socket's directory in TMPDIR after the driver's quit: a scratch TMPDIR of the
+    # test's own keeps /tmp clean.
+    with tempfile.TemporaryDirectory(prefix="rnb-browser-", ignore_cleanup_errors=True) as scratch:
+        service = Service(browser.chromedriver, env={**os.environ, "TMPDIR": scratch})
+        return _draw(webdriver.Chrome(service=service, options=options), page)
+
+
+def _draw(driver: Any, page: Path) -> Rendered:
+    """What the browser `driver` drew of `page`; the browser quits at the end."""
     try:
         driver.get(page.resolve().as_uri())
         plots = driver.execute_script(
