@@ -30,15 +30,13 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $PYTHON"
   "$PYTHON" -m venv .venv
 fi
-# One of pip's settings as pip would use it: its environment variable (PIP_FIND_LINKS ...) over its config files,
-# of which the last loaded wins.
+# One of pip's settings as pip would use it (from `pip config list`, read once below): its environment variable
+# (PIP_FIND_LINKS ...) over its config files, of which the last loaded wins.
 pip_setting() {
-  local list
-  list=$(.venv/bin/python -m pip config list 2>/dev/null)
-  if grep -q "^:env:\.$1=" <<< "$list"; then
-    sed -n "s/^:env:\.$1='\(.*\)'\$/\1/p" <<< "$list"
+  if grep -q "^:env:\.$1=" <<< "$pip_config"; then
+    sed -n "s/^:env:\.$1='\(.*\)'\$/\1/p" <<< "$pip_config"
   else
-    sed -n "s/^[a-z]*\.$1='\(.*\)'\$/\1/p" <<< "$list" | tail -n 1
+    sed -n "s/^[a-z]*\.$1='\(.*\)'\$/\1/p" <<< "$pip_config" | tail -n 1
   fi
 }
 
@@ -50,6 +48,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # pip's two. Byte code is compiled at install, as pip does: without it each process compiles torch on import.
   .venv/bin/python -m pip install -q "uv==0.13.9"
   uv_args=(--python .venv/bin/python --compile-bytecode --index-strategy unsafe-best-match)
+  pip_config=$(.venv/bin/python -m pip config list 2>/dev/null)
   # uv reads no pip configuration: it is handed pip's (the machine's mirrors and constraints), and weighs every
   # index alike, as pip does.
   for link in $(pip_setting find-links); do uv_args+=(--find-links "$link"); done
