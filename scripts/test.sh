@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
 # The project's test command (README quick start, .ci/run): set up, then the static checks, then pytest.
-# A lint error fails the command before any test runs, a type error once mypy, which runs beside pytest, has ended
-# (docs/development.md says what is checked).
+# A lint error fails the command before any test runs, a type error as soon as mypy finds it (docs/development.md
+# says what is checked).
 # --quick (first argument) leaves out the tests marked slow: the edit-test loop; CI runs the whole suite.
 # pytest runs twice: the tests on two workers (pytest-xdist; each module's tests on one worker, the Ray
 # modules (tests/engines/ray/) on one: tests/conftest.py's scheduler), then those marked serial, which measure the host's CPU, with the host to themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 also=""
-quick=0
 if [ "${1:-}" = --quick ]; then
   shift
   also=" and not slow"
-  quick=1
 fi
 # The run starts about 500 Python processes (jobs' drivers, fork servers, children, Ray workers) that import this
 # project's modules, and each pytest process rewrites every test module: with byte code cached instead of
@@ -23,36 +21,23 @@ unset PYTHONDONTWRITEBYTECODE
 export RNB_WITH_NGINX=1 RNB_WITH_BROWSER=1
 ./scripts/setup.sh
 .venv/bin/python -m ruff check .
-# mypy (about 24 s of one core on a fresh clone) checks beside a pytest run that leaves a core idle: in the whole suite,
-# the serial run, whose paced tests go first and sleep through camera streams while its other tests wait for mypy to
-# end (tests/conftest.py, RNB_CHECKS_DONE); under --quick, which runs no serial test, the two-worker run. A type
-# error stops the run beside it at once (SIGINT, as a Ctrl-C would) and fails the command.
+# mypy checks beside the first pytest run rather than before it (about 20 s of one core on a fresh clone, which the
+# two workers' jobs leave partly idle while they wait on their children); a type error stops that run at once
+# (SIGINT, as a Ctrl-C would) and fails the command, before the serial run, which has the host to itself.
 mypy_out=$(mktemp)
-checks_done=$(mktemp -u)
-trap 'rm -f "$mypy_out" "$checks_done"' EXIT
-start_mypy() {
-  ( code=0; .venv/bin/python -m mypy > "$mypy_out" 2>&1 || code=$?
-    touch "$checks_done"
-    [ $code = 0 ] || { cat "$mypy_out"; pkill -INT -P $$ -f "python -m pytest"; exit 1; } ) &
-  mypy_job=$!
-}
-end_mypy() {
-  wait "$mypy_job" || exit 1
-  cat "$mypy_out"
-}
+trap 'rm -f "$mypy_out"' EXIT
+( .venv/bin/python -m mypy > "$mypy_out" 2>&1 || { cat "$mypy_out"; pkill -INT -P $$ -f "python -m pytest"; exit 1; } ) &
+mypy_job=$!
 # Exit code 5 is pytest's "no test collected": arguments that select no test of one of the two runs.
 status=0
-[ $quick = 0 ] || start_mypy
 .venv/bin/python -m pytest -n 2 --dist loadscope -m "not serial$also" "$@" || { code=$?; [ $code = 5 ] || status=$code; }
-[ $quick = 0 ] || end_mypy
+wait $mypy_job || exit 1
+cat "$mypy_out"
 # Without paths among the arguments (CI passes only -q) the serial run collects only the modules that mark tests
 # serial: collecting every module imports every library again, about 10 s.
 serial=("$@")
 paths=0
 for arg in "$@"; do [[ $arg == -* ]] || paths=1; done
 [ $paths = 1 ] || mapfile -t -O $# serial < <(grep -rl --include="test_*.py" "mark\.serial" tests | sort)
-[ $quick = 1 ] || start_mypy
-RNB_CHECKS_DONE="$checks_done" .venv/bin/python -m pytest -m "serial$also" "${serial[@]}" || {
-  code=$?; [ $code = 5 ] || status=$code; }
-[ $quick = 1 ] || end_mypy
+.venv/bin/python -m pytest -m "serial$also" "${serial[@]}" || { code=$?; [ $code = 5 ] || status=$code; }
 exit $status

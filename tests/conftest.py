@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -102,15 +101,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByModule(config, log)
 
 
-# scripts/test.sh runs mypy beside the serial run's paced tests, which leave a core idle, and names a file that exists
-# once mypy has ended: the paced tests go first, and every other serial test waits for the file, so that it has the
-# host's cores to itself.
-CHECKS_DONE = os.environ.get("RNB_CHECKS_DONE")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if CHECKS_DONE:
-        items.sort(key=lambda item: "paced" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA; this machine has no GPU")
@@ -120,9 +111,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if CHECKS_DONE and "serial" in item.keywords and "paced" not in item.keywords:
-        while not os.path.exists(CHECKS_DONE):
-            time.sleep(0.2)
     for marker, program in INSTALLED.items():
         if marker not in item.keywords or program.found():
             continue

@@ -103,10 +103,8 @@ def test_a_bad_streams_request_is_one_sentence_and_exit_2(tmp_path: Path, flags:
 
 
 # Serial: its verification holds a 30 fps stream to a deadline on this host's cores, which another pytest worker's
-# jobs beside it made it miss (more than 1% of the frames late, in one full run of the test command).  Paced: its
-# jobs sleep through most of its 35 s, and mypy's one process takes the idle core meanwhile.
+# jobs beside it made it miss (more than 1% of the frames late, in one full run of the test command).
 @pytest.mark.serial
-@pytest.mark.paced
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_tuner_finds_the_example_s_one_stream_and_writes_a_config_that_runs_it(tmp_path: Path) -> None:
