@@ -118,6 +118,17 @@ def test_480x640_rows_run_on_the_datasets_they_are_given(tiny: dict[int, Path], 
     assert loader[1].ratio < 1 and loader[1].reps == EFFORT.reps + 1  # the warm-up pair's bytes count too
 
 
+@pytest.mark.parametrize(("link_s", "decode_s", "bound_s"), [
+    ([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], 0.5 + 1.0 + 6.0),      # decode-bound: the first bytes, then every decode
+    ([2.0, 2.0, 2.0], [1.0, 1.0, 1.0], 0.5 + 6.0 + 1.0),      # link-bound: every byte, then the last decode
+    ([3.0, 1.0], [1.0, 3.0], 0.5 + 3.0 + 1.0 + 3.0),          # the second request's bytes wait on the first's
+    ([1.0, 3.0], [3.0, 1.0], 0.5 + 1.0 + 3.0 + 1.0),          # the same work in the other order: the decode hides the link
+])
+def test_the_in_order_bound_is_a_two_stage_flow_shop_worked_by_hand(link_s: list[float], decode_s: list[float],
+                                                                    bound_s: float) -> None:
+    assert floor_bench.in_order_bound_s(0.5, link_s, decode_s) == pytest.approx(bound_s)
+
+
 @pytest.mark.nginx
 @pytest.mark.slow
 def test_network_rows_run_on_tiny_data(tiny: dict[int, Path], tmp_path: Path) -> None:
